@@ -1,0 +1,1 @@
+"""The ``optimum-ipu`` command."""

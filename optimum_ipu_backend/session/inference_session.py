@@ -1,0 +1,265 @@
+"""``IPUInferenceSession``: what optimum-onnx gets back from ``InferenceSession(...)`` for ipu.
+
+It has the surface optimum-onnx uses (reference optimum-onnx-integration.md §2) and owns the
+lifecycle of one ONNX file: checks at creation, per-call validation of the feed, and delegation to
+the runtime, which compiles one executable per shape and runs it on the chosen engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from optimum_ipu_backend.engines import load_engine
+from optimum_ipu_backend.engines.base import CompileOptions
+from optimum_ipu_backend.engines.probe import EMULATION_NOTICE, resolve_device
+from optimum_ipu_backend.runtime.executables import ExecutableTable
+from optimum_ipu_backend.session.io_binding import HostIOBinding
+from optimum_ipu_backend.session.node_arg import NodeArg, graph_inputs, graph_outputs
+from optimum_ipu_backend.session.options import IPUProviderOptions
+
+PROVIDER_NAME = "IPUExecutionProvider"
+
+_logger = logging.getLogger(__name__)
+_emulation_announced = threading.Event()
+
+
+class InvalidFeedError(ValueError):
+    """An input given to ``run`` is missing, unknown, or of the wrong dtype or rank."""
+
+
+class ProviderName(str):
+    """Equal to (and hashes like) ``"IPUExecutionProvider"``, so optimum-onnx's lookups work, but shows
+    where the computation really happens when printed, e.g. in ``model.providers``."""
+
+    device: str
+
+    def __new__(cls, device: str) -> ProviderName:
+        value = super().__new__(cls, PROVIDER_NAME)
+        value.device = device
+        return value
+
+    def __repr__(self) -> str:
+        return f"'{PROVIDER_NAME}' (device={self.device}{', host emulation' if self.device == 'emulator' else ''})"
+
+
+@dataclass
+class ModelMetadata:
+    """Mirrors ``onnxruntime.ModelMetadata``."""
+
+    producer_name: str
+    graph_name: str
+    domain: str
+    description: str
+    graph_description: str
+    version: int
+    custom_metadata_map: dict[str, str] = field(default_factory=dict)
+
+
+def _load_model(path_or_bytes: str | os.PathLike | bytes) -> tuple[onnx.ModelProto, str | None]:
+    if isinstance(path_or_bytes, (bytes, bytearray)):
+        return onnx.load_from_string(bytes(path_or_bytes)), None
+    path = Path(path_or_bytes)
+    if not path.is_file():
+        raise FileNotFoundError(f"ONNX model {str(path)!r} does not exist")
+    return onnx.load(str(path)), str(path)
+
+
+class IPUInferenceSession:
+    """An ``onnxruntime.InferenceSession`` look-alike that runs on an IPU engine."""
+
+    is_provider_plugin_session = True
+
+    def __init__(
+        self,
+        path_or_bytes: str | os.PathLike | bytes,
+        sess_options: Any = None,
+        options: IPUProviderOptions | None = None,
+    ) -> None:
+        self._options = options or IPUProviderOptions.parse(None)
+        self._resolution = resolve_device(self._options.device, self._options.engine)
+        self._model, self._model_path = _load_model(path_or_bytes)
+        self._check_graph()
+        self._sess_options = sess_options
+        self._engine = load_engine(self._resolution.engine)
+        self._inputs = graph_inputs(self._model)
+        self._outputs = graph_outputs(self._model)
+        self._input_by_name = {arg.name: arg for arg in self._inputs}
+        self._output_names = [arg.name for arg in self._outputs]
+        self._table = ExecutableTable(
+            self._model,
+            self._engine,
+            CompileOptions(
+                device=self._resolution.device,
+                precision=self._options.precision,
+                threads=self._options.threads or _threads_from(sess_options),
+            ),
+            {arg.name: arg.dtype for arg in self._outputs},
+        )
+        if self._resolution.emulated:
+            if not _emulation_announced.is_set():
+                _emulation_announced.set()
+                _logger.warning("IPUExecutionProvider is running on device 'emulator': %s", EMULATION_NOTICE)
+            _logger.info("session for %s uses device 'emulator' (%s)", self._model_path, EMULATION_NOTICE)
+
+    def _check_graph(self) -> None:
+        """Fail at creation, not on the first call, for a graph the compiler cannot take."""
+        from optimum_ipu_backend.compiler.errors import LegalizationError
+        from optimum_ipu_backend.compiler.precheck import precheck_operators
+
+        offending = precheck_operators(self._model)
+        if offending:
+            raise LegalizationError(
+                f"{self._model_path or 'the model'} contains operators the IPU compiler cannot legalize",
+                offending,
+            )
+
+    # -- the InferenceSession surface -------------------------------------------------------------
+
+    def get_inputs(self) -> list[NodeArg]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[NodeArg]:
+        return list(self._outputs)
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        return []
+
+    def get_providers(self) -> list[str]:
+        return [ProviderName(self._resolution.device)]
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        options = {
+            "device": self._resolution.device,
+            "engine": self._resolution.engine,
+            "precision": self._options.precision,
+            "emulated": "1" if self._resolution.emulated else "0",
+        }
+        if self._resolution.emulated:
+            options["note"] = EMULATION_NOTICE
+        if self._options.threads:
+            options["threads"] = str(self._options.threads)
+        return {PROVIDER_NAME: options}
+
+    def get_session_options(self) -> Any:
+        if self._sess_options is None:
+            import onnxruntime as ort
+
+            self._sess_options = ort.SessionOptions()
+        return self._sess_options
+
+    def get_modelmeta(self) -> ModelMetadata:
+        model = self._model
+        return ModelMetadata(
+            producer_name=model.producer_name,
+            graph_name=model.graph.name,
+            domain=model.domain,
+            description=model.doc_string,
+            graph_description=model.graph.doc_string,
+            version=model.model_version,
+            custom_metadata_map={entry.key: entry.value for entry in model.metadata_props},
+        )
+
+    def set_providers(self, providers: Sequence[Any] | None = None, provider_options: Any = None) -> None:
+        raise NotImplementedError(
+            "an IPUExecutionProvider session cannot switch providers in place; load the model again with "
+            "the provider you want, e.g. ORTModel.from_pretrained(path, provider='CPUExecutionProvider')"
+        )
+
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        run_options: Any = None,
+    ) -> list[np.ndarray]:
+        names = list(output_names) if output_names else self._output_names
+        unknown = [name for name in names if name not in self._output_names]
+        if unknown:
+            raise InvalidFeedError(f"unknown output(s) {unknown}; the model's outputs are {self._output_names}")
+        return self._table.run(self._validate_feed(input_feed), names)
+
+    def io_binding(self) -> HostIOBinding:
+        return HostIOBinding(self.run, self._output_names)
+
+    def run_with_iobinding(self, iobinding: HostIOBinding, run_options: Any = None) -> None:
+        iobinding.run()
+
+    def end_profiling(self) -> str:
+        return ""
+
+    # -- beyond onnxruntime -----------------------------------------------------------------------
+
+    @property
+    def device(self) -> str:
+        return self._resolution.device
+
+    @property
+    def emulated(self) -> bool:
+        return self._resolution.emulated
+
+    def compiled_executables(self) -> list[dict[str, object]]:
+        """Every executable compiled so far, with its input shapes and the calls it served."""
+        return self._table.statistics()
+
+    def _validate_feed(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if not isinstance(input_feed, Mapping):
+            raise InvalidFeedError(f"the feed must be a dict of input name to array, got {type(input_feed).__name__}")
+        unknown = sorted(set(input_feed) - set(self._input_by_name))
+        missing = [name for name in self._input_by_name if name not in input_feed]
+        if unknown or missing:
+            raise InvalidFeedError(
+                "the feed does not match the model's inputs: "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"missing {missing}" if missing else "",
+                        f"unknown {unknown}" if unknown else "",
+                    )
+                    if part
+                )
+                + f". The model's inputs are {list(self._input_by_name)}"
+            )
+        feed: dict[str, np.ndarray] = {}
+        dim_sizes: dict[str, tuple[str, int]] = {}
+        for name, arg in self._input_by_name.items():
+            array = np.asarray(input_feed[name])
+            expected = arg.dtype
+            if array.dtype != expected:
+                if not np.can_cast(array.dtype, expected, casting="safe"):
+                    raise InvalidFeedError(
+                        f"input {name!r} has dtype {array.dtype}, which cannot be cast safely to the model's "
+                        f"{arg.type}; convert it before calling (e.g. array.astype(np.{expected}))"
+                    )
+                array = array.astype(expected)
+            if array.ndim != len(arg.shape):
+                raise InvalidFeedError(
+                    f"input {name!r} has rank {array.ndim} (shape {list(array.shape)}) but the model expects "
+                    f"rank {len(arg.shape)} {arg.shape}"
+                )
+            for axis, (dim, size) in enumerate(zip(arg.shape, array.shape, strict=True)):
+                if isinstance(dim, int) and dim != size:
+                    raise InvalidFeedError(
+                        f"input {name!r} has size {size} on axis {axis} but the model fixes it to {dim} "
+                        f"(expected shape {arg.shape})"
+                    )
+                if isinstance(dim, str):
+                    seen = dim_sizes.setdefault(dim, (name, size))
+                    if seen[1] != size:
+                        raise InvalidFeedError(
+                            f"dimension {dim!r} is {size} in input {name!r} but {seen[1]} in input {seen[0]!r}"
+                        )
+            feed[name] = array
+        return feed
+
+
+def _threads_from(sess_options: Any) -> int | None:
+    threads = getattr(sess_options, "intra_op_num_threads", 0) if sess_options is not None else 0
+    return threads or None

@@ -1,0 +1,150 @@
+"""Run in a fresh interpreter by test_ortmodels.py: every ORTModel class with provider="ipu" on the
+host emulator against the same class on CPUExecutionProvider. Prints one JSON object of measured
+figures per case; the test process applies the tolerances.
+
+Nothing here calls ``install()``: the plugin must already be active from the installed package.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import optimum.onnxruntime as ort_models  # noqa: E402
+from model_zoo import sample_inputs  # noqa: E402
+
+IPU = {"provider": "ipu", "provider_options": {"device": "emulator"}}
+CPU = {"provider": "CPUExecutionProvider"}
+
+
+def _flatten(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _flatten(item)]
+    if hasattr(value, "keys"):
+        return [t for key in value.keys() for t in _flatten(value[key])]
+    return [value]
+
+
+def _max_diff(a, b) -> float:
+    left, right = _flatten(a), _flatten(b)
+    if len(left) != len(right) or not left:
+        raise AssertionError(f"outputs differ in structure: {len(left)} vs {len(right)} tensors")
+    return max(float((x.float() - y.float()).abs().max()) if x.numel() else 0.0 for x, y in zip(left, right))
+
+
+def _session_facts(model) -> dict:
+    sessions = [getattr(model, name) for name in ("model", "encoder", "decoder", "decoder_with_past")
+                if getattr(model, name, None) is not None]
+    facts = []
+    for part in sessions:
+        session = part.session
+        facts.append({
+            "type": type(session).__name__,
+            "providers": [str(p) for p in session.get_providers()],
+            "options": session.get_provider_options().get("IPUExecutionProvider", {}),
+        })
+    return {"provider": model.provider, "sessions": facts}
+
+
+def _torch_inputs(name: str, model_dir: Path, drop=()) -> dict:
+    return {k: torch.from_numpy(v) for k, v in sample_inputs(name, model_dir).items() if k not in drop}
+
+
+def forward_case(case: dict) -> dict:
+    cls = getattr(ort_models, case["class"])
+    cpu = cls.from_pretrained(case["onnx_dir"], **CPU)
+    ipu = cls.from_pretrained(case["onnx_dir"], **IPU)
+    inputs = _torch_inputs(case["model"], Path(case["model_dir"]), drop=("decoder_input_ids", "position_ids"))
+    with torch.no_grad():
+        expected, got = cpu(**inputs), ipu(**inputs)
+    result = {"max_abs_diff": _max_diff(expected, got), **_session_facts(ipu)}
+    if case.get("io_binding"):
+        bound = cls.from_pretrained(case["onnx_dir"], use_io_binding=True, **IPU)
+        with torch.no_grad():
+            result["io_binding_max_abs_diff"] = _max_diff(expected, bound(**inputs))
+    if case.get("save_reload"):
+        target = Path(case["scratch"]) / "saved"
+        ipu.save_pretrained(target)
+        reloaded = cls.from_pretrained(target, **IPU)
+        with torch.no_grad():
+            result["reload_max_abs_diff"] = _max_diff(expected, reloaded(**inputs))
+        result["reload_provider"] = reloaded.provider
+    return result
+
+
+def generate_case(case: dict) -> dict:
+    cls = getattr(ort_models, case["class"])
+    kwargs = dict(case.get("load_kwargs", {}))
+    cpu = cls.from_pretrained(case["onnx_dir"], **CPU, **kwargs)
+    ipu = cls.from_pretrained(case["onnx_dir"], **IPU, **kwargs)
+    inputs = _torch_inputs(case["model"], Path(case["model_dir"]), drop=("decoder_input_ids", "position_ids"))
+    inputs.pop("token_type_ids", None)
+    generate = {"max_new_tokens": case.get("new_tokens", 16), "do_sample": False, "num_beams": 1,
+                "min_new_tokens": case.get("new_tokens", 16)}
+    generate.update(case.get("generate_kwargs", {}))
+    expected = cpu.generate(**inputs, **generate)
+    got = ipu.generate(**inputs, **generate)
+    result = {
+        "tokens_equal": bool(torch.equal(expected, got)),
+        "expected_tokens": expected.tolist(),
+        "distinct_tokens": len(set(expected.flatten().tolist())),
+        **_session_facts(ipu),
+    }
+    if case.get("io_binding"):
+        bound = cls.from_pretrained(case["onnx_dir"], use_io_binding=True, **IPU, **kwargs)
+        result["io_binding_tokens_equal"] = bool(torch.equal(expected, bound.generate(**inputs, **generate)))
+    return result
+
+
+def pipeline_case(case: dict) -> dict:
+    import transformers
+    from optimum.pipelines import pipeline as optimum_pipeline
+
+    cls = getattr(ort_models, case["class"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(case["model_dir"])
+    cpu = cls.from_pretrained(case["onnx_dir"], **CPU)
+    ipu = cls.from_pretrained(case["onnx_dir"], **IPU)
+    texts = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog today"]
+    expected = transformers.pipeline(case["task"], model=cpu, tokenizer=tokenizer, top_k=None)(texts)
+    via_transformers = transformers.pipeline(case["task"], model=ipu, tokenizer=tokenizer, top_k=None)(texts)
+    via_optimum = optimum_pipeline(case["task"], model=ipu, tokenizer=tokenizer, accelerator="ort", top_k=None)(texts)
+
+    def scores(out):
+        return np.array([[d["score"] for d in sorted(row, key=lambda d: d["label"])] for row in out])
+
+    return {
+        "transformers_max_abs_diff": float(np.abs(scores(expected) - scores(via_transformers)).max()),
+        "optimum_max_abs_diff": float(np.abs(scores(expected) - scores(via_optimum)).max()),
+        "optimum_pipeline_model_provider": via_optimum.model.provider,
+    }
+
+
+KINDS = {"forward": forward_case, "generate": generate_case, "pipeline": pipeline_case}
+
+
+def main() -> None:
+    cases = json.loads(Path(sys.argv[1]).read_text())
+    results = {}
+    for name, case in cases.items():
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                results[name] = KINDS[case["kind"]](case)
+            results[name]["fallback_warnings"] = [str(w.message) for w in caught if "Falling back" in str(w.message)]
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""A thin session that runs onnxruntime on the CPU but reports itself as the Acme NPU."""
+
+import onnxruntime as ort
+
+NAME = "AcmeNPUExecutionProvider"
+
+
+class AcmeSession:
+    is_provider_plugin_session = True
+
+    def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
+        self._inner = ort.InferenceSession(path_or_bytes, sess_options=sess_options, providers=["CPUExecutionProvider"])
+        self._model_path = str(path_or_bytes)
+        self._options = dict((provider_options or [{}])[0])
+        self.providers_seen = list(providers or [])
+
+    def get_providers(self):
+        return [NAME]
+
+    def get_provider_options(self):
+        return {NAME: {str(k): str(v) for k, v in self._options.items()}}
+
+    def io_binding(self):
+        return self._inner.io_binding()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
