@@ -56,7 +56,11 @@ def python(
         prelude = f"import sys; sys.path.extend({_site_paths_without_pth_code()!r})\n"
     args = [sys.executable] + (["-S"] if no_site else []) + ["-c", prelude + textwrap.dedent(code)]
     return subprocess.run(
-        args, capture_output=True, text=True, env=full_env, cwd=cwd or Path(__file__).parent.parent / "tests",
+        args,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd or Path(__file__).parent.parent / "tests",
         timeout=timeout,
     )
 

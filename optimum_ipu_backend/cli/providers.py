@@ -13,7 +13,9 @@ from optimum_ipu_backend.integration.ipu_provider import IPU_PROVIDER
 
 
 def add_providers_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("providers", help="list execution-provider plugins and what they would use")
+    parser = subparsers.add_parser(
+        "providers", help="list execution-provider plugins and what they would use"
+    )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.set_defaults(func=run_providers)
 
@@ -24,7 +26,9 @@ def _ipu_devices() -> list[dict[str, Any]]:
         try:
             resolution = resolve_device(device)
         except Exception as exc:  # the reason is the output
-            rows.append({"device": device, "usable": False, "engine": None, "emulated": None, "why": str(exc)})
+            rows.append(
+                {"device": device, "usable": False, "engine": None, "emulated": None, "why": str(exc)}
+            )
         else:
             rows.append(
                 {
@@ -97,7 +101,9 @@ def run_providers(args: argparse.Namespace) -> int:
             for row in entry["devices"]:
                 if row["usable"]:
                     kind = "EMULATION on the host CPU" if row["emulated"] else "hardware"
-                    out.write(f"  device {row['device']}: usable, engine {row['engine']} ({kind}): {row['why']}\n")
+                    out.write(
+                        f"  device {row['device']}: usable, engine {row['engine']} ({kind}): {row['why']}\n"
+                    )
                 else:
                     out.write(f"  device {row['device']}: not usable: {row['why']}\n")
         elif entry["detail"]:

@@ -105,7 +105,9 @@ def resolve_device(device: str | None = None, engine: str | None = None) -> Devi
     if device == "emulator":
         if engine not in (None, "emulator"):
             raise ValueError(f"device 'emulator' runs on the 'emulator' engine, not {engine!r}")
-        return DeviceResolution("emulator", "emulator", True, f"device 'emulator' was asked for: {EMULATION_NOTICE}")
+        return DeviceResolution(
+            "emulator", "emulator", True, f"device 'emulator' was asked for: {EMULATION_NOTICE}"
+        )
     if engine == "emulator":
         raise ValueError(f"engine 'emulator' only serves device 'emulator', not {device!r}")
 

@@ -134,11 +134,14 @@ def _check_dispatch_ready(provider: str) -> None:
     """Raise unless the module that is about to create a session will dispatch to the plugin."""
     if BASE in _missing:
         raise _integration_failure(
-            f"provider {provider!r} needs optimum.onnxruntime.base.{', '.join(_missing[BASE])}, which is missing"
+            f"provider {provider!r} needs optimum.onnxruntime.base."
+            f"{', '.join(_missing[BASE])}, which is missing"
         )
     base = sys.modules.get(BASE)
     if base is not None and not _is_wrapper(getattr(base, "IOBinding", None)):
-        raise _integration_failure(f"provider {provider!r}: optimum.onnxruntime.base.IOBinding is not patched")
+        raise _integration_failure(
+            f"provider {provider!r}: optimum.onnxruntime.base.IOBinding is not patched"
+        )
     frame = sys._getframe(2)
     while frame is not None:
         caller = frame.f_globals.get("__name__")

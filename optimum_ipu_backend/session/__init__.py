@@ -25,7 +25,8 @@ def _split_providers(
     provider_options = list(provider_options or [{}] * len(providers))
     if len(provider_options) != len(providers):
         raise ValueError(
-            f"{len(provider_options)} provider_options given for {len(providers)} providers; pass one dict per provider"
+            f"{len(provider_options)} provider_options given for {len(providers)} providers; "
+            "pass one dict per provider"
         )
     pairs = []
     for entry, options in zip(providers, provider_options, strict=True):

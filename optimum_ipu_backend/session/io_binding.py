@@ -66,8 +66,11 @@ def _check_device(name: str, device_type: str) -> None:
 class HostIOBinding:
     """The subset of ``onnxruntime.IOBinding`` that optimum-onnx uses, on host memory."""
 
-    def __init__(self, run: Callable[[Sequence[str] | None, dict[str, np.ndarray]], list[np.ndarray]],
-                 output_names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        run: Callable[[Sequence[str] | None, dict[str, np.ndarray]], list[np.ndarray]],
+        output_names: Sequence[str],
+    ) -> None:
         self._run = run
         self._all_outputs = list(output_names)
         self._inputs: dict[str, _Binding] = {}
@@ -77,13 +80,27 @@ class HostIOBinding:
     def bind_cpu_input(self, name: str, array: np.ndarray) -> None:
         self._inputs[name] = _Binding(None, None, None, np.ascontiguousarray(array))
 
-    def bind_input(self, name: str, device_type: str, device_id: int, element_type: Any,
-                   shape: Sequence[int], buffer_ptr: int) -> None:
+    def bind_input(
+        self,
+        name: str,
+        device_type: str,
+        device_id: int,
+        element_type: Any,
+        shape: Sequence[int],
+        buffer_ptr: int,
+    ) -> None:
         _check_device(name, device_type)
         self._inputs[name] = _Binding(np.dtype(element_type), tuple(int(d) for d in shape), int(buffer_ptr))
 
-    def bind_output(self, name: str, device_type: str = "cpu", device_id: int = 0, element_type: Any = None,
-                    shape: Sequence[int] | None = None, buffer_ptr: int | None = None) -> None:
+    def bind_output(
+        self,
+        name: str,
+        device_type: str = "cpu",
+        device_id: int = 0,
+        element_type: Any = None,
+        shape: Sequence[int] | None = None,
+        buffer_ptr: int | None = None,
+    ) -> None:
         _check_device(name, device_type)
         if name not in self._all_outputs:
             raise IOBindingError(f"{name!r} is not an output of this model; outputs: {self._all_outputs}")
@@ -121,7 +138,8 @@ class HostIOBinding:
                 continue
             if binding.shape != tuple(result.shape):
                 raise IOBindingError(
-                    f"output {name!r} was bound with shape {list(binding.shape or ())} but the model produced "
+                    f"output {name!r} was bound with shape {list(binding.shape or ())} "
+                    "but the model produced "
                     f"{list(result.shape)}"
                 )
             np.copyto(binding.view(name), result.astype(binding.dtype, copy=False))

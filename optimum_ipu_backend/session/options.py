@@ -38,7 +38,8 @@ class IPUProviderOptions:
         if unknown:
             known = "; ".join(f"{name}: {text}" for name, text in OPTION_HELP.items())
             raise ProviderOptionError(
-                f"unknown IPUExecutionProvider option(s) {', '.join(map(repr, unknown))}. Known options: {known}"
+                f"unknown IPUExecutionProvider option(s) {', '.join(map(repr, unknown))}. "
+                f"Known options: {known}"
             )
         device = str(raw.get("device") or default_device())
         try:
@@ -59,5 +60,9 @@ class IPUProviderOptions:
                 threads = 0
             if threads <= 0:
                 raise ProviderOptionError(f"option 'threads'={raw['threads']!r}: {OPTION_HELP['threads']}")
-        return cls(device=device, engine=None if engine is None else str(engine), precision=precision,
-                   threads=threads)
+        return cls(
+            device=device,
+            engine=None if engine is None else str(engine),
+            precision=precision,
+            threads=threads,
+        )

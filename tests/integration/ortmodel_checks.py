@@ -39,20 +39,26 @@ def _max_diff(a, b) -> float:
     left, right = _flatten(a), _flatten(b)
     if len(left) != len(right) or not left:
         raise AssertionError(f"outputs differ in structure: {len(left)} vs {len(right)} tensors")
-    return max(float((x.float() - y.float()).abs().max()) if x.numel() else 0.0 for x, y in zip(left, right))
+    return max(
+        float((x.float() - y.float()).abs().max()) if x.numel() else 0.0
+        for x, y in zip(left, right, strict=True)
+    )
 
 
 def _session_facts(model) -> dict:
-    sessions = [getattr(model, name) for name in ("model", "encoder", "decoder", "decoder_with_past")
-                if getattr(model, name, None) is not None]
+    parts = [getattr(model, name, None) for name in ("model", "encoder", "decoder", "decoder_with_past")]
+    sessions = [getattr(part, "session", part) for part in parts if part is not None]
     facts = []
-    for part in sessions:
-        session = part.session
-        facts.append({
-            "type": type(session).__name__,
-            "providers": [str(p) for p in session.get_providers()],
-            "options": session.get_provider_options().get("IPUExecutionProvider", {}),
-        })
+    for session in sessions:
+        if not hasattr(session, "get_providers"):
+            continue  # whisper's `model` attribute is a torch stand-in, not a session
+        facts.append(
+            {
+                "type": type(session).__name__,
+                "providers": [str(p) for p in session.get_providers()],
+                "options": session.get_provider_options().get("IPUExecutionProvider", {}),
+            }
+        )
     return {"provider": model.provider, "sessions": facts}
 
 
@@ -63,7 +69,7 @@ def _torch_inputs(name: str, model_dir: Path, drop=()) -> dict:
 def forward_case(case: dict) -> dict:
     cls = getattr(ort_models, case["class"])
     cpu = cls.from_pretrained(case["onnx_dir"], **CPU)
-    ipu = cls.from_pretrained(case["onnx_dir"], **IPU)
+    ipu = cls.from_pretrained(case["onnx_dir"], **case.get("ipu_kwargs", IPU))
     inputs = _torch_inputs(case["model"], Path(case["model_dir"]), drop=("decoder_input_ids", "position_ids"))
     with torch.no_grad():
         expected, got = cpu(**inputs), ipu(**inputs)
@@ -89,8 +95,12 @@ def generate_case(case: dict) -> dict:
     ipu = cls.from_pretrained(case["onnx_dir"], **IPU, **kwargs)
     inputs = _torch_inputs(case["model"], Path(case["model_dir"]), drop=("decoder_input_ids", "position_ids"))
     inputs.pop("token_type_ids", None)
-    generate = {"max_new_tokens": case.get("new_tokens", 16), "do_sample": False, "num_beams": 1,
-                "min_new_tokens": case.get("new_tokens", 16)}
+    generate = {
+        "max_new_tokens": case.get("new_tokens", 16),
+        "do_sample": False,
+        "num_beams": 1,
+        "min_new_tokens": case.get("new_tokens", 16),
+    }
     generate.update(case.get("generate_kwargs", {}))
     expected = cpu.generate(**inputs, **generate)
     got = ipu.generate(**inputs, **generate)
@@ -117,7 +127,10 @@ def pipeline_case(case: dict) -> dict:
     texts = ["the cat sat on the mat", "a quick brown fox jumps over the lazy dog today"]
     expected = transformers.pipeline(case["task"], model=cpu, tokenizer=tokenizer, top_k=None)(texts)
     via_transformers = transformers.pipeline(case["task"], model=ipu, tokenizer=tokenizer, top_k=None)(texts)
-    via_optimum = optimum_pipeline(case["task"], model=ipu, tokenizer=tokenizer, accelerator="ort", top_k=None)(texts)
+    optimum_pipe = optimum_pipeline(
+        case["task"], model=ipu, tokenizer=tokenizer, accelerator="ort", top_k=None
+    )
+    via_optimum = optimum_pipe(texts)
 
     def scores(out):
         return np.array([[d["score"] for d in sorted(row, key=lambda d: d["label"])] for row in out])
@@ -125,7 +138,7 @@ def pipeline_case(case: dict) -> dict:
     return {
         "transformers_max_abs_diff": float(np.abs(scores(expected) - scores(via_transformers)).max()),
         "optimum_max_abs_diff": float(np.abs(scores(expected) - scores(via_optimum)).max()),
-        "optimum_pipeline_model_provider": via_optimum.model.provider,
+        "optimum_pipeline_model_provider": optimum_pipe.model.provider,
     }
 
 
@@ -140,7 +153,9 @@ def main() -> None:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 results[name] = KINDS[case["kind"]](case)
-            results[name]["fallback_warnings"] = [str(w.message) for w in caught if "Falling back" in str(w.message)]
+            results[name]["fallback_warnings"] = [
+                str(w.message) for w in caught if "Falling back" in str(w.message)
+            ]
         except Exception:
             results[name] = {"error": traceback.format_exc()}
     print(json.dumps(results))

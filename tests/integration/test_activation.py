@@ -27,7 +27,8 @@ def test_interpreter_start_installs_the_hook_and_imports_nothing_heavy():
         """
         import json, sys
         hooked = any(type(f).__name__ == "_PostImportPatcher" for f in sys.meta_path)
-        heavy = sorted(m for m in ("torch", "onnx", "onnxruntime", "numpy", "optimum", "popart") if m in sys.modules)
+        names = ("torch", "onnx", "onnxruntime", "numpy", "optimum", "popart")
+        heavy = sorted(m for m in names if m in sys.modules)
         print(json.dumps({"hooked": hooked, "heavy": heavy}))
         """
     )

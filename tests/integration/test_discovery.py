@@ -24,7 +24,8 @@ def _registry(*entries: tuple[str, str]) -> ProviderRegistry:
 
 
 def test_spec_mapping_and_callable_forms_are_accepted(monkeypatch):
-    import types, sys
+    import sys
+    import types
 
     module = types.ModuleType("fake_vendor_plugin")
     module.SPEC_OBJ = GOOD
@@ -45,10 +46,13 @@ def test_spec_mapping_and_callable_forms_are_accepted(monkeypatch):
 
 
 def test_factory_is_imported_lazily_and_its_failure_names_the_plugin(monkeypatch):
-    import types, sys
+    import sys
+    import types
 
     module = types.ModuleType("lazy_plugin")
-    module.SPEC = ProviderSpec(name="LazyExecutionProvider", session_factory="module_that_does_not_exist:factory")
+    module.SPEC = ProviderSpec(
+        name="LazyExecutionProvider", session_factory="module_that_does_not_exist:factory"
+    )
     monkeypatch.setitem(sys.modules, "lazy_plugin", module)
     registry = _registry(("lazy", "lazy_plugin:SPEC"))
     registration = registry.lookup("LazyExecutionProvider")  # discovery does not import the factory
@@ -58,7 +62,8 @@ def test_factory_is_imported_lazily_and_its_failure_names_the_plugin(monkeypatch
 
 
 def test_broken_plugin_is_isolated_logged_once_and_raised_when_asked_for(monkeypatch, caplog):
-    import types, sys
+    import sys
+    import types
 
     module = types.ModuleType("good_plugin")
     module.SPEC = GOOD
@@ -78,10 +83,16 @@ def test_broken_plugin_is_isolated_logged_once_and_raised_when_asked_for(monkeyp
 
 @pytest.mark.parametrize(
     "value, env, expected",
-    [("", None, {"foo", "bar"}), ("0", None, set()), ("foo", None, {"foo"}), ("foo,bar", None, {"foo", "bar"})],
+    [
+        ("", None, {"foo", "bar"}),
+        ("0", None, set()),
+        ("foo", None, {"foo"}),
+        ("foo,bar", None, {"foo", "bar"}),
+    ],
 )
 def test_plugins_env_filter(monkeypatch, value, env, expected):
-    import types, sys
+    import sys
+    import types
 
     module = types.ModuleType("two_plugins")
     module.FOO = GOOD
@@ -93,14 +104,17 @@ def test_plugins_env_filter(monkeypatch, value, env, expected):
 
 
 def test_native_names_and_duplicates_are_refused(monkeypatch):
-    import types, sys
+    import sys
+    import types
 
     module = types.ModuleType("rogue_plugin")
     module.CPU = {"name": "CPUExecutionProvider", "session_factory": "json:loads"}
     module.FOO = GOOD
     module.FOO_AGAIN = {"name": "OtherExecutionProvider", "aliases": ["foo"], "session_factory": "json:loads"}
     monkeypatch.setitem(sys.modules, "rogue_plugin", module)
-    registry = _registry(("cpu", "rogue_plugin:CPU"), ("foo", "rogue_plugin:FOO"), ("foo2", "rogue_plugin:FOO_AGAIN"))
+    registry = _registry(
+        ("cpu", "rogue_plugin:CPU"), ("foo", "rogue_plugin:FOO"), ("foo2", "rogue_plugin:FOO_AGAIN")
+    )
     assert [r.entry_point for r in registry.registrations()] == ["foo"]
     errors = {b.entry_point: str(b.error) for b in registry.broken()}
     assert "belongs to onnxruntime" in errors["cpu"]

@@ -9,7 +9,9 @@ class AcmeSession:
     is_provider_plugin_session = True
 
     def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
-        self._inner = ort.InferenceSession(path_or_bytes, sess_options=sess_options, providers=["CPUExecutionProvider"])
+        self._inner = ort.InferenceSession(
+            path_or_bytes, sess_options=sess_options, providers=["CPUExecutionProvider"]
+        )
         self._model_path = str(path_or_bytes)
         self._options = dict((provider_options or [{}])[0])
         self.providers_seen = list(providers or [])

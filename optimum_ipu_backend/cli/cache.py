@@ -1,0 +1,163 @@
+"""``optimum-ipu cache list|info|clear|prune``: inspect and trim the executable cache."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from typing import Any
+
+from optimum_ipu_backend.runtime.executable_cache import (
+    CACHE_ENV,
+    ExecutableCache,
+    format_byte_size,
+    parse_byte_size,
+)
+
+
+def add_cache_parser(subparsers: Any) -> None:
+    """Add the ``cache`` command (with its ``list``, ``info``, ``clear`` and ``prune`` actions)."""
+    parser = subparsers.add_parser(
+        "cache",
+        help="inspect or trim the cache of legalized graphs and compiled executables",
+        description=(
+            "Inspect or trim the executable cache. Its location is --dir, else the "
+            f"{CACHE_ENV} environment variable, else the platform's user cache directory."
+        ),
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--dir", dest="cache_dir", default=None, help=f"cache directory (default: ${CACHE_ENV})"
+    )
+    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    actions = parser.add_subparsers(dest="cache_action", required=True)
+    actions.add_parser("list", parents=[common], help="list the entries, most recently used first")
+    actions.add_parser("info", parents=[common], help="location, entry count, total size and size cap")
+    actions.add_parser("clear", parents=[common], help="remove every entry")
+    prune = actions.add_parser(
+        "prune", parents=[common], help="evict least-recently-used entries until the cache fits a size"
+    )
+    prune.add_argument(
+        "--max-size",
+        default=None,
+        help="size to fit, e.g. 2GB, 500MiB or a byte count (default: the cache's size cap)",
+    )
+    parser.set_defaults(func=run_cache)
+
+
+def run_cache(args: argparse.Namespace) -> int:
+    """Run one ``cache`` action; returns the process exit status (2 for a bad ``--max-size``)."""
+    cache = ExecutableCache(getattr(args, "cache_dir", None))
+    action = args.cache_action
+    as_json = bool(getattr(args, "json", False))
+    if action == "list":
+        entries = [entry.to_dict() for entry in cache.list()]
+        if as_json:
+            _print_json(entries)
+        else:
+            _print_entries(cache, entries)
+        return 0
+    if action == "info":
+        info = cache.info()
+        if as_json:
+            _print_json(info)
+        else:
+            _print_info(info)
+        return 0
+    if action == "clear":
+        before = cache.info()
+        removed = cache.clear()
+        after = cache.info()
+        report = {
+            "root": str(cache.root),
+            "removed": removed,
+            "freed_bytes": before["total_bytes"] - after["total_bytes"],
+            "skipped_in_use": after["entries"],
+        }
+        if as_json:
+            _print_json(report)
+        else:
+            line = f"Removed {_entries(removed)} ({format_byte_size(report['freed_bytes'])})"
+            if report["skipped_in_use"]:
+                line += f"; {report['skipped_in_use']} being built by another process were kept"
+            print(f"{line} from {cache.root}")
+        return 0
+    if action == "prune":
+        max_size = getattr(args, "max_size", None)
+        try:
+            max_bytes = cache.size_limit_bytes if max_size is None else parse_byte_size(max_size)
+        except ValueError as exc:
+            print(f"optimum-ipu cache prune: --max-size: {exc}", file=sys.stderr)
+            return 2
+        before = cache.info()
+        evicted = cache.prune(max_bytes)
+        after = cache.info()
+        report = {
+            "root": str(cache.root),
+            "max_bytes": max_bytes,
+            "evicted": evicted,
+            "freed_bytes": before["total_bytes"] - after["total_bytes"],
+            "total_bytes": after["total_bytes"],
+        }
+        if as_json:
+            _print_json(report)
+        else:
+            print(
+                f"Evicted {_entries(len(evicted))} "
+                f"({format_byte_size(report['freed_bytes'])}); {cache.root} now holds "
+                f"{format_byte_size(after['total_bytes'])} (limit {format_byte_size(max_bytes)})"
+            )
+        return 0
+    raise ValueError(f"unknown cache action {action!r}")
+
+
+def _print_json(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+def _entries(count: int) -> str:
+    return f"{count} entr{'y' if count == 1 else 'ies'}"
+
+
+def _timestamp(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _describe(meta: dict[str, Any]) -> str:
+    """A short description from the entry's metadata (model, shapes) for the table."""
+    parts = [f"{key}={value}" for key, value in sorted(meta.items()) if isinstance(value, str | int | float)]
+    text = ", ".join(parts)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _print_entries(cache: ExecutableCache, entries: list[dict[str, Any]]) -> None:
+    if not entries:
+        print(f"The cache at {cache.root} is empty.")
+        return
+    print(f"{'KEY':<16}  {'SIZE':>10}  {'LAST USED':<19}  {'ENGINE':<10}  DESCRIPTION")
+    for entry in entries:
+        engine = entry["engine"] or ("(unreadable)" if not entry["readable"] else "-")
+        print(
+            f"{entry['key'][:16]:<16}  {format_byte_size(entry['size_bytes']):>10}  "
+            f"{_timestamp(entry['last_used']):<19}  {engine:<10}  {_describe(entry['meta'])}"
+        )
+    total = sum(entry["size_bytes"] for entry in entries)
+    print(
+        f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {format_byte_size(total)} in {cache.root}"
+    )
+
+
+def _print_info(info: dict[str, Any]) -> None:
+    source = {
+        "argument": "--dir",
+        "environment": f"${info['environment_variable']}",
+        "default": "platform default",
+    }[info["root_source"]]
+    print(f"location:   {info['root']} (from {source})")
+    print(f"entries:    {info['entries']}")
+    print(f"total size: {format_byte_size(info['total_bytes'])}")
+    print(f"size cap:   {format_byte_size(info['size_limit_bytes'])}")

@@ -1,0 +1,117 @@
+"""A first-order estimate of a static graph's IPU memory: weights plus the largest live activation set.
+
+It ignores what Poplar adds (code, exchange buffers, temporaries inside ops, tile imbalance), so a
+graph that fits here may still not fit on the device; one that does not fit here will not.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .op_table import iter_graphs
+
+IPU_MEMORY_BYTES = 900_000_000  # in-processor memory of one Mk2/Bow IPU
+TILES_PER_IPU = 1472
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights_bytes: int
+    peak_activation_bytes: int
+    total_bytes: int
+    ipus_needed: int
+    ipu_memory_bytes: int = IPU_MEMORY_BYTES
+    tiles_per_ipu: int = TILES_PER_IPU
+
+    @property
+    def fits_one_ipu(self) -> bool:
+        return self.total_bytes <= self.ipu_memory_bytes
+
+
+def _itemsize(elem_type: int) -> int:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
+    except (KeyError, TypeError):
+        return 4
+
+
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """Bytes a tensor's values take on the device."""
+    return int(math.prod(tensor.dims)) * _itemsize(tensor.data_type)
+
+
+def _value_bytes(value_info: onnx.ValueInfoProto) -> int:
+    tensor_type = value_info.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else 1 for d in tensor_type.shape.dim]
+    return int(math.prod(dims)) * _itemsize(tensor_type.elem_type)
+
+
+def _constant_bytes(graph: onnx.GraphProto) -> int:
+    total = sum(tensor_bytes(init) for init in graph.initializer)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    total += tensor_bytes(attr.t)
+    return total
+
+
+def _peak_activations(graph: onnx.GraphProto, sizes: dict[str, int], constants: set[str]) -> int:
+    """Largest sum of live activations while the nodes run in graph order (a topological order)."""
+    last_use: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            last_use[name] = index
+    end = len(graph.node)
+    for output in graph.output:
+        last_use[output.name] = end
+    live: dict[str, int] = {}
+    for graph_input in graph.input:
+        if graph_input.name not in constants:
+            live[graph_input.name] = sizes.get(graph_input.name, 0)
+    peak = sum(live.values())
+    for index, node in enumerate(graph.node):
+        subgraph_peak = 0
+        for attr in node.attribute:
+            branches = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for branch in branches:
+                subgraph_peak = max(subgraph_peak, _peak_activations(branch, sizes, constants))
+        for name in node.output:
+            if name and name not in constants:
+                live[name] = sizes.get(name, 0)
+        peak = max(peak, sum(live.values()) + subgraph_peak)
+        for name in list(live):
+            if last_use.get(name, -1) <= index:
+                del live[name]
+    return peak
+
+
+def estimate_memory(
+    model: onnx.ModelProto, ipu_memory_bytes: int = IPU_MEMORY_BYTES, tiles_per_ipu: int = TILES_PER_IPU
+) -> MemoryEstimate:
+    """Weights (initializers and Constant values) plus the peak of live activations, against IPU memory."""
+    if not any(graph.value_info for graph in iter_graphs(model.graph)):
+        model = onnx.shape_inference.infer_shapes(model)
+    weights = 0
+    constants: set[str] = set()
+    sizes: dict[str, int] = {}
+    for graph in iter_graphs(model.graph):
+        weights += _constant_bytes(graph)
+        constants.update(init.name for init in graph.initializer)
+        for value_info in list(graph.input) + list(graph.value_info) + list(graph.output):
+            sizes[value_info.name] = _value_bytes(value_info)
+    peak = _peak_activations(model.graph, sizes, constants)
+    total = weights + peak
+    return MemoryEstimate(
+        weights_bytes=weights,
+        peak_activation_bytes=peak,
+        total_bytes=total,
+        ipus_needed=max(1, math.ceil(total / ipu_memory_bytes)),
+        ipu_memory_bytes=ipu_memory_bytes,
+        tiles_per_ipu=tiles_per_ipu,
+    )

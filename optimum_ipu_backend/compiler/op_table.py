@@ -1,0 +1,134 @@
+"""What PopART (SDK 3.4) accepts: its opset-11 operators and the tensor types Poplar cannot hold.
+
+The operator list is a fact table extracted from PopART's sources (``popart_opset11_ops.json``,
+shipped as package data); the dtype list comes from Poplar's ``popType``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from importlib import resources
+
+import onnx
+
+_TABLE_FILE = "popart_opset11_ops.json"
+
+
+def _load_table() -> dict:
+    return json.loads(resources.files(__package__).joinpath(_TABLE_FILE).read_text(encoding="utf-8"))
+
+
+_TABLE = _load_table()
+
+#: ai.onnx operators PopART 3.4 implements at opset 11 (a creator registration or an ONNX pre-pass).
+POPART_OPSET11_OPS: frozenset[str] = frozenset(_TABLE["ops"])
+#: Standard opset-11 operators PopART has no implementation for.
+POPART_MISSING_OPSET11_OPS: frozenset[str] = frozenset(_TABLE["not_implemented_at_opset11"])
+POPART_MAX_OPSET: int = int(_TABLE["opset"])
+
+#: ONNX element types Poplar has no device type for (``popType`` throws).
+FORBIDDEN_DTYPES: frozenset[int] = frozenset(
+    {
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.UINT64,
+        onnx.TensorProto.DOUBLE,
+        onnx.TensorProto.BFLOAT16,
+        onnx.TensorProto.STRING,
+        onnx.TensorProto.COMPLEX64,
+        onnx.TensorProto.COMPLEX128,
+    }
+)
+
+#: Domains that name the standard operator set.
+DEFAULT_DOMAINS: frozenset[str] = frozenset({"", "ai.onnx"})
+
+#: Operand slots that ONNX types as int64 only and that PopART reads at compile time (a constant
+#: expression, never a device tensor), so they stay int64 after Int64ToInt32: (op_type, input index).
+INT64_COMPILE_TIME_OPERANDS: frozenset[tuple[str, int]] = frozenset(
+    {
+        ("Reshape", 1),
+        ("Expand", 1),
+        ("Tile", 1),
+        ("ConstantOfShape", 0),
+        ("Pad", 1),
+        ("TopK", 1),
+        ("Resize", 3),
+        # Opset-13 forms; the lowering pass turns them into attributes, but if one survives the
+        # graph must still type-check until verify reports it.
+        ("Squeeze", 1),
+        ("Unsqueeze", 1),
+        ("Split", 1),
+        ("ReduceSum", 1),
+        # Opset 18 moved the axes of every other reduction to an input as well.
+        *(
+            (f"Reduce{kind}", 1)
+            for kind in ("Mean", "Max", "Min", "Prod", "L1", "L2", "LogSum", "LogSumExp", "SumSquare")
+        ),
+    }
+)
+
+#: Operand slots PopART needs to know at compile time (shapes, indices of slices, clip bounds).
+COMPILE_TIME_OPERANDS: frozenset[tuple[str, int]] = INT64_COMPILE_TIME_OPERANDS | frozenset(
+    {
+        ("Slice", 1),
+        ("Slice", 2),
+        ("Slice", 3),
+        ("Slice", 4),
+        ("CumSum", 1),
+        ("OneHot", 1),
+        ("Clip", 1),
+        ("Clip", 2),
+        ("Resize", 1),
+        ("Resize", 2),
+        ("Upsample", 1),
+    }
+)
+
+#: Operand slots ONNX types as float32 only, whatever the compute precision.
+FLOAT32_ONLY_OPERANDS: frozenset[tuple[str, int]] = frozenset({("Resize", 1), ("Resize", 2), ("Upsample", 1)})
+
+
+def is_popart_op(op_type: str, domain: str = "") -> bool:
+    """Whether PopART implements this operator at opset 11."""
+    return domain in DEFAULT_DOMAINS and op_type in POPART_OPSET11_OPS
+
+
+def dtype_name(elem_type: int) -> str:
+    """The ONNX name of an element type, e.g. ``INT64``."""
+    return onnx.TensorProto.DataType.Name(elem_type) if elem_type else "UNDEFINED"
+
+
+def default_opset_version(model: onnx.ModelProto) -> int | None:
+    """The ai.onnx opset the model imports, or None when it imports none."""
+    for opset in model.opset_import:
+        if opset.domain in DEFAULT_DOMAINS:
+            return opset.version
+    return None
+
+
+def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """The graph and, depth first, every subgraph held in a node attribute (If, Loop, Scan)."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from iter_graphs(sub)
+
+
+def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of the graph and of its subgraphs."""
+    for sub in iter_graphs(graph):
+        yield from sub.node
+
+
+def count_ops(graph: onnx.GraphProto) -> dict[str, int]:
+    """How many nodes of each op type the graph holds, subgraphs included."""
+    counts: dict[str, int] = {}
+    for node in iter_nodes(graph):
+        key = node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}::{node.op_type}"
+        counts[key] = counts.get(key, 0) + 1
+    return counts

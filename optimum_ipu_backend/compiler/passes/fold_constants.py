@@ -1,0 +1,222 @@
+"""FoldConstants: constant subexpressions, including whole shape and mask subgraphs, become initializers.
+
+Folding is delegated to onnxslim (onnx-graphsurgeon's folder, which evaluates each constant subgraph
+with onnxruntime, plus exact eliminations of redundant Reshape/Transpose/Slice/Concat/Unsqueeze). See
+docs/compiler.md for the comparison with onnxscript's optimizer that led to this choice.
+
+onnxslim cannot fold inside control flow (it fails on optimum's merged decoders), so every subgraph of a
+top-level If/Loop/Scan is folded as a model of its own: the outer-scope values it reads become its graph
+inputs (or, for outer initializers, its initializers, so that shape constants still fold), and the
+folded nodes are put back into the branch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from numpy.typing import ArrayLike
+from onnx import numpy_helper
+
+from ..op_table import iter_graphs
+from .base import GraphPass, PassContext
+from .fix_shapes import refresh_shapes
+
+# MatMul+Add -> Reshape+Gemm+Reshape adds nodes and rounds differently; PopART runs MatMul natively.
+_SKIPPED_FUSIONS = ["FusionGemm", "FusionGemmMul", "FusionGemmAdd"]
+
+
+def _has_subgraphs(graph: onnx.GraphProto) -> bool:
+    return any(sub is not graph for sub in iter_graphs(graph))
+
+
+def _slim(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnxslim  # heavy import (onnx-graphsurgeon, sympy): only when a pass runs
+
+    # onnxslim logs every pattern it applies at INFO; the pass report already says what changed.
+    slim_logger = logging.getLogger("onnxslim")
+    previous_level = slim_logger.level
+    slim_logger.setLevel(logging.WARNING)
+    try:
+        return onnxslim.slim(model, skip_fusion_patterns=list(_SKIPPED_FUSIONS))
+    finally:
+        slim_logger.setLevel(previous_level)
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a graph or its nested subgraphs read."""
+    names: set[str] = set()
+    for sub in iter_graphs(graph):
+        for node in sub.node:
+            names.update(name for name in node.input if name)
+        names.update(output.name for output in sub.output)
+    return names
+
+
+def _names_defined(graph: onnx.GraphProto) -> set[str]:
+    names: set[str] = set()
+    for sub in iter_graphs(graph):
+        names.update(init.name for init in sub.initializer)
+        names.update(graph_input.name for graph_input in sub.input)
+        for node in sub.node:
+            names.update(name for name in node.output if name)
+    return names
+
+
+def _fold_subgraph(
+    branch: onnx.GraphProto,
+    outer_types: dict[str, onnx.ValueInfoProto],
+    outer_initializers: dict[str, onnx.TensorProto],
+    model: onnx.ModelProto,
+) -> onnx.GraphProto:
+    """Fold a subgraph that has no inputs of its own (an If branch) as a standalone model."""
+    outer_refs = sorted(_names_read(branch) - _names_defined(branch))
+    missing = [name for name in outer_refs if name not in outer_types and name not in outer_initializers]
+    if missing or len(branch.input) > 0:
+        # A Loop/Scan body, or an outer value without a known type: leave it as it is.
+        return branch
+    standalone = onnx.helper.make_graph(
+        nodes=list(branch.node),
+        name=branch.name or "subgraph",
+        inputs=[outer_types[name] for name in outer_refs if name not in outer_initializers],
+        outputs=list(branch.output),
+        initializer=list(branch.initializer)
+        + [outer_initializers[n] for n in outer_refs if n in outer_initializers],
+        value_info=list(branch.value_info),
+    )
+    sub_model = onnx.helper.make_model(
+        standalone, opset_imports=list(model.opset_import), ir_version=model.ir_version
+    )
+    folded = _slim(sub_model).graph
+    kept_initializers = []
+    for init in folded.initializer:
+        outer = outer_initializers.get(init.name)
+        if outer is not None and outer.SerializeToString() == init.SerializeToString():
+            continue  # still the outer tensor: resolved from the enclosing scope
+        kept_initializers.append(init)
+    shadowing = {init.name for init in kept_initializers if init.name in outer_initializers}
+    if shadowing:
+        # A folded value that kept an outer name would shadow it, which ONNX forbids.
+        return branch
+    result = onnx.GraphProto()
+    result.name = branch.name
+    result.node.extend(folded.node)
+    result.initializer.extend(kept_initializers)
+    result.output.extend(folded.output)
+    result.value_info.extend(folded.value_info)
+    return result
+
+
+def fold_control_flow(model: onnx.ModelProto) -> None:
+    """Fold, in place, the subgraphs held by the top-level graph's nodes."""
+    graph = model.graph
+    outer_types = {vi.name: vi for vi in list(graph.input) + list(graph.value_info) + list(graph.output)}
+    outer_initializers = {init.name: init for init in graph.initializer}
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                attr.g.CopyFrom(_fold_subgraph(attr.g, outer_types, outer_initializers, model))
+
+
+def _constant_value(name: str, graph: onnx.GraphProto) -> np.ndarray | None:
+    for init in graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output[0] == name and node.attribute[0].name == "value":
+            return numpy_helper.to_array(node.attribute[0].t)
+    return None
+
+
+def inline_constant_ifs(graph: onnx.GraphProto) -> int:
+    """Replace, in place, each top-level If whose condition is a constant by the branch it takes.
+
+    Returns how many were inlined. The branch's nodes and initializers move up unchanged (ONNX names are
+    unique across scopes) and an Identity maps each branch output to the If's output where names differ.
+    """
+    inlined = 0
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        condition = _constant_value(node.input[0], graph) if node.op_type == "If" else None
+        if condition is None or condition.size != 1:
+            nodes.append(node)
+            continue
+        taken = "then_branch" if bool(condition.reshape(())) else "else_branch"
+        branch = next(attr.g for attr in node.attribute if attr.name == taken)
+        nodes.extend(branch.node)
+        graph.initializer.extend(branch.initializer)
+        for branch_output, if_output in zip(branch.output, node.output, strict=True):
+            if branch_output.name == if_output:
+                continue  # optimum names branch outputs like the If's: the branch node already makes it
+            nodes.append(
+                onnx.helper.make_node(
+                    "Identity", [branch_output.name], [if_output], name=f"{if_output}__from_{taken}"
+                )
+            )
+        inlined += 1
+    if inlined:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return inlined
+
+
+def bind_constant_inputs(model: onnx.ModelProto, values: Mapping[str, ArrayLike]) -> onnx.ModelProto:
+    """A copy of ``model`` where the named graph inputs are constants with the given values.
+
+    With ``{"use_cache_branch": True}`` an optimum merged decoder becomes the plain decoder-with-past:
+    FoldConstants then inlines the If branch taken, and the graph can be static (the two branches of a
+    merged decoder return present key/values of different lengths, so the If itself never is).
+    """
+    bound = onnx.ModelProto()
+    bound.CopyFrom(model)
+    inputs = {graph_input.name: graph_input for graph_input in bound.graph.input}
+    unknown = sorted(set(values) - set(inputs))
+    if unknown:
+        raise ValueError(f"not graph inputs: {unknown}; inputs are {sorted(inputs)}")
+    kept = [graph_input for graph_input in bound.graph.input if graph_input.name not in values]
+    del bound.graph.input[:]
+    bound.graph.input.extend(kept)
+    for name, value in values.items():
+        elem_type = inputs[name].type.tensor_type.elem_type
+        dims = [d.dim_value for d in inputs[name].type.tensor_type.shape.dim]
+        array = np.asarray(value, dtype=onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+        if all(dims) and array.size == int(np.prod(dims)):
+            array = array.reshape(dims)
+        bound.graph.initializer.append(numpy_helper.from_array(array, name))
+    return bound
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    used = _names_read(graph)
+    kept = [init for init in graph.initializer if init.name in used]
+    if len(kept) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+
+
+class FoldConstants(GraphPass):
+    """Fold every constant subexpression (shape and mask computations included) with onnxslim."""
+
+    name = "fold_constants"
+    guarantee = "no node computes only from constants; shape/mask subgraphs of static inputs are folded"
+
+    def __init__(self, name: str | None = None) -> None:
+        if name is not None:
+            self.name = name
+        self.notes: list[str] = []
+
+    def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+        self.notes = []
+        inlined = inline_constant_ifs(model.graph)
+        if inlined:
+            self.notes.append(f"inlined {inlined} If with a constant condition")
+        if _has_subgraphs(model.graph):
+            fold_control_flow(model)
+            _drop_unused_initializers(model.graph)
+            self.notes.append("folded each control-flow branch as its own graph")
+            return refresh_shapes(model)
+        if inlined:
+            model = refresh_shapes(model)
+        return _slim(model)

@@ -1,0 +1,250 @@
+"""Int64ToInt32: no int64 tensor is left on the device; the host casts at the graph boundary.
+
+Poplar has no INT64 type. Every int64 graph input/output, initializer, Constant, ConstantOfShape value
+and ``Cast(to=INT64)`` becomes int32, in subgraphs too. Ops whose output ONNX defines as int64
+(Shape, ArgMax, TopK indices, ...) get a Cast to int32 after them.
+
+One exception keeps the graph valid ONNX: operands that ONNX types as int64 only and that PopART
+reads at compile time, never as device tensors (Reshape/Expand shape, Tile repeats, Pad pads, ...,
+see ``INT64_COMPILE_TIME_OPERANDS``). A constant feeding only such operands stays int64 (PopART
+folds it into the op); an int32 value reaching one gets a Cast back to int64, which verify reports
+because it would have to run on the device.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from ..errors import LegalizationError, UnsupportedNode
+from ..op_table import INT64_COMPILE_TIME_OPERANDS, iter_graphs
+from .base import GraphPass, PassContext
+from .fix_shapes import refresh_shapes
+
+INT32_MIN = int(np.iinfo(np.int32).min)
+INT32_MAX = int(np.iinfo(np.int32).max)
+_INT64_MAX = int(np.iinfo(np.int64).max)
+_INT64_MIN = int(np.iinfo(np.int64).min)
+# "Until the end" markers torch writes into Slice starts/ends; int32's extremes mean the same there.
+_SENTINELS = {_INT64_MAX: INT32_MAX, _INT64_MIN: INT32_MIN, _INT64_MIN + 1: INT32_MIN}
+
+#: Outputs ONNX always types int64, whatever the inputs: (op_type, output index).
+INTRINSIC_INT64_OUTPUTS: frozenset[tuple[str, int]] = frozenset(
+    {("Shape", 0), ("Size", 0), ("ArgMax", 0), ("ArgMin", 0), ("TopK", 1), ("NonZero", 0), ("MaxPool", 1)}
+)
+
+_HINTS = (
+    "integer constants must fit in int32 (PopART has no int64); re-export with smaller index values",
+    "file an issue with the model id if this constant is a marker value that should be clipped",
+)
+
+
+def to_int32_values(values: np.ndarray, where: str, problems: list[UnsupportedNode]) -> np.ndarray:
+    """int64 values as int32, mapping the int64 sentinels to int32's extremes; record what does not fit."""
+    values = np.asarray(values, dtype=np.int64)
+    result = values.copy()
+    for sentinel, replacement in _SENTINELS.items():
+        result[values == sentinel] = replacement
+    too_big = (result > INT32_MAX) | (result < INT32_MIN)
+    if np.any(too_big):
+        bad = result[too_big].ravel()[:3].tolist()
+        problems.append(UnsupportedNode(where, "int64 constant", "", f"values {bad} do not fit in int32"))
+        result = np.clip(result, INT32_MIN, INT32_MAX)
+    return result.astype(np.int32)
+
+
+def _int32_tensor(tensor: TensorProto, where: str, problems: list[UnsupportedNode]) -> TensorProto:
+    converted = numpy_helper.from_array(to_int32_values(numpy_helper.to_array(tensor), where, problems))
+    converted.name = tensor.name
+    return converted
+
+
+class TensorConsumers:
+    """Which (op_type, input index) slots read each tensor name, in any scope."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.slots: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        self.graph_outputs: set[str] = set()
+        for graph in iter_graphs(model.graph):
+            for node in graph.node:
+                for index, name in enumerate(node.input):
+                    if name:
+                        self.slots[name].append((node.op_type, index))
+            self.graph_outputs.update(output.name for output in graph.output)
+
+    def only_feeds(self, name: str, allowed: frozenset[tuple[str, int]]) -> bool:
+        """Whether ``name`` is read, and only read, by the given operand slots (and is no graph output)."""
+        slots = self.slots.get(name, [])
+        return bool(slots) and name not in self.graph_outputs and all(slot in allowed for slot in slots)
+
+    def only_compile_time_int64(self, name: str) -> bool:
+        return self.only_feeds(name, INT64_COMPILE_TIME_OPERANDS)
+
+
+class Int64ToInt32(GraphPass):
+    """Turn every int64 tensor, constant and cast into int32 (compile-time shape operands excepted)."""
+
+    name = "int64_to_int32"
+    guarantee = "no int64 tensor remains except constant shape operands PopART reads at compile time"
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+        self.notes = []
+        consumers = TensorConsumers(model)
+        problems: list[UnsupportedNode] = []
+        kept_int64: set[str] = set()
+        counts: dict[str, int] = defaultdict(int)
+        for graph in iter_graphs(model.graph):
+            self._convert_boundary(graph, counts)
+            self._convert_initializers(graph, consumers, kept_int64, problems, counts)
+            self._convert_nodes(graph, consumers, kept_int64, problems, counts)
+        if problems:
+            raise LegalizationError("Some int64 constants cannot be represented in int32.", problems, _HINTS)
+        for graph in iter_graphs(model.graph):
+            self._cast_back_compile_time_operands(graph, kept_int64, counts)
+        self.notes.extend(f"{what}: {count}" for what, count in sorted(counts.items()) if count)
+        return refresh_shapes(model)
+
+    @staticmethod
+    def _convert_boundary(graph: onnx.GraphProto, counts: dict[str, int]) -> None:
+        for value_info in list(graph.input) + list(graph.output):
+            tensor_type = value_info.type.tensor_type
+            if tensor_type.elem_type == TensorProto.INT64:
+                tensor_type.elem_type = TensorProto.INT32
+                counts["int64 inputs/outputs made int32"] += 1
+
+    @staticmethod
+    def _convert_initializers(
+        graph: onnx.GraphProto,
+        consumers: TensorConsumers,
+        kept_int64: set[str],
+        problems: list[UnsupportedNode],
+        counts: dict[str, int],
+    ) -> None:
+        for index, init in enumerate(graph.initializer):
+            if init.data_type != TensorProto.INT64:
+                continue
+            if consumers.only_compile_time_int64(init.name):
+                kept_int64.add(init.name)
+                continue
+            graph.initializer[index].CopyFrom(_int32_tensor(init, init.name, problems))
+            counts["int64 initializers made int32"] += 1
+
+    def _convert_nodes(
+        self,
+        graph: onnx.GraphProto,
+        consumers: TensorConsumers,
+        kept_int64: set[str],
+        problems: list[UnsupportedNode],
+        counts: dict[str, int],
+    ) -> None:
+        new_nodes: list[onnx.NodeProto] = []
+        for node in graph.node:
+            new_nodes.append(node)
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type == "Constant":
+                self._convert_constant(node, consumers, kept_int64, problems, counts)
+            elif node.op_type == "ConstantOfShape":
+                self._convert_constant_of_shape(node, consumers, kept_int64, problems, counts)
+            elif node.op_type == "Cast":
+                to = next(a for a in node.attribute if a.name == "to")
+                if to.i == TensorProto.INT64:
+                    if consumers.only_compile_time_int64(node.output[0]):
+                        kept_int64.add(node.output[0])
+                    else:
+                        to.i = TensorProto.INT32
+                        counts["Cast(to=INT64) made int32"] += 1
+            for index, name in enumerate(node.output):
+                if not name or (node.op_type, index) not in INTRINSIC_INT64_OUTPUTS:
+                    continue
+                if consumers.only_compile_time_int64(name):
+                    kept_int64.add(name)
+                    continue
+                int64_name = f"{name}__int64"
+                node.output[index] = int64_name
+                new_nodes.append(
+                    onnx.helper.make_node(
+                        "Cast",
+                        [int64_name],
+                        [name],
+                        name=f"{node.name or name}__to_int32",
+                        to=TensorProto.INT32,
+                    )
+                )
+                counts[f"Cast to int32 after {node.op_type}"] += 1
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+
+    @staticmethod
+    def _convert_constant(
+        node: onnx.NodeProto,
+        consumers: TensorConsumers,
+        kept_int64: set[str],
+        problems: list[UnsupportedNode],
+        counts: dict[str, int],
+    ) -> None:
+        attr = node.attribute[0] if len(node.attribute) == 1 else None
+        if attr is None:
+            return
+        if attr.name == "value" and attr.t.data_type == TensorProto.INT64:
+            values = numpy_helper.to_array(attr.t)
+        elif attr.name == "value_int":
+            values = np.array(attr.i, dtype=np.int64)
+        elif attr.name == "value_ints":
+            values = np.array(list(attr.ints), dtype=np.int64)
+        else:
+            return
+        if consumers.only_compile_time_int64(node.output[0]):
+            kept_int64.add(node.output[0])
+            if attr.name != "value":  # value_int(s) are opset-12 attributes: write them as a tensor
+                tensor = numpy_helper.from_array(values.astype(np.int64))
+                del node.attribute[:]
+                node.attribute.append(onnx.helper.make_attribute("value", tensor))
+            return
+        tensor = numpy_helper.from_array(to_int32_values(values, node.name or node.output[0], problems))
+        del node.attribute[:]
+        node.attribute.append(onnx.helper.make_attribute("value", tensor))
+        counts["int64 Constants made int32"] += 1
+
+    @staticmethod
+    def _convert_constant_of_shape(
+        node: onnx.NodeProto,
+        consumers: TensorConsumers,
+        kept_int64: set[str],
+        problems: list[UnsupportedNode],
+        counts: dict[str, int],
+    ) -> None:
+        for attr in node.attribute:
+            if attr.name == "value" and attr.t.data_type == TensorProto.INT64:
+                if consumers.only_compile_time_int64(node.output[0]):
+                    kept_int64.add(node.output[0])
+                    return
+                attr.t.CopyFrom(_int32_tensor(attr.t, node.name or node.output[0], problems))
+                counts["int64 ConstantOfShape values made int32"] += 1
+
+    @staticmethod
+    def _cast_back_compile_time_operands(
+        graph: onnx.GraphProto, kept_int64: set[str], counts: dict[str, int]
+    ) -> None:
+        new_nodes: list[onnx.NodeProto] = []
+        for node in graph.node:
+            for index, name in enumerate(node.input):
+                if not name or (node.op_type, index) not in INT64_COMPILE_TIME_OPERANDS or name in kept_int64:
+                    continue
+                cast_output = f"{name}__as_int64_for_{node.name or node.op_type}_{index}"
+                new_nodes.append(
+                    onnx.helper.make_node(
+                        "Cast", [name], [cast_output], name=f"{cast_output}__cast", to=TensorProto.INT64
+                    )
+                )
+                node.input[index] = cast_output
+                counts["computed shape operands cast back to int64"] += 1
+            new_nodes.append(node)
+        del graph.node[:]
+        graph.node.extend(new_nodes)

@@ -1,0 +1,356 @@
+"""LowerToOpset11: every ai.onnx node becomes an opset-11 operator PopART implements, with equal outputs.
+
+``onnx.version_converter`` cannot take optimum's opset-18 exports down to 11 (it has no adapter for
+LayerNormalization, Split-18 or Identity-16), so this pass does it node by node: a rewrite per operator
+that changed or is missing (``rewrites/``), and for every other node a check that its operator's
+version in the source opset means the same as its opset-11 version (``rewrites/reviewed_versions.py``)
+and that its element types are ones the opset-11 schema allows. Subgraphs of If/Loop/Scan are lowered
+the same way. Anything that cannot be lowered is reported, all nodes at once, in a LegalizationError.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..errors import LegalizationError, UnsupportedNode
+from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, iter_graphs
+from .base import GraphPass, PassContext
+from .fix_shapes import infer_shapes
+from .rewrites import REWRITES, CannotLower, GraphScope, Rewrite
+from .rewrites.common import NameAllocator
+from .rewrites.reviewed_versions import NEWEST_REVIEWED_VERSION, SAME_AS_OPSET11
+
+TARGET_OPSET = 11
+#: ONNX 1.6 introduced opset 11 with IR version 6: the oldest IR that can carry it, so the one the most
+#: ONNX readers (PopART bundles its own) accept.
+TARGET_IR_VERSION = 6
+# Initializers larger than this are given to shape inference as typed inputs instead of data: their
+# values never matter for shapes, and serializing the weights would dominate the pass's time.
+_LARGEST_INFERENCE_INITIALIZER = 4096
+
+_HINTS = (
+    "fix every input dimension and fold constants before lowering (the compiler pipeline does both)",
+    "re-export the model with optimum at another opset, or with eager attention",
+    "file an issue with the model id and this message so that the missing rewrite can be added",
+)
+
+
+def _rewrite_table() -> dict[str, Rewrite]:
+    table: dict[str, Rewrite] = {}
+    for rewrite in REWRITES:
+        for op_type in rewrite.op_types:
+            if op_type in table:
+                raise RuntimeError(f"two rewrites claim {op_type}")
+            table[op_type] = rewrite
+    return table
+
+
+def _element_count(tensor: onnx.TensorProto) -> int:
+    count = 1
+    for dim in tensor.dims:
+        count *= dim
+    return count
+
+
+def _inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its large initializers replaced by typed graph inputs, for shape inference."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    graph, source = light.graph, model.graph
+    graph.name = source.name
+    graph.node.extend(source.node)
+    graph.input.extend(source.input)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+    input_names = {graph_input.name for graph_input in source.input}
+    for init in source.initializer:
+        if _element_count(init) <= _LARGEST_INFERENCE_INITIALIZER:
+            graph.initializer.append(init)
+        elif init.name not in input_names:
+            graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return light
+
+
+def _graph_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+    types: dict[str, onnx.TypeProto] = {}
+    for init in graph.initializer:
+        types[init.name] = helper.make_tensor_type_proto(init.data_type, list(init.dims))
+    for value_info in list(graph.input) + list(graph.value_info) + list(graph.output):
+        if value_info.type.WhichOneof("value") is not None:
+            types[value_info.name] = value_info.type
+    return types
+
+
+def _all_names(model: onnx.ModelProto) -> Iterator[str]:
+    for graph in iter_graphs(model.graph):
+        for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+            yield value.name
+        for init in graph.initializer:
+            yield init.name
+        for node in graph.node:
+            yield node.name
+            yield from node.output
+            yield from node.input
+
+
+def _tensor_type_string(elem_type: int) -> str:
+    return f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})"
+
+
+def _type_violation(node: onnx.NodeProto, scope: GraphScope) -> str | None:
+    """Why the node's element types are not allowed by the operator's opset-11 schema, if they are not."""
+    schema = onnx.defs.get_schema(node.op_type, TARGET_OPSET, "")
+    allowed = {
+        constraint.type_param_str: set(constraint.allowed_type_strs) for constraint in schema.type_constraints
+    }
+
+    def check(names: list[str], formals: list[onnx.defs.OpSchema.FormalParameter], kind: str) -> str | None:
+        for position, name in enumerate(names):
+            if not name or not formals:
+                continue
+            formal = formals[min(position, len(formals) - 1)]
+            permitted = allowed.get(formal.type_str, {formal.type_str})
+            found = scope.type_of(name)
+            if found is None or not found.HasField("tensor_type") or not found.tensor_type.elem_type:
+                continue
+            actual = _tensor_type_string(found.tensor_type.elem_type)
+            if actual not in permitted:
+                version = f"{node.op_type}-{schema.since_version}"
+                return f"{kind} '{name}' is {actual}, which {version} (opset 11) does not accept"
+        return None
+
+    return check(list(node.input), list(schema.inputs), "input") or check(
+        list(node.output), list(schema.outputs), "output"
+    )
+
+
+@dataclass
+class _RunState:
+    """What one run of the pass carries from graph to subgraph."""
+
+    types: dict[int, dict[str, onnx.TypeProto]]  # per graph (by id), name -> inferred type
+    names: NameAllocator
+    source_opset: int
+    listed_initializers_are_constant: bool
+    problems: list[UnsupportedNode] = field(default_factory=list)
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: Inputs of replaced nodes: constants among them may have lost their last reader.
+    replaced_inputs: set[str] = field(default_factory=set)
+
+
+class LowerToOpset11(GraphPass):
+    """Rewrite every node to an opset-11 operator PopART implements, then import ai.onnx at opset 11."""
+
+    name = "lower_opset11"
+    guarantee = (
+        "the model imports ai.onnx opset 11 and every node (subgraphs included) is an opset-11 operator in "
+        "PopART's table whose meaning and element types are those of the source graph"
+    )
+
+    def __init__(self) -> None:
+        self._rewrites = _rewrite_table()
+        self.notes: list[str] = []
+        #: How many nodes of each operator were replaced in the last run.
+        self.rewritten: dict[str, int] = {}
+
+    def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+        self.notes = []
+        self.rewritten = {}
+        source_opset = self._source_opset(model)
+        if model.functions:
+            # Function bodies would need lowering of their own; inlined, they are ordinary nodes.
+            model = onnx.inliner.inline_local_functions(model)
+            self.notes.append("inlined model-local functions")
+        if source_opset < TARGET_OPSET:
+            model = self._upgrade(model, source_opset)
+            source_opset = TARGET_OPSET
+        inferred = infer_shapes(_inference_copy(model))
+        types_by_graph = [_graph_types(graph) for graph in iter_graphs(inferred.graph)]
+        graphs = list(iter_graphs(model.graph))
+        if len(graphs) != len(types_by_graph):
+            raise RuntimeError("shape inference changed the number of subgraphs")
+        state = _RunState(
+            types={id(graph): found for graph, found in zip(graphs, types_by_graph, strict=True)},
+            names=NameAllocator(_all_names(model)),
+            source_opset=source_opset,
+            listed_initializers_are_constant=model.ir_version < 4,
+        )
+        self._lower_graph(model.graph, None, state)
+        if state.problems:
+            count = len(state.problems)
+            raise LegalizationError(
+                f"{count} node(s) cannot be lowered to the ai.onnx opset {TARGET_OPSET} PopART reads.",
+                state.problems,
+                _HINTS,
+            )
+        _drop_orphaned_constants(model.graph, state.replaced_inputs)
+        for opset in model.opset_import:
+            if opset.domain in DEFAULT_DOMAINS:
+                opset.version = TARGET_OPSET
+        model.ir_version = TARGET_IR_VERSION
+        self.rewritten = dict(sorted(state.counts.items()))
+        if self.rewritten:
+            self.notes.append("rewrote " + ", ".join(f"{count} {op}" for op, count in self.rewritten.items()))
+        return model
+
+    @staticmethod
+    def _source_opset(model: onnx.ModelProto) -> int:
+        for opset in model.opset_import:
+            if opset.domain in DEFAULT_DOMAINS:
+                return int(opset.version)
+        raise LegalizationError("The model imports no ai.onnx opset.", [], _HINTS)
+
+    def _upgrade(self, model: onnx.ModelProto, source_opset: int) -> onnx.ModelProto:
+        # Going up to 11 is what the stock converter does well (its adapters exist for every old op).
+        try:
+            upgraded = onnx.version_converter.convert_version(model, TARGET_OPSET)
+        except Exception as error:  # the converter raises bare RuntimeErrors
+            raise LegalizationError(
+                f"The model's ai.onnx opset {source_opset} could not be converted to {TARGET_OPSET}: {error}",
+                [],
+                _HINTS,
+            ) from error
+        self.notes.append(f"converted opset {source_opset} up to {TARGET_OPSET} with onnx.version_converter")
+        return upgraded
+
+    def _lower_graph(self, graph: onnx.GraphProto, parent: GraphScope | None, state: _RunState) -> None:
+        scope = GraphScope(
+            graph,
+            parent,
+            state.types.get(id(graph), {}),
+            state.names,
+            listed_initializers_are_constant=state.listed_initializers_are_constant,
+        )
+        _complete_types(graph, scope, state.source_opset)
+        lowered: list[onnx.NodeProto] = []
+        for node in graph.node:
+            for attr in node.attribute:
+                subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+                for subgraph in subgraphs:
+                    self._lower_graph(subgraph, scope, state)
+            try:
+                replacement = self._lower_node(node, scope, state.source_opset)
+            except CannotLower as refusal:
+                where = f" (in subgraph '{graph.name}')" if parent is not None else ""
+                state.problems.append(_unsupported(node, refusal.reason + where))
+                lowered.append(node)
+                continue
+            if replacement is None:
+                lowered.append(node)
+                continue
+            state.counts[node.op_type] += 1
+            state.replaced_inputs.update(name for name in node.input if name)
+            lowered.extend(scope.take_pending_nodes())
+            lowered.extend(replacement)
+        del graph.node[:]
+        graph.node.extend(lowered)
+        graph.initializer.extend(scope.new_initializers)
+
+    def _lower_node(
+        self, node: onnx.NodeProto, scope: GraphScope, source_opset: int
+    ) -> list[onnx.NodeProto] | None:
+        """The replacement of one node, or None to keep it; CannotLower when neither is possible."""
+        if node.domain not in DEFAULT_DOMAINS:
+            raise CannotLower(f"operators of domain '{node.domain}' have no opset-11 lowering")
+        try:
+            since_version = onnx.defs.get_schema(node.op_type, source_opset, "").since_version
+        except onnx.defs.SchemaError:
+            raise CannotLower(f"ai.onnx opset {source_opset} has no operator {node.op_type}") from None
+        if since_version > NEWEST_REVIEWED_VERSION:
+            raise CannotLower(f"{node.op_type}-{since_version} is newer than any version this pass reviewed")
+        rewrite = self._rewrites.get(node.op_type)
+        replacement = rewrite.lower(node, since_version, scope) if rewrite is not None else None
+        if replacement is not None:
+            return replacement
+        if node.op_type not in POPART_OPSET11_OPS:
+            raise CannotLower(f"{node.op_type} is not in PopART's opset-11 table and no rewrite handles it")
+        opset11_version = onnx.defs.get_schema(node.op_type, TARGET_OPSET, "").since_version
+        if since_version != opset11_version and since_version not in SAME_AS_OPSET11.get(node.op_type, ()):
+            raise CannotLower(
+                f"{node.op_type}-{since_version} differs from {node.op_type}-{opset11_version} (opset 11) in "
+                "ways no rewrite handles"
+            )
+        violation = _type_violation(node, scope)
+        if violation is not None:
+            raise CannotLower(violation)
+        return None
+
+
+def _has_shape(found: onnx.TypeProto | None) -> bool:
+    return found is not None and found.HasField("tensor_type") and found.tensor_type.HasField("shape")
+
+
+def _complete_types(graph: onnx.GraphProto, scope: GraphScope, source_opset: int) -> None:
+    """Infer, node by node, the shapes whole-model inference left out.
+
+    ONNX shape inference does not give a subgraph the values of outer-scope constants, so inside an If
+    branch an Unsqueeze whose axes live in the main graph gets no shape, nor does anything after it. Here
+    each such node is inferred alone, with the constants its inputs hold, whatever scope they live in.
+    """
+    opset_imports = [helper.make_opsetid("", source_opset)]
+    for node in graph.node:
+        if node.domain not in DEFAULT_DOMAINS or all(_has_shape(scope.type_of(o)) for o in node.output if o):
+            continue
+        if any(
+            attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attr in node.attribute
+        ):
+            continue
+        input_types = {name: scope.type_of(name) for name in node.input if name}
+        if any(found is None for found in input_types.values()):
+            continue
+        input_data = {}
+        for name in input_types:
+            dims = scope.static_shape(name)
+            if dims is not None and int(np.prod(dims, dtype=np.int64)) <= _LARGEST_INFERENCE_INITIALIZER:
+                value = scope.constant(name)
+                if value is not None:
+                    input_data[name] = numpy_helper.from_array(value, name)
+        try:
+            schema = onnx.defs.get_schema(node.op_type, source_opset, "")
+            inferred = onnx.shape_inference.infer_node_outputs(
+                schema,
+                node,
+                input_types,
+                input_data,
+                opset_imports=opset_imports,  # type: ignore[arg-type]
+            )
+        except Exception:  # noqa: BLE001 - a node inference cannot do leaves its types as they were
+            continue
+        for name, found in inferred.items():
+            if _has_shape(found) and not _has_shape(scope.type_of(name)):
+                scope.learn_type(name, found)
+
+
+def _drop_orphaned_constants(graph: onnx.GraphProto, candidates: set[str]) -> None:
+    """Remove initializers and Constant nodes that only fed replaced nodes (e.g. opset-13 axes inputs)."""
+    read: set[str] = set()
+    for sub in iter_graphs(graph):
+        read.update(name for node in sub.node for name in node.input if name)
+        read.update(output.name for output in sub.output)
+    orphaned = candidates - read
+    if not orphaned:
+        return
+    for sub in iter_graphs(graph):
+        kept_initializers = [init for init in sub.initializer if init.name not in orphaned]
+        if len(kept_initializers) != len(sub.initializer):
+            del sub.initializer[:]
+            sub.initializer.extend(kept_initializers)
+        kept_nodes = [
+            node for node in sub.node if not (node.op_type == "Constant" and set(node.output) <= orphaned)
+        ]
+        if len(kept_nodes) != len(sub.node):
+            del sub.node[:]
+            sub.node.extend(kept_nodes)
+
+
+def _unsupported(node: onnx.NodeProto, reason: str) -> UnsupportedNode:
+    return UnsupportedNode(
+        node.name or (node.output[0] if node.output else ""), node.op_type, node.domain, reason
+    )

@@ -1,0 +1,84 @@
+"""Attributes added after opset 11 that change nothing at their neutral value are dropped; others refused."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .common import CannotLower, GraphScope, Rewrite, attribute, copy_attributes, input_at
+
+
+def _equals(neutral: Any) -> Callable[[Any], bool]:
+    def is_neutral(value: Any) -> bool:
+        if isinstance(value, bytes):
+            value = value.decode()
+        return value == neutral
+
+    return is_neutral
+
+
+def _all_ones(value: Any) -> bool:
+    return all(int(v) == 1 for v in value)
+
+
+# op -> (version that added the attributes, {attribute: is its value neutral?}).
+_NEUTRAL_ATTRIBUTES: dict[str, tuple[int, dict[str, Callable[[Any], bool]]]] = {
+    "ArgMax": (12, {"select_last_index": _equals(0)}),
+    "ArgMin": (12, {"select_last_index": _equals(0)}),
+    "Reshape": (14, {"allowzero": _equals(0)}),
+    "ScatterElements": (16, {"reduction": _equals("none")}),
+    "BatchNormalization": (14, {"training_mode": _equals(0)}),
+    "AveragePool": (19, {"dilations": _all_ones}),
+    "GRU": (14, {"layout": _equals(0)}),
+    "LSTM": (14, {"layout": _equals(0)}),
+    "RNN": (14, {"layout": _equals(0)}),
+    "RoiAlign": (16, {"coordinate_transformation_mode": _equals("output_half_pixel")}),
+}
+
+
+class NeutralAttributeRewrite(Rewrite):
+    """ArgMax/ArgMin, Reshape, ScatterElements, BatchNormalization, AveragePool, GRU/LSTM/RNN, RoiAlign lose
+    post-opset-11 attributes that are at their no-op value; any other value is refused."""
+
+    op_types = frozenset(_NEUTRAL_ATTRIBUTES)
+
+    def lower(
+        self, node: onnx.NodeProto, since_version: int, scope: GraphScope
+    ) -> list[onnx.NodeProto] | None:
+        added_in, neutral = _NEUTRAL_ATTRIBUTES[node.op_type]
+        if since_version < added_in:
+            return None
+        if node.op_type == "BatchNormalization" and len([o for o in node.output if o]) > 1:
+            raise CannotLower(
+                "BatchNormalization with running-statistics outputs is training; opset 11 infers only"
+            )
+        if node.op_type == "RoiAlign" and attribute(node, "coordinate_transformation_mode") is None:
+            # RoiAlign-16 defaults to half_pixel; RoiAlign-10 can only do output_half_pixel.
+            raise CannotLower(
+                "RoiAlign-16 defaults to coordinate_transformation_mode='half_pixel', which RoiAlign-10 lacks"
+            )
+        present = {attr.name for attr in node.attribute} & set(neutral)
+        if not present:
+            return None
+        for name in sorted(present):
+            value = attribute(node, name)
+            value = value.decode() if isinstance(value, bytes) else value
+            if not neutral[name](value) and not _allowzero_is_harmless(node, name, scope):
+                raise CannotLower(f"attribute {name}={value!r} has no opset-11 equivalent")
+        attributes = copy_attributes(node, drop=present)
+        return [
+            scope.make_node(
+                node.op_type, list(node.input), list(node.output), node.name or node.op_type, **attributes
+            )
+        ]
+
+
+def _allowzero_is_harmless(node: onnx.NodeProto, name: str, scope: GraphScope) -> bool:
+    """Reshape's allowzero=1 only differs when the target shape holds a 0."""
+    if node.op_type != "Reshape" or name != "allowzero":
+        return False
+    shape = scope.constant(input_at(node, 1))
+    return shape is not None and not np.any(np.asarray(shape) == 0)

@@ -1,0 +1,200 @@
+"""GatherElements, GatherND and ScatterND (absent from PopART) as Gather/ScatterElements on flattened data.
+
+With static shapes, every element these operators address has a row-major flat offset: the indices
+given, times the data's strides, plus the positions of the dimensions not indexed (constants). The
+offsets are constants when the indices are; otherwise they are computed with integer Mul/Add.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from .common import (
+    CannotLower,
+    GraphScope,
+    Rewrite,
+    attribute,
+    numpy_dtype,
+    require_elem_type,
+    require_static_shape,
+)
+
+
+def row_major_strides(dims: tuple[int, ...] | list[int]) -> np.ndarray:
+    """How far apart (in elements) consecutive indices of each dimension lie in row-major order."""
+    strides = np.ones(len(dims), dtype=np.int64)
+    for axis in range(len(dims) - 2, -1, -1):
+        strides[axis] = strides[axis + 1] * dims[axis + 1]
+    return strides
+
+
+class _FlatIndexBuilder:
+    """Emits the nodes that turn (possibly runtime) indices into flat offsets."""
+
+    def __init__(self, scope: GraphScope, hint: str) -> None:
+        self.scope = scope
+        self.hint = hint
+        self.nodes: list[onnx.NodeProto] = []
+
+    def emit(
+        self, op_type: str, inputs: list[str], suffix: str, output: str | None = None, **attrs: object
+    ) -> str:
+        node = self.scope.make_node(
+            op_type, inputs, [output] if output else 1, f"{self.hint}/{suffix}", **attrs
+        )
+        self.nodes.append(node)
+        return node.output[0]
+
+    def constant(self, value: np.ndarray, suffix: str) -> str:
+        return self.scope.add_constant(value, f"{self.hint}/{suffix}")
+
+    def non_negative(self, indices: str, dims: np.ndarray, dtype: np.dtype) -> str:
+        """Negative indices count from the end of their dimension (``dims`` broadcasts against them)."""
+        zero = self.constant(np.zeros((), dtype), "zero")
+        is_negative = self.emit("Less", [indices, zero], "is_negative")
+        wrapped = self.emit("Add", [indices, self.constant(dims.astype(dtype), "dims")], "wrapped")
+        return self.emit("Where", [is_negative, wrapped, indices], "non_negative")
+
+    def flatten(
+        self, tensor: str, suffix: str, leading: int | None = None, rest: tuple[int, ...] = ()
+    ) -> str:
+        shape = np.array([-1 if leading is None else leading, *rest], dtype=np.int64)
+        return self.emit("Reshape", [tensor, self.constant(shape, f"{suffix}_shape")], suffix)
+
+
+def _index_dtype(scope: GraphScope, indices: str) -> np.dtype:
+    return numpy_dtype(require_elem_type(scope, indices))
+
+
+class GatherElementsRewrite(Rewrite):
+    """GatherElements(data, indices, axis) becomes Gather on the flattened data at flat offsets."""
+
+    op_types = frozenset({"GatherElements"})
+
+    def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
+        data, indices = node.input[0], node.input[1]
+        hint = node.name or node.op_type
+        data_dims = require_static_shape(scope, data, "GatherElements needs to address its data as flat")
+        index_dims = require_static_shape(scope, indices, "GatherElements needs to build its offsets")
+        rank = len(data_dims)
+        axis = int(attribute(node, "axis", 0))
+        axis = axis + rank if axis < 0 else axis
+        strides = row_major_strides(data_dims)
+        dtype = _index_dtype(scope, indices)
+        # The offset contributed by every dimension other than `axis` is its position times its stride.
+        grid = np.meshgrid(*[np.arange(n, dtype=np.int64) for n in index_dims], indexing="ij")
+        base = sum((grid[k] * strides[k] for k in range(rank) if k != axis), np.zeros(index_dims, np.int64))
+        builder = _FlatIndexBuilder(scope, hint)
+        flat_data = builder.flatten(data, "flat_data")
+        known = scope.constant(indices)
+        if known is not None:
+            along = np.where(known < 0, known + data_dims[axis], known).astype(np.int64)
+            offsets = builder.constant((base + along * strides[axis]).astype(dtype), "offsets")
+        else:
+            along = builder.non_negative(indices, np.array(data_dims[axis]), dtype)
+            scaled = builder.emit(
+                "Mul", [along, builder.constant(np.array(strides[axis], dtype), "stride")], "scaled"
+            )
+            offsets = builder.emit("Add", [scaled, builder.constant(base.astype(dtype), "base")], "offsets")
+        builder.emit("Gather", [flat_data, offsets], "gather", node.output[0], axis=0)
+        return builder.nodes
+
+
+def _row_offsets(
+    builder: _FlatIndexBuilder, scope: GraphScope, indices: str, dims: tuple[int, ...], keepdims: int
+) -> tuple[str, np.ndarray | None]:
+    """Index tuples (last axis of ``indices``) addressing the leading dims ``dims``, as row numbers."""
+    strides = row_major_strides(dims)
+    known = scope.constant(indices)
+    if known is not None:
+        tuples = np.where(known < 0, known + np.array(dims, np.int64), known).astype(np.int64)
+        rows = (tuples * strides).sum(axis=-1, keepdims=bool(keepdims))
+        return "", rows
+    dtype = _index_dtype(scope, indices)
+    tuples_name = builder.non_negative(indices, np.array(dims, np.int64), dtype)
+    weighted = builder.emit(
+        "Mul", [tuples_name, builder.constant(strides.astype(dtype), "strides")], "weighted"
+    )
+    return builder.emit("ReduceSum", [weighted], "rows", axes=[-1], keepdims=keepdims), None
+
+
+class GatherNDRewrite(Rewrite):
+    """GatherND (any batch_dims) becomes Gather over the data reshaped to [rows, *slice dims]."""
+
+    op_types = frozenset({"GatherND"})
+
+    def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
+        data, indices = node.input[0], node.input[1]
+        hint = node.name or node.op_type
+        data_dims = require_static_shape(scope, data, "GatherND needs to address its data as rows")
+        index_dims = require_static_shape(scope, indices, "GatherND needs to build its offsets")
+        batch_dims = int(attribute(node, "batch_dims", 0))
+        depth = index_dims[-1]
+        addressed = data_dims[: batch_dims + depth]
+        builder = _FlatIndexBuilder(scope, hint)
+        rows_data = builder.flatten(
+            data, "rows_data", int(np.prod(addressed)), tuple(data_dims[batch_dims + depth :])
+        )
+        # Each batch (the leading batch_dims, shared by data and indices) owns a block of rows.
+        batch_grid = np.meshgrid(*[np.arange(n, dtype=np.int64) for n in index_dims[:-1]], indexing="ij")
+        batch_strides = row_major_strides(addressed)
+        batch_base = sum(
+            (batch_grid[k] * batch_strides[k] for k in range(batch_dims)), np.zeros(index_dims[:-1], np.int64)
+        )
+        name, rows = _row_offsets(builder, scope, indices, tuple(addressed[batch_dims:]), keepdims=0)
+        dtype = _index_dtype(scope, indices)
+        if rows is not None:
+            offsets = builder.constant((rows + batch_base).astype(dtype), "offsets")
+        elif batch_dims:
+            offsets = builder.emit(
+                "Add", [name, builder.constant(batch_base.astype(dtype), "batch_base")], "offsets"
+            )
+        else:
+            offsets = name
+        builder.emit("Gather", [rows_data, offsets], "gather", node.output[0], axis=0)
+        return builder.nodes
+
+
+class ScatterNDRewrite(Rewrite):
+    """ScatterND (reduction none) becomes ScatterElements on the flattened data at each update's offset."""
+
+    op_types = frozenset({"ScatterND"})
+
+    def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
+        reduction = attribute(node, "reduction", b"none")
+        reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+        if reduction != "none":
+            raise CannotLower(
+                f"reduction='{reduction}' has no opset-11 equivalent (ScatterElements-11 overwrites)"
+            )
+        data, indices, updates = node.input[0], node.input[1], node.input[2]
+        hint = node.name or node.op_type
+        data_dims = require_static_shape(scope, data, "ScatterND needs to address its data as flat")
+        index_dims = require_static_shape(scope, indices, "ScatterND needs to build its offsets")
+        depth = index_dims[-1]
+        slice_size = int(np.prod(data_dims[depth:], dtype=np.int64))
+        builder = _FlatIndexBuilder(scope, hint)
+        name, rows = _row_offsets(builder, scope, indices, tuple(data_dims[:depth]), keepdims=1)
+        within = np.arange(slice_size, dtype=np.int64)
+        dtype = _index_dtype(scope, indices)
+        if rows is not None:
+            offsets = builder.constant((rows * slice_size + within).reshape(-1).astype(dtype), "offsets")
+        else:
+            starts = builder.emit(
+                "Mul", [name, builder.constant(np.array(slice_size, dtype), "slice_size")], "starts"
+            )
+            grid = builder.emit(
+                "Add", [starts, builder.constant(within.astype(dtype), "within")], "element_offsets"
+            )
+            offsets = builder.flatten(grid, "offsets")
+        flat_data = builder.flatten(data, "flat_data")
+        flat_updates = builder.flatten(updates, "flat_updates")
+        scattered = builder.emit("ScatterElements", [flat_data, offsets, flat_updates], "scatter", axis=0)
+        builder.emit(
+            "Reshape",
+            [scattered, builder.constant(np.array(data_dims, np.int64), "shape")],
+            "reshape",
+            node.output[0],
+        )
+        return builder.nodes

@@ -1,0 +1,195 @@
+"""VerifyPopartReady: the graph is something PopART SDK 3.4 can compile, or an error says why not."""
+
+from __future__ import annotations
+
+import onnx
+
+from ..errors import DEFAULT_HINTS, LegalizationError, UnsupportedNode
+from ..op_table import (
+    COMPILE_TIME_OPERANDS,
+    DEFAULT_DOMAINS,
+    FORBIDDEN_DTYPES,
+    POPART_MAX_OPSET,
+    POPART_MISSING_OPSET11_OPS,
+    POPART_OPSET11_OPS,
+    dtype_name,
+    iter_graphs,
+)
+from .base import GraphPass, PassContext
+from .fix_shapes import dim_labels, has_subgraphs, is_static
+from .int64_to_int32 import TensorConsumers
+
+_MAX_PROTO_BYTES = 2**31 - 1
+
+
+def _strict_inference(
+    model: onnx.ModelProto, problems: list[UnsupportedNode]
+) -> tuple[onnx.ModelProto, bool]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(
+            model, check_type=True, strict_mode=True, data_prop=not has_subgraphs(model.graph)
+        )
+    except Exception as error:  # onnx raises several unrelated types here
+        problems.append(
+            UnsupportedNode("<graph>", "shape inference", "", f"strict shape inference failed: {error}")
+        )
+        return model, False
+    return inferred, True
+
+
+def _check(model: onnx.ModelProto, problems: list[UnsupportedNode]) -> None:
+    if model.ByteSize() > _MAX_PROTO_BYTES:
+        return  # the checker needs a path for such models; strict inference above covers the types
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as error:
+        problems.append(UnsupportedNode("<graph>", "onnx.checker", "", str(error).strip().splitlines()[0]))
+
+
+def _opset_problems(model: onnx.ModelProto) -> list[UnsupportedNode]:
+    problems = []
+    for opset in model.opset_import:
+        if opset.domain in DEFAULT_DOMAINS:
+            if opset.version > POPART_MAX_OPSET:
+                reason = (
+                    f"imports ai.onnx opset {opset.version}; PopART accepts opsets 6 to {POPART_MAX_OPSET}"
+                )
+                problems.append(UnsupportedNode("<model>", "opset_import", opset.domain, reason))
+        else:
+            reason = f"imports custom domain {opset.domain!r} version {opset.version}"
+            problems.append(UnsupportedNode("<model>", "opset_import", opset.domain, reason))
+    for function in model.functions:
+        problems.append(
+            UnsupportedNode(
+                function.name, "model-local function", function.domain, "PopART does not inline functions"
+            )
+        )
+    return problems
+
+
+def _tensor_problems(value_info: onnx.ValueInfoProto | None, name: str, allowed_int64: set[str]) -> list[str]:
+    if value_info is None or not value_info.type.HasField("tensor_type"):
+        return [f"tensor {name!r} has no inferred type and shape"]
+    problems = []
+    elem_type = value_info.type.tensor_type.elem_type
+    if elem_type in FORBIDDEN_DTYPES and not (elem_type == onnx.TensorProto.INT64 and name in allowed_int64):
+        problems.append(f"tensor {name!r} is {dtype_name(elem_type)}, which Poplar cannot hold")
+    if not is_static(value_info):
+        problems.append(f"tensor {name!r} has a dynamic shape {dim_labels(value_info)}")
+    return problems
+
+
+def find_unsupported_nodes(model: onnx.ModelProto) -> list[UnsupportedNode]:
+    """Everything that keeps ``model`` from being PopART-ready; an empty list means it is ready."""
+    return _verify(model)[0]
+
+
+def _verify(model: onnx.ModelProto) -> tuple[list[UnsupportedNode], onnx.ModelProto]:
+    """The problems found, and the model with every shape inferred (strictly, when that succeeded)."""
+    problems = _opset_problems(model)
+    inferred, inference_ok = _strict_inference(model, problems)
+    _check(model, problems)
+
+    consumers = TensorConsumers(inferred)
+    constants: set[str] = set()
+    types: dict[str, onnx.ValueInfoProto] = {}
+    for graph in iter_graphs(inferred.graph):
+        constants.update(init.name for init in graph.initializer)
+        constants.update(node.output[0] for node in graph.node if node.op_type == "Constant" and node.output)
+        for value_info in list(graph.input) + list(graph.value_info) + list(graph.output):
+            types.setdefault(value_info.name, value_info)
+    allowed_int64 = {name for name in constants if consumers.only_compile_time_int64(name)}
+
+    untyped: set[str] = set()  # outputs with no type, reported once at the node that lost it
+    for graph in iter_graphs(inferred.graph):
+        scope = "graph" if graph is inferred.graph else f"subgraph {graph.name}"
+        for init in graph.initializer:
+            if init.data_type in FORBIDDEN_DTYPES and init.name not in allowed_int64:
+                reason = f"initializer is {dtype_name(init.data_type)}, which Poplar cannot hold"
+                problems.append(UnsupportedNode(init.name, "initializer", "", reason))
+        for boundary, values in (("input", graph.input), ("output", graph.output)):
+            for value_info in values:
+                for reason in _tensor_problems(value_info, value_info.name, allowed_int64):
+                    problems.append(UnsupportedNode(value_info.name, f"{scope} {boundary}", "", reason))
+        # Graph outputs were checked above; checking them again as node outputs would list them twice.
+        boundary_names = {value_info.name for value_info in graph.output}
+        for node in graph.node:
+            problems.extend(
+                _node_problems(node, types, constants, allowed_int64, inference_ok, untyped, boundary_names)
+            )
+    return problems, inferred
+
+
+def _node_problems(
+    node: onnx.NodeProto,
+    types: dict[str, onnx.ValueInfoProto],
+    constants: set[str],
+    allowed_int64: set[str],
+    check_outputs: bool,
+    untyped: set[str],
+    boundary_names: set[str],
+) -> list[UnsupportedNode]:
+    node_name = node.name or (node.output[0] if node.output else "<unnamed>")
+    found = []
+
+    def report(reason: str) -> None:
+        found.append(UnsupportedNode(node_name, node.op_type, node.domain, reason))
+
+    if node.domain not in DEFAULT_DOMAINS:
+        report(
+            f"custom domain {node.domain!r}: PopART only runs ai.onnx (and its own ai.graphcore) operators"
+        )
+    elif node.op_type not in POPART_OPSET11_OPS:
+        if node.op_type in POPART_MISSING_OPSET11_OPS:
+            report("an opset-11 operator that PopART 3.4 does not implement")
+        else:
+            report("not an operator of opset 11 as PopART implements it")
+    for index, name in enumerate(node.input):
+        if name and (node.op_type, index) in COMPILE_TIME_OPERANDS and name not in constants:
+            report(f"input {index} ({name!r}) is computed at run time; PopART needs it as a constant")
+    # Types are lost downstream of an unknown op or of an untyped tensor: say so only where it starts.
+    inherits_unknown = bool(found) or any(name in untyped for name in node.input)
+    for name in node.output if check_outputs else ():
+        if not name or name in boundary_names:
+            continue
+        if types.get(name) is None or not types[name].type.HasField("tensor_type"):
+            untyped.add(name)
+            if inherits_unknown:
+                continue
+        for reason in _tensor_problems(types.get(name), name, allowed_int64):
+            report(reason)
+    return found
+
+
+def _inputs_choosing_a_branch(model: onnx.ModelProto) -> list[str]:
+    graph_inputs = {graph_input.name for graph_input in model.graph.input}
+    return sorted(
+        {node.input[0] for node in model.graph.node if node.op_type == "If" and node.input[0] in graph_inputs}
+    )
+
+
+class VerifyPopartReady(GraphPass):
+    """Check the graph against everything PopART needs; raise LegalizationError listing each problem."""
+
+    name = "verify"
+    guarantee = "onnx-valid, opset <= 11, only PopART ops, static shapes, no dtype Poplar lacks"
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
+        self.notes = []
+        problems, inferred = _verify(model)
+        if problems:
+            hints = None
+            branch_inputs = _inputs_choosing_a_branch(model)
+            if branch_inputs:
+                hints = [
+                    f"this graph picks an If branch from the input(s) {branch_inputs}: the branches of a "
+                    "merged decoder return outputs of different shapes, so bind the input first, e.g. "
+                    "bind_constant_inputs(model, {'use_cache_branch': True}), and legalize each binding",
+                    *DEFAULT_HINTS,
+                ]
+            raise LegalizationError("The graph is not PopART-ready.", problems, hints)
+        self.notes.append("PopART-ready")
+        return inferred

@@ -1,0 +1,256 @@
+"""legalize(): the ordered passes that turn an exported ONNX graph into one PopART can compile."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import onnx
+from google.protobuf.message import Message
+
+from .errors import LegalizationError, UnsupportedNode
+from .memory import tensor_bytes
+from .op_table import count_ops, dtype_name, iter_graphs
+from .passes.base import GraphPass, PassContext, PassReport
+from .passes.fix_shapes import FixShapes, dim_labels
+from .passes.fold_constants import FoldConstants
+from .passes.int64_to_int32 import Int64ToInt32, to_int32_values
+from .passes.precision_fp16 import ToFloat16, to_float16_values
+from .passes.verify import VerifyPopartReady
+
+PRECISIONS = ("fp32", "fp16")
+_LOWERING_MODULE = "optimum_ipu_backend.compiler.passes.lower_opset11"
+#: Initializers at least this large travel through the passes as typed graph inputs, not as data.
+WEIGHT_MIN_BYTES = 64 * 1024
+
+
+@dataclass
+class LegalizedGraph:
+    """A PopART-ready graph and what the session needs to feed it."""
+
+    model: onnx.ModelProto
+    reports: list[PassReport] = field(default_factory=list)
+    #: ONNX elem types of the legalized graph's inputs/outputs; the session casts host arrays to these.
+    input_types: dict[str, int] = field(default_factory=dict)
+    output_types: dict[str, int] = field(default_factory=dict)
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    output_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    precision: str = "fp32"
+
+
+def _lowering_pass() -> GraphPass | None:
+    try:
+        module = importlib.import_module(_LOWERING_MODULE)
+    except ModuleNotFoundError as error:
+        if error.name == _LOWERING_MODULE:
+            return None  # not written yet: verify will report what it would have lowered
+        raise
+    return module.LowerToOpset11()
+
+
+def build_passes(precision: str) -> list[GraphPass]:
+    """The passes in the order they run for ``precision``."""
+    passes: list[GraphPass] = [FixShapes(), FoldConstants()]
+    lowering = _lowering_pass()
+    if lowering is not None:
+        passes.append(lowering)
+    passes.append(FoldConstants(name="fold_constants (cleanup)"))
+    passes.append(Int64ToInt32())
+    if precision == "fp16":
+        passes.append(ToFloat16())
+    passes.append(VerifyPopartReady())
+    return passes
+
+
+def _ops_delta(before: dict[str, int], after: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    removed = {op: n - after.get(op, 0) for op, n in before.items() if n > after.get(op, 0)}
+    added = {op: n - before.get(op, 0) for op, n in after.items() if n > before.get(op, 0)}
+    return dict(sorted(removed.items())), dict(sorted(added.items()))
+
+
+def _summary(notes: Sequence[str], removed: dict[str, int], added: dict[str, int]) -> str:
+    parts = list(notes)
+    if removed:
+        parts.append("removed " + ", ".join(f"{n} {op}" for op, n in removed.items()))
+    if added:
+        parts.append("added " + ", ".join(f"{n} {op}" for op, n in added.items()))
+    return "; ".join(parts) if parts else "no change"
+
+
+def _run_pass(
+    graph_pass: GraphPass, model: onnx.ModelProto, ctx: PassContext, reports: list[PassReport]
+) -> onnx.ModelProto:
+    before = count_ops(model.graph)
+    started = time.perf_counter()
+    try:
+        result = graph_pass.run(model, ctx)
+    except LegalizationError as error:
+        error.reports = list(reports)
+        error.failed_pass = graph_pass.name
+        error.model = model
+        raise
+    except Exception as error:
+        wrapped = LegalizationError(
+            f"The {graph_pass.name} pass failed: {type(error).__name__}: {error}",
+            [
+                UnsupportedNode(
+                    "<graph>", graph_pass.name, "", str(error).splitlines()[0] if str(error) else ""
+                )
+            ],
+        )
+        wrapped.reports = list(reports)
+        wrapped.failed_pass = graph_pass.name
+        wrapped.model = model
+        raise wrapped from error
+    seconds = time.perf_counter() - started
+    after = count_ops(result.graph)
+    removed, added = _ops_delta(before, after)
+    notes = list(getattr(graph_pass, "notes", []))
+    reports.append(
+        PassReport(
+            name=graph_pass.name,
+            # verify only reports; its note is a verdict, not a change
+            changed=bool(removed or added or (notes and not isinstance(graph_pass, VerifyPopartReady))),
+            summary=_summary(notes, removed, added),
+            nodes_before=sum(before.values()),
+            nodes_after=sum(after.values()),
+            ops_removed=removed,
+            ops_added=added,
+            seconds=seconds,
+        )
+    )
+    return result
+
+
+@dataclass
+class _DetachedWeights:
+    tensors: dict[str, onnx.TensorProto]
+    added_inputs: set[str]
+
+
+def _copy_fields(source: Message, target: Message, skip: str) -> None:
+    for descriptor, value in source.ListFields():
+        if descriptor.name == skip:
+            continue
+        if hasattr(value, "extend"):  # a repeated field (upb's descriptors no longer expose `label`)
+            getattr(target, descriptor.name).extend(value)
+        elif descriptor.message_type is not None:
+            getattr(target, descriptor.name).CopyFrom(value)
+        else:
+            setattr(target, descriptor.name, value)
+
+
+def _detach_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, _DetachedWeights]:
+    """A copy of ``model`` whose large initializers are typed graph inputs, and those initializers.
+
+    Every pass serializes the graph (shape inference, onnxslim, the checker); carrying hundreds of MB of
+    weights through each would dominate the time, and no pass needs their values (a constant expression
+    over a weight is left for the device to compute). The originals are referenced, never copied.
+    """
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(model.graph, light.graph, skip="initializer")
+    detached = _DetachedWeights({}, set())
+    graph_inputs = {graph_input.name for graph_input in model.graph.input}
+    for init in model.graph.initializer:
+        if tensor_bytes(init) < WEIGHT_MIN_BYTES or init.data_location == onnx.TensorProto.EXTERNAL:
+            light.graph.initializer.append(init)
+            continue
+        detached.tensors[init.name] = init
+        if init.name not in graph_inputs:
+            detached.added_inputs.add(init.name)
+            light.graph.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    return light, detached
+
+
+def _converted_weight(tensor: onnx.TensorProto, elem_type: int) -> onnx.TensorProto:
+    """The weight in the type the passes gave its stand-in input (fp16 / int32 conversions)."""
+    if elem_type == tensor.data_type:
+        return tensor
+    values = onnx.numpy_helper.to_array(tensor)
+    if tensor.data_type == onnx.TensorProto.FLOAT and elem_type == onnx.TensorProto.FLOAT16:
+        converted, _ = to_float16_values(values)
+    elif tensor.data_type == onnx.TensorProto.INT64 and elem_type == onnx.TensorProto.INT32:
+        problems: list[UnsupportedNode] = []
+        converted = to_int32_values(values, tensor.name, problems)
+        if problems:
+            raise LegalizationError("A weight does not fit in int32.", problems)
+    else:
+        reason = f"no conversion from {dtype_name(tensor.data_type)} to {dtype_name(elem_type)}"
+        raise LegalizationError(
+            "A weight changed type.", [UnsupportedNode(tensor.name, "initializer", "", reason)]
+        )
+    return onnx.numpy_helper.from_array(converted, tensor.name)
+
+
+def _attach_weights(light: onnx.ModelProto, detached: _DetachedWeights) -> onnx.ModelProto:
+    """Put the weights back as initializers (in place) in the types the passes chose; drop unused ones."""
+    if not detached.tensors:
+        return light
+    graph = light.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
+    kept_inputs = [vi for vi in graph.input if vi.name not in detached.added_inputs]
+    del graph.input[:]
+    graph.input.extend(kept_inputs)
+    read = {name for sub in iter_graphs(graph) for node in sub.node for name in node.input}
+    read |= {output.name for output in graph.output}
+    for name, tensor in detached.tensors.items():
+        if name in read:
+            graph.initializer.append(_converted_weight(tensor, types.get(name, tensor.data_type)))
+    return light
+
+
+def _boundary(values: Sequence[onnx.ValueInfoProto]) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in values}
+    shapes = {vi.name: tuple(int(d) for d in dim_labels(vi)) for vi in values}
+    return types, shapes
+
+
+def legalize(
+    model: onnx.ModelProto,
+    input_shapes: Mapping[str, Sequence[int]],
+    *,
+    precision: str = "fp32",
+    progress: Callable[[str], None] | None = None,
+) -> LegalizedGraph:
+    """Return a PopART-ready copy of ``model`` at the given static input shapes.
+
+    Raises LegalizationError (listing every offending node and what to do) when it cannot.
+    ``model`` itself is not modified.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    ctx = PassContext(
+        input_shapes={k: tuple(int(d) for d in v) for k, v in input_shapes.items()}, precision=precision
+    )
+    working, weights = _detach_weights(model)
+    reports: list[PassReport] = []
+    try:
+        for graph_pass in build_passes(precision):
+            if progress is not None:
+                progress(graph_pass.name)
+            working = _run_pass(graph_pass, working, ctx, reports)
+    except LegalizationError as error:
+        if error.model is not None:
+            try:
+                error.model = _attach_weights(error.model, weights)
+            except LegalizationError:
+                pass  # keep the stand-ins: the error being raised says more than this one
+        raise
+    working = _attach_weights(working, weights)
+    initializer_names = {init.name for init in working.graph.initializer}
+    input_types, shapes_in = _boundary([vi for vi in working.graph.input if vi.name not in initializer_names])
+    output_types, shapes_out = _boundary(list(working.graph.output))
+    return LegalizedGraph(
+        model=working,
+        reports=reports,
+        input_types=input_types,
+        output_types=output_types,
+        input_shapes=shapes_in,
+        output_shapes=shapes_out,
+        precision=precision,
+    )

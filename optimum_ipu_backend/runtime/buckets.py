@@ -1,0 +1,434 @@
+"""Compiled sizes ("buckets") for the dynamic dimensions of an exported graph.
+
+An IPU executable has one fixed shape and compiling one takes minutes, so each dynamic ONNX dimension
+(``dim_param``: ``batch_size``, ``sequence_length``, ``past_sequence_length``, ``encoder_sequence_length``,
+``decoder_sequence_length``, ...) is served from a small sorted set of compiled sizes. A call is padded
+up to the smallest bucket that holds it (``BucketPlan.choose``); an input larger than the largest bucket
+is an error (``InputTooLargeError``), never a silent truncation.
+
+Default plan (``BucketPlan.default_for``)
+-----------------------------------------
+* Batch dimensions get one size, 1: a larger batch is split into device steps and a smaller one padded
+  (``runtime.device_steps``), so extra batch buckets would only multiply the executables.
+* Every other dimension gets sizes spaced geometrically from 8 up to the model's maximum positions
+  (``max_position_embeddings``, ``n_positions``, Whisper's ``max_source_positions`` /
+  ``max_target_positions``, ...; 512 when the config states none, and never more than 2048 by default
+  because an executable for longer inputs rarely fits an IPU's memory), rounded up to multiples of 4.
+  Geometric spacing bounds the worst-case waste of every bucket by the same ratio, and text lengths are
+  roughly log-normal, so it wastes far less than powers of two for the same number of executables. On
+  the Python standard library's docstring paragraphs tokenized for MiniLM (median 18 tokens) the 16
+  buckets ``8, 12, 16, 20, 28, 32, 44, 56, 76, 100, 128, 172, 224, 296, 392, 512`` compute 0.88 real
+  tokens per computed token for one sequence per call, against 0.70 for powers of two 16..512 and 0.90
+  for the best possible 16 buckets fitted to that very data (``benchmarks/bench_padding.py``).
+* The sequence dimension of a graph that also takes a past (``sequence_length`` next to
+  ``past_sequence_length``) gets size 1 as well, so every generated token runs unpadded.
+* ``max_executables`` bounds the number of distinct shapes the plan can ever compile, i.e. the product
+  of the bucket counts of all its dimensions; sizes are handed out one bucket at a time to the dimension
+  whose spacing is currently the coarsest. Executables are compiled lazily, only for the buckets calls
+  actually touch.
+
+Users choose sizes with provider options (``sequence_lengths="64,128,256,512"``, ``batch_size=8``,
+``past_sequence_lengths=...``; see ``option_name``) or the same keys in ``ipu_config.json``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Smallest default bucket of a sequence-like dimension: one sequence of a few words still pads to at most 8.
+DEFAULT_SMALLEST_SIZE = 8
+# Largest default bucket when the config states no limit (T5's relative positions, for example).
+FALLBACK_LARGEST_SIZE = 512
+# Default buckets stop here even when the model allows more; users raise it explicitly.
+DEFAULT_LARGEST_CAP = 2048
+# Default buckets above 2 * this are rounded up to a multiple of it: tile-friendly sizes, little waste.
+SIZE_MULTIPLE = 4
+DEFAULT_MAX_EXECUTABLES = 16
+
+# Config keys holding a model's maximum number of positions, by the role of the dimension, in order.
+_PLAIN_LIMIT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "n_ctx",
+    "max_sequence_length",
+    "seq_length",
+    "max_seq_len",
+)
+_ENCODER_LIMIT_KEYS = ("max_source_positions", "max_encoder_position_embeddings", *_PLAIN_LIMIT_KEYS)
+_DECODER_LIMIT_KEYS = ("max_target_positions", "max_decoder_position_embeddings", *_PLAIN_LIMIT_KEYS)
+# Sub-configs searched when the top level has no limit (multimodal and composite configs).
+_SUB_CONFIG_KEYS = ("text_config", "decoder", "encoder")
+# RoBERTa-style models number positions from pad_token_id + 1, so fewer tokens fit than there are positions.
+_POSITION_OFFSET_MODEL_TYPES = frozenset(
+    {
+        "roberta",
+        "camembert",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "data2vec-text",
+        "longformer",
+        "roberta-prelayernorm",
+    }
+)
+
+
+class BucketOptionError(ValueError):
+    """A user-given list of compiled sizes is malformed or exceeds what the model allows."""
+
+
+class InputTooLargeError(ValueError):
+    """An input does not fit the largest compiled size of one of its dimensions."""
+
+    def __init__(
+        self,
+        *,
+        input_name: str | None,
+        dim_name: str,
+        size: int,
+        largest: int,
+        option: str,
+        sizes: Sequence[int],
+        model_limit: int | None,
+        limit_source: str | None,
+    ) -> None:
+        self.input_name = input_name
+        self.dim_name = dim_name
+        self.size = size
+        self.largest = largest
+        self.option = option
+        self.model_limit = model_limit
+        subject = f"input {input_name!r}" if input_name else "an input"
+        readable_dim = dim_name.replace("_", " ")
+        message = f"{subject} has {dim_name} {size} but the largest compiled {readable_dim} is {largest}; "
+        if model_limit is not None and size > model_limit:
+            source = f" ({limit_source} in the model config)" if limit_source else ""
+            message += (
+                f"the model itself allows at most {model_limit}{source}, so shorten the input "
+                f"(for example tokenizer(..., truncation=True, max_length={model_limit}))"
+            )
+        else:
+            suggestion = 1 << max(size - 1, 1).bit_length()
+            if model_limit is not None:
+                suggestion = min(suggestion, model_limit)
+            raised = ",".join(str(s) for s in (*sizes, suggestion))
+            message += f"raise it with provider_options={{{option!r}: {raised!r}}}"
+            if model_limit is not None:
+                message += f" (the model allows at most {model_limit})"
+            else:
+                message += " (the model config states no limit)"
+        super().__init__(message)
+
+
+def option_name(dim_name: str) -> str:
+    """The provider option / ``ipu_config.json`` key that sets the compiled sizes of ``dim_name``.
+
+    ``batch_size`` -> ``batch_size``; ``sequence_length`` -> ``sequence_lengths``;
+    ``past_sequence_length`` -> ``past_sequence_lengths``; other names get an ``s`` when they end in
+    ``length`` and are used as they are otherwise.
+    """
+    if is_batch_dim(dim_name):
+        return dim_name
+    return f"{dim_name}s" if dim_name.endswith("length") else dim_name
+
+
+def is_batch_dim(dim_name: str) -> bool:
+    """Whether ``dim_name`` counts samples (``batch_size``, ``text_batch_size``, ...)."""
+    return dim_name == "batch_size" or dim_name.endswith("_batch_size")
+
+
+def is_past_dim(dim_name: str) -> bool:
+    """Whether ``dim_name`` is the length of a key/value cache (``past_sequence_length``, ...)."""
+    return dim_name.startswith("past_")
+
+
+def parse_sizes(option: str, value: Any) -> tuple[int, ...]:
+    """Parse the value of a sizes option into a sorted tuple of distinct positive ints.
+
+    Accepts an int, a comma-separated string (``"64,128,256"``, optionally in brackets, as provider
+    options arrive as strings), or a sequence of ints / digit strings. Raises ``BucketOptionError`` that
+    names ``option`` for anything else.
+    """
+    if isinstance(value, bool):
+        raise BucketOptionError(f"option {option!r}={value!r}: expected sizes such as '64,128,256,512'")
+    if isinstance(value, int):
+        items: list[Any] = [value]
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.startswith(("[", "(")) and text.endswith(("]", ")")):
+            text = text[1:-1]
+        items = [part.strip() for part in text.split(",")]
+    elif isinstance(value, Sequence):
+        items = list(value)
+    else:
+        raise BucketOptionError(
+            f"option {option!r}={value!r}: expected an int, a comma-separated string such as "
+            f"'64,128,256,512' or a list of ints, not {type(value).__name__}"
+        )
+    sizes = []
+    for item in items:
+        size = _positive_int(item)
+        if size is None:
+            raise BucketOptionError(
+                f"option {option!r}={value!r}: {item!r} is not a positive integer; "
+                "expected comma-separated sizes such as '64,128,256,512'"
+            )
+        sizes.append(size)
+    if not sizes:
+        raise BucketOptionError(f"option {option!r} is empty; expected sizes such as '64,128,256,512'")
+    return tuple(sorted(set(sizes)))
+
+
+def _positive_int(item: Any) -> int | None:
+    if isinstance(item, bool):
+        return None
+    if isinstance(item, int):
+        return item if item > 0 else None
+    if isinstance(item, float) and item.is_integer():
+        return int(item) if item > 0 else None
+    if isinstance(item, str) and item.strip().isdigit():
+        number = int(item.strip())
+        return number if number > 0 else None
+    return None
+
+
+def model_limit(config: Mapping[str, Any], dim_name: str) -> tuple[int | None, str | None]:
+    """The largest size the model accepts along ``dim_name`` and the config key it came from.
+
+    Batch dimensions have no limit. ``(None, None)`` when the config states none.
+    """
+    if is_batch_dim(dim_name):
+        return None, None
+    base = dim_name.removeprefix("past_")
+    if base.startswith("encoder"):
+        keys = _ENCODER_LIMIT_KEYS
+    elif base.startswith("decoder"):
+        keys = _DECODER_LIMIT_KEYS
+    else:
+        keys = _PLAIN_LIMIT_KEYS
+    candidates: list[Mapping[str, Any]] = [config]
+    candidates.extend(sub for key in _SUB_CONFIG_KEYS if isinstance(sub := config.get(key), Mapping))
+    for candidate in candidates:
+        for key in keys:
+            value = candidate.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                model_type = candidate.get("model_type", config.get("model_type"))
+                pad_token_id = candidate.get("pad_token_id", config.get("pad_token_id"))
+                if model_type in _POSITION_OFFSET_MODEL_TYPES and isinstance(pad_token_id, int):
+                    return value - pad_token_id - 1, f"{key} - pad_token_id - 1"
+                return value, key
+    return None, None
+
+
+def geometric_sizes(
+    smallest: int, largest: int, count: int, multiple: int = SIZE_MULTIPLE
+) -> tuple[int, ...]:
+    """At most ``count`` sizes from ``smallest`` to ``largest`` (both included), spaced geometrically.
+
+    Sizes above ``2 * multiple`` are rounded up to a multiple of ``multiple`` (``largest`` is kept exactly);
+    sizes that collapse onto the same value after rounding are kept once.
+    """
+    if smallest < 1 or largest < smallest or count < 1:
+        raise ValueError(f"need 1 <= smallest <= largest and count >= 1, got {smallest}, {largest}, {count}")
+    if count == 1 or smallest == largest:
+        return (largest,)
+    ratio = largest / smallest
+    sizes: list[int] = []
+    for index in range(count):
+        # The small epsilon keeps exact powers (8 * 2.0) from rounding up to the next integer.
+        size = math.ceil(smallest * ratio ** (index / (count - 1)) - 1e-9)
+        if size > 2 * multiple:
+            size = -(-size // multiple) * multiple
+        size = min(size, largest)
+        if not sizes or size > sizes[-1]:
+            sizes.append(size)
+    sizes[-1] = largest
+    return tuple(sizes)
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """Compiled sizes per dynamic dimension, plus the model's own limits for error messages.
+
+    ``sizes`` maps each planned dimension name to its sorted tuple of compiled sizes. Dimensions that are
+    not planned are not padded: callers compile them at the size they are fed (for example image sizes
+    and audio frames that the preprocessor fixes).
+    """
+
+    sizes: dict[str, tuple[int, ...]]
+    limits: dict[str, int | None] = field(default_factory=dict)
+    limit_sources: dict[str, str | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for dim, dim_sizes in self.sizes.items():
+            if not dim_sizes or list(dim_sizes) != sorted(set(dim_sizes)) or dim_sizes[0] < 1:
+                raise ValueError(f"sizes of {dim!r} must be sorted, distinct and positive, got {dim_sizes!r}")
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return tuple(self.sizes)
+
+    def largest(self, dim_name: str) -> int:
+        return self._sizes_of(dim_name)[-1]
+
+    def executable_bound(self) -> int:
+        """How many distinct shapes this plan can compile at most (the product of the bucket counts)."""
+        return math.prod(len(sizes) for sizes in self.sizes.values())
+
+    def choose(self, dim_name: str, size: int, input_name: str | None = None) -> int:
+        """The smallest compiled size >= ``size`` along ``dim_name``.
+
+        Raises ``InputTooLargeError`` (naming ``input_name``, the size, the limit and the option that raises
+        it) when ``size`` exceeds the largest bucket, and ``KeyError`` for a dimension the plan lacks.
+        """
+        sizes = self._sizes_of(dim_name)
+        if size < 0:
+            raise ValueError(f"{dim_name} cannot be negative, got {size}")
+        for bucket in sizes:
+            if bucket >= size:
+                return bucket
+        raise InputTooLargeError(
+            input_name=input_name,
+            dim_name=dim_name,
+            size=size,
+            largest=sizes[-1],
+            option=option_name(dim_name),
+            sizes=sizes,
+            model_limit=self.limits.get(dim_name),
+            limit_source=self.limit_sources.get(dim_name),
+        )
+
+    def padded_dims(
+        self, actual_dims: Mapping[str, int], input_for_dim: Mapping[str, str] | None = None
+    ) -> dict[str, int]:
+        """Bucket every planned dimension of ``actual_dims``; unplanned dimensions keep their size.
+
+        ``input_for_dim`` names, per dimension, an input that carries it, for the error message.
+        """
+        input_for_dim = input_for_dim or {}
+        return {
+            dim: self.choose(dim, size, input_for_dim.get(dim)) if dim in self.sizes else size
+            for dim, size in actual_dims.items()
+        }
+
+    def to_dict(self) -> dict[str, list[int]]:
+        """JSON-friendly form (for cache keys and reports)."""
+        return {dim: list(sizes) for dim, sizes in sorted(self.sizes.items())}
+
+    def describe(self) -> str:
+        return "; ".join(f"{dim}: {', '.join(map(str, sizes))}" for dim, sizes in self.sizes.items())
+
+    def _sizes_of(self, dim_name: str) -> tuple[int, ...]:
+        try:
+            return self.sizes[dim_name]
+        except KeyError:
+            raise KeyError(
+                f"dimension {dim_name!r} has no compiled sizes; planned: {', '.join(self.sizes) or 'none'}"
+            ) from None
+
+    @classmethod
+    def default_for(
+        cls,
+        config: Mapping[str, Any],
+        dims: Iterable[str],
+        max_executables: int = DEFAULT_MAX_EXECUTABLES,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> BucketPlan:
+        """The plan for ``dims`` of a model whose ``config.json`` is ``config`` (a dict).
+
+        ``overrides`` maps dimension names *or* their option names (``sequence_lengths``) to user sizes in
+        any form ``parse_sizes`` accepts; those are validated against the model's limits and kept as given,
+        and the remaining ``max_executables`` budget (divided by the overridden bucket counts) is shared by
+        the other dimensions as the module docstring describes. Raises ``BucketOptionError`` for invalid
+        overrides.
+        """
+        if max_executables < 1:
+            raise BucketOptionError(f"max_executables must be a positive integer, got {max_executables!r}")
+        dims = list(dict.fromkeys(dims))
+        by_option = {option_name(dim): dim for dim in dims}
+        user_sizes: dict[str, tuple[int, ...]] = {}
+        for key, value in (overrides or {}).items():
+            if value is None:
+                continue
+            dim = key if key in dims else by_option.get(key)
+            if dim is None:
+                continue  # a size option for a dimension this graph does not have (e.g. past on an encoder)
+            user_sizes[dim] = parse_sizes(option_name(dim), value)
+
+        limits: dict[str, int | None] = {}
+        sources: dict[str, str | None] = {}
+        for dim in dims:
+            limits[dim], sources[dim] = model_limit(config, dim)
+            limit = limits[dim]
+            if dim in user_sizes and limit is not None and user_sizes[dim][-1] > limit:
+                raise BucketOptionError(
+                    f"option {option_name(dim)!r}: size {user_sizes[dim][-1]} exceeds the model's maximum of "
+                    f"{limit} ({sources[dim]} in config.json); the largest allowed size is {limit}"
+                )
+
+        sizes: dict[str, tuple[int, ...]] = dict(user_sizes)
+        free = [dim for dim in dims if dim not in user_sizes]
+        for dim in free:
+            if is_batch_dim(dim):
+                sizes[dim] = (1,)
+        budget = max(1, max_executables // math.prod(len(s) for s in sizes.values()))
+        ranges: dict[str, tuple[int, int]] = {}
+        single_step: set[str] = set()
+        for dim in (d for d in free if not is_batch_dim(d)):
+            largest = min(limits[dim] or FALLBACK_LARGEST_SIZE, DEFAULT_LARGEST_CAP)
+            smallest = min(DEFAULT_SMALLEST_SIZE, largest)
+            ranges[dim] = (smallest, largest)
+            if _needs_single_step_size(dim, dims) and smallest > 1:
+                single_step.add(dim)
+        if 2 ** len(single_step) > budget:
+            single_step.clear()  # not even one more size per dimension fits: plain geometric sizes only
+        counts = _allocate_counts(ranges, {dim: int(dim in single_step) for dim in ranges}, budget)
+        for dim, (smallest, largest) in ranges.items():
+            geometric = geometric_sizes(smallest, largest, counts[dim])
+            sizes[dim] = ((1,) if dim in single_step else ()) + geometric
+        ordered = {dim: sizes[dim] for dim in dims}
+        return cls(ordered, limits, sources)
+
+    @classmethod
+    def from_options(
+        cls,
+        config: Mapping[str, Any],
+        dims: Iterable[str],
+        options: Mapping[str, Any],
+        max_executables: int = DEFAULT_MAX_EXECUTABLES,
+    ) -> BucketPlan:
+        """``default_for`` with the size options found in ``options`` (other keys are ignored)."""
+        return cls.default_for(config, dims, max_executables, overrides=options)
+
+
+def _needs_single_step_size(dim: str, dims: Sequence[str]) -> bool:
+    """A sequence dimension next to its past runs one token per generation step: give it size 1."""
+    return not is_past_dim(dim) and f"past_{dim}" in dims
+
+
+def _allocate_counts(
+    ranges: Mapping[str, tuple[int, int]], extra: Mapping[str, int], budget: int
+) -> dict[str, int]:
+    """Geometric size counts per dimension, coarsest spacing refined first, while the product of
+    ``count + extra`` over all dimensions stays within ``budget``."""
+    counts = dict.fromkeys(ranges, 1)
+
+    def spacing(dim: str) -> float:
+        smallest, largest = ranges[dim]
+        if counts[dim] == 1:
+            return math.inf if largest > smallest else 1.0
+        return (largest / smallest) ** (1 / (counts[dim] - 1))
+
+    while True:
+        total = math.prod(counts[dim] + extra[dim] for dim in ranges)
+        candidates = [
+            dim
+            for dim, (smallest, largest) in ranges.items()
+            if total // (counts[dim] + extra[dim]) * (counts[dim] + extra[dim] + 1) <= budget
+            and counts[dim] < largest - smallest + 1
+        ]
+        if not candidates:
+            return counts
+        counts[max(candidates, key=spacing)] += 1

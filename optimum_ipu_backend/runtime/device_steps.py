@@ -1,0 +1,236 @@
+"""Run N samples as device steps of ``micro_batch x device_iterations x replicas`` samples.
+
+PopART consumes one step's input as a host buffer of logical shape ``[batches_per_step, replicas,
+*onnx_input_shape]``, where ``batches_per_step`` is the device-iteration count and the ONNX input shape
+carries the micro-batch on its batch axis; it reads the buffer in C order, iteration-major then replica,
+so iteration ``s`` of replica ``r`` gets ``buffer[s, r]``, i.e. host samples
+``[(s * replicas + r) * micro_batch, ... + micro_batch)`` of the step. Output ("anchor") buffers come
+back as ``[batches_per_step, replicas, *onnx_output_shape]`` (graphcore-sdk-api.md §1.5). PopART drops
+dimensions equal to 1 by convention and only checks element counts; the functions here always use the
+full rank and accept dropped dimensions back through ``anchor_shape``.
+
+The last step of a call is usually partial: it is filled up by repeating its real samples (a real sample
+is always a valid input, whereas all-zero rows may not be) or with zeros, and the padding is dropped from
+the outputs. The emulator engine runs the same buffers one micro-batch at a time
+(``iter_micro_batches`` / ``stack_micro_batches``), so the host layout is tested without an IPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+BatchFill = Literal["repeat", "zeros"]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How ``samples`` host samples map onto device steps."""
+
+    samples: int
+    micro_batch: int
+    device_iterations: int = 1
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch", "device_iterations", "replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 0:
+            raise ValueError(f"the number of samples must be a non-negative integer, got {self.samples!r}")
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.micro_batch * self.device_iterations * self.replicas
+
+    @property
+    def steps(self) -> int:
+        return -(-self.samples // self.samples_per_step)
+
+    @property
+    def padded_samples(self) -> int:
+        return self.steps * self.samples_per_step
+
+    @property
+    def padding(self) -> int:
+        """Padded samples added to the last step."""
+        return self.padded_samples - self.samples
+
+    def step_range(self, step: int) -> tuple[int, int]:
+        """Host sample range ``[start, stop)`` of the real samples in ``step``."""
+        if not 0 <= step < self.steps:
+            raise IndexError(f"step {step} out of range for {self.steps} step(s)")
+        start = step * self.samples_per_step
+        return start, min(start + self.samples_per_step, self.samples)
+
+    def device_prefix(self) -> tuple[int, int]:
+        """The two leading dimensions of every device buffer: ``(device_iterations, replicas)``."""
+        return self.device_iterations, self.replicas
+
+
+def plan_steps(samples: int, micro_batch: int, device_iterations: int = 1, replicas: int = 1) -> StepPlan:
+    """Plan ``samples`` samples as steps of ``micro_batch x device_iterations x replicas``.
+
+    ``ValueError`` for non-positive sizes or a negative sample count. Zero samples make zero steps.
+    """
+    return StepPlan(samples, micro_batch, device_iterations, replicas)
+
+
+def to_device_layout(
+    array: np.ndarray,
+    plan: StepPlan,
+    step: int = 0,
+    *,
+    batch_axis: int = 0,
+    fill: BatchFill = "repeat",
+) -> np.ndarray:
+    """The host buffer of ``step``: shape ``[device_iterations, replicas, *sample_shape]`` where the sample
+    shape has ``micro_batch`` on ``batch_axis``.
+
+    ``array`` holds all ``plan.samples`` samples along ``batch_axis``. The real samples of a partial step
+    are followed by padding samples (``fill="repeat"`` repeats the step's real samples cyclically,
+    ``"zeros"`` writes zeros).
+    """
+    if array.ndim == 0:
+        raise ValueError("a batched input needs at least one dimension")
+    batch_axis = _normalize_axis(batch_axis, array.ndim)
+    if array.shape[batch_axis] != plan.samples:
+        raise ValueError(
+            f"the array has {array.shape[batch_axis]} samples on axis {batch_axis}, the plan {plan.samples}"
+        )
+    start, stop = plan.step_range(step)
+    samples = np.moveaxis(array, batch_axis, 0)[start:stop]
+    missing = plan.samples_per_step - len(samples)
+    if missing:
+        if fill == "repeat":
+            extra = samples[np.arange(missing) % len(samples)]
+        elif fill == "zeros":
+            extra = np.zeros((missing, *samples.shape[1:]), dtype=samples.dtype)
+        else:
+            raise ValueError(f"fill must be 'repeat' or 'zeros', got {fill!r}")
+        samples = np.concatenate([samples, extra])
+    grouped = samples.reshape(plan.device_iterations, plan.replicas, plan.micro_batch, *samples.shape[1:])
+    return np.ascontiguousarray(np.moveaxis(grouped, 2, 2 + batch_axis))
+
+
+def from_device_layout(
+    array: np.ndarray,
+    plan: StepPlan,
+    step: int = 0,
+    *,
+    batch_axis: int = 0,
+    anchor_shape: Sequence[int] | None = None,
+) -> np.ndarray:
+    """The real samples of ``step`` from its output buffer, stacked along ``batch_axis``.
+
+    ``array`` has shape ``[device_iterations, replicas, *anchor_shape]`` with ``micro_batch`` on
+    ``batch_axis`` of the anchor shape. Give ``anchor_shape`` (one micro-batch's output shape) when
+    dimensions equal to 1 were dropped from the buffer, as PopART does; it is reshaped first.
+    """
+    prefix = plan.device_prefix()
+    if anchor_shape is not None:
+        full_shape = (*prefix, *anchor_shape)
+        if int(np.prod(full_shape)) != array.size:
+            raise ValueError(f"a buffer of {array.size} elements cannot have shape {full_shape}")
+        array = array.reshape(full_shape)
+    if array.shape[:2] != prefix:
+        raise ValueError(
+            f"expected a buffer starting with (device_iterations, replicas) = {prefix}, got shape "
+            f"{array.shape}; pass anchor_shape if dimensions equal to 1 were dropped"
+        )
+    batch_axis = _normalize_axis(batch_axis, array.ndim - 2)
+    if array.shape[2 + batch_axis] != plan.micro_batch:
+        raise ValueError(
+            f"axis {batch_axis} of the anchor shape {array.shape[2:]} should be the micro-batch "
+            f"{plan.micro_batch}"
+        )
+    samples = np.moveaxis(array, 2 + batch_axis, 2).reshape(
+        plan.samples_per_step, *_without(array.shape[2:], batch_axis)
+    )
+    start, stop = plan.step_range(step)
+    return np.moveaxis(samples[: stop - start], 0, batch_axis)
+
+
+def split_feed(
+    feed: Mapping[str, np.ndarray],
+    plan: StepPlan,
+    *,
+    batch_axes: Mapping[str, int | None] | None = None,
+    fill: BatchFill = "repeat",
+) -> list[dict[str, np.ndarray]]:
+    """One device-layout feed per step. ``batch_axes`` gives each input's batch axis (default 0); an input
+    mapped to None has no batch axis and goes to every step unchanged."""
+    batch_axes = batch_axes or {}
+    steps = []
+    for step in range(plan.steps):
+        step_feed = {}
+        for name, array in feed.items():
+            axis = batch_axes.get(name, 0)
+            step_feed[name] = (
+                array if axis is None else to_device_layout(array, plan, step, batch_axis=axis, fill=fill)
+            )
+        steps.append(step_feed)
+    return steps
+
+
+def merge_outputs(
+    step_outputs: Sequence[Mapping[str, np.ndarray]],
+    plan: StepPlan,
+    *,
+    batch_axes: Mapping[str, int] | None = None,
+    anchor_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, np.ndarray]:
+    """Join the output buffers of all steps back into ``plan.samples`` samples per output, padding dropped."""
+    if len(step_outputs) != plan.steps:
+        raise ValueError(f"expected outputs of {plan.steps} step(s), got {len(step_outputs)}")
+    if not step_outputs:
+        return {}
+    batch_axes = batch_axes or {}
+    anchor_shapes = anchor_shapes or {}
+    merged = {}
+    for name in step_outputs[0]:
+        axis = batch_axes.get(name, 0)
+        parts = [
+            from_device_layout(
+                outputs[name], plan, step, batch_axis=axis, anchor_shape=anchor_shapes.get(name)
+            )
+            for step, outputs in enumerate(step_outputs)
+        ]
+        merged[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+    return merged
+
+
+def iter_micro_batches(
+    device_feed: Mapping[str, np.ndarray], plan: StepPlan
+) -> Iterator[tuple[int, int, dict[str, np.ndarray]]]:
+    """``(iteration, replica, micro-batch feed)`` in the order the device consumes a step's buffers."""
+    for iteration in range(plan.device_iterations):
+        for replica in range(plan.replicas):
+            yield iteration, replica, {name: array[iteration, replica] for name, array in device_feed.items()}
+
+
+def stack_micro_batches(results: Sequence[Mapping[str, np.ndarray]], plan: StepPlan) -> dict[str, np.ndarray]:
+    """Output buffers ``[device_iterations, replicas, *output_shape]`` from per-micro-batch results given in
+    ``iter_micro_batches`` order."""
+    expected = plan.device_iterations * plan.replicas
+    if len(results) != expected:
+        raise ValueError(f"expected {expected} micro-batch results, got {len(results)}")
+    stacked = {}
+    for name in results[0]:
+        flat = np.stack([result[name] for result in results])
+        stacked[name] = flat.reshape(plan.device_iterations, plan.replicas, *flat.shape[1:])
+    return stacked
+
+
+def _normalize_axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"batch axis {axis} is out of range for {ndim} dimension(s)")
+    return axis % ndim
+
+
+def _without(shape: Sequence[int], axis: int) -> tuple[int, ...]:
+    return tuple(size for index, size in enumerate(shape) if index != axis)

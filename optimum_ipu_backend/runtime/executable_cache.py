@@ -1,0 +1,650 @@
+"""On-disk cache of legalized graphs and compiled executables, safe across processes.
+
+Layout: ``<root>/<key[:2]>/<key>/`` holds an entry's payload files (``model.onnx``,
+``executable.popef``, ...) and ``manifest.json`` (size and sha256 of every payload file, creation time,
+engine, key inputs, free-form metadata). ``<root>/.locks/`` holds one lock file per key and
+``<root>/.tmp/`` the entries being built.
+
+Guarantees:
+
+* Atomic writes: an entry is built in a temporary directory on the same filesystem, fsynced, its
+  manifest written last, then renamed into place. A build that raises or a process that dies leaves no
+  entry behind (at most a temporary directory, swept by ``prune``/``clear`` once stale).
+* One build per key: ``get_or_create`` holds a cross-process ``filelock.FileLock`` per key, so a second
+  process that needs the same key waits and then reads what the first one built.
+* Integrity: every read checks each file's size and sha256 against the manifest; a corrupt or
+  truncated entry is removed with a warning and reported as missing, so it is rebuilt, never used.
+* Bounded size: after each build the least-recently-used entries beyond the size cap are evicted
+  (``get`` refreshes an entry's use time).
+* Nothing is ever pickled: manifests are JSON and payloads are opaque bytes.
+
+The root is, in order of precedence: the ``root`` argument (the ``executable_cache_dir`` setting), the
+``OPTIMUM_IPU_CACHE`` environment variable, ``platformdirs.user_cache_dir("optimum-ipu-backend")``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+_logger = logging.getLogger(__name__)
+
+CACHE_ENV = "OPTIMUM_IPU_CACHE"
+APP_NAME = "optimum-ipu-backend"
+DEFAULT_SIZE_LIMIT_BYTES = 20 * 1024**3
+CACHE_FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+# Touched on every use; its mtime orders entries for LRU eviction (atime is unreliable under relatime).
+LAST_USED_NAME = ".last_used"
+# Temporary build directories older than this belong to a dead process and may be swept.
+STALE_BUILD_SECONDS = 24 * 3600
+
+_KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_HASH_CHUNK = 1 << 20
+
+
+class CacheError(RuntimeError):
+    """The cache cannot be used as asked (bad key, a build that wrote nothing, metadata that is not JSON)."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sizes and locations
+# ----------------------------------------------------------------------------------------------------------
+
+_SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+
+
+def parse_byte_size(value: str | int) -> int:
+    """Bytes from ``2GB``, ``2GiB``, ``2G``, ``500MB``, ``1.5GB``, ``123B`` or an int.
+
+    Units are powers of 1024 whichever way they are spelled (``GB`` = ``GiB``), as for most tools that
+    size caches. ``ValueError`` for anything else, zero or negative sizes.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE_PATTERN.match(str(value))
+        if match is None:
+            raise ValueError(
+                f"not a size: {value!r}; expected for example '2GB', '500MiB' or a number of bytes"
+            )
+        size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if size <= 0:
+        raise ValueError(f"a size must be positive, got {value!r}")
+    return size
+
+
+def format_byte_size(size: int) -> str:
+    """Human-readable size with binary units (``1.5 GiB``)."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def resolve_cache_root(root: str | os.PathLike[str] | None = None) -> tuple[Path, str]:
+    """The cache root and where it came from: ``"argument"``, ``"environment"`` or ``"default"``."""
+    if root is not None and str(root) != "":
+        return Path(root).expanduser(), "argument"
+    from_env = os.environ.get(CACHE_ENV)
+    if from_env:
+        return Path(from_env).expanduser(), "environment"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir(APP_NAME)), "default"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Keys and entries
+# ----------------------------------------------------------------------------------------------------------
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON (sorted keys, no whitespace); ``TypeError`` for values JSON cannot hold."""
+
+    def reject(item: Any) -> Any:
+        if isinstance(item, os.PathLike):
+            return os.fspath(item)
+        raise TypeError(
+            f"cache key and metadata values must be JSON data, got {type(item).__name__}: {item!r}"
+        )
+
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=reject)
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """A cache key: ``digest`` is the sha256 of the canonical JSON of ``inputs``."""
+
+    digest: str
+    inputs: dict[str, Any]
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        graph: bytes | str,
+        shapes: Mapping[str, Sequence[int]],
+        precision: str,
+        engine: str,
+        sdk_version: str | None,
+        options: Mapping[str, Any] | None = None,
+    ) -> CacheKey:
+        """The key of one compiled artifact.
+
+        ``graph`` is the serialized graph the artifact derives from, or its sha256 hex digest. To let a warm
+        load skip legalization, pass the *exported* graph and put whatever else shapes the legalized graph
+        (compiler settings) into ``options``. ``shapes`` are the static input shapes, ``options`` any other
+        JSON data that changes the artifact. The package version and cache format are always included, so
+        a new release never reads an older release's artifacts.
+        """
+        if isinstance(graph, bytes | bytearray | memoryview):
+            graph_sha256 = hashlib.sha256(graph).hexdigest()
+        elif isinstance(graph, str) and _KEY_PATTERN.match(graph):
+            graph_sha256 = graph
+        else:
+            raise TypeError("graph must be the serialized graph (bytes) or its sha256 hex digest")
+        from optimum_ipu_backend import __version__
+
+        inputs = {
+            "format": CACHE_FORMAT_VERSION,
+            "package_version": __version__,
+            "graph_sha256": graph_sha256,
+            "shapes": {name: [int(size) for size in shape] for name, shape in sorted(shapes.items())},
+            "precision": precision,
+            "engine": engine,
+            "sdk_version": sdk_version,
+            "options": dict(options or {}),
+        }
+        text = canonical_json(inputs)
+        # Round-trip so ``inputs`` holds exactly what was hashed (tuples as lists, paths as strings).
+        return cls(hashlib.sha256(text.encode("ascii")).hexdigest(), json.loads(text))
+
+    def __str__(self) -> str:
+        return self.digest
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """A verified entry. ``created_now`` is True when this very call built it."""
+
+    key: str
+    path: Path
+    manifest: dict[str, Any]
+    created_now: bool = False
+
+    @property
+    def files(self) -> dict[str, Path]:
+        return {name: self.path / PurePosixPath(name) for name in self.manifest["files"]}
+
+    def file(self, name: str) -> Path:
+        """Path of payload file ``name``; ``KeyError`` naming the files the entry has."""
+        if name not in self.manifest["files"]:
+            raise KeyError(
+                f"cache entry {self.key} has no file {name!r}; it has {sorted(self.manifest['files'])}"
+            )
+        return self.path / PurePosixPath(name)
+
+    def read_bytes(self, name: str) -> bytes:
+        return self.file(name).read_bytes()
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(int(item["size"]) for item in self.manifest["files"].values())
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return dict(self.manifest.get("meta") or {})
+
+    @property
+    def engine(self) -> str | None:
+        return self.manifest.get("engine")
+
+
+@dataclass(frozen=True)
+class CacheEntryInfo:
+    """What ``list()`` reports per entry (without hashing the payloads)."""
+
+    key: str
+    path: Path
+    size_bytes: int
+    created: float | None
+    last_used: float
+    engine: str | None
+    meta: dict[str, Any] = field(default_factory=dict)
+    readable: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "path": str(self.path),
+            "size_bytes": self.size_bytes,
+            "created": self.created,
+            "last_used": self.last_used,
+            "engine": self.engine,
+            "meta": self.meta,
+            "readable": self.readable,
+        }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The cache
+# ----------------------------------------------------------------------------------------------------------
+
+
+class ExecutableCache:
+    """Content-addressed, size-capped, cross-process-safe store of compiled artifacts (see module doc)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        size_limit_bytes: int | None = None,
+        *,
+        lock_timeout: float | None = None,
+    ) -> None:
+        """``root``: see ``resolve_cache_root``. ``size_limit_bytes``: the LRU cap (default 20 GiB).
+        ``lock_timeout``: seconds to wait for another process building the same key (None: forever)."""
+        self.root, self.root_source = resolve_cache_root(root)
+        if size_limit_bytes is not None and size_limit_bytes <= 0:
+            raise ValueError(f"size_limit_bytes must be positive, got {size_limit_bytes}")
+        self.size_limit_bytes = (
+            DEFAULT_SIZE_LIMIT_BYTES if size_limit_bytes is None else int(size_limit_bytes)
+        )
+        self.lock_timeout = lock_timeout
+
+    def __repr__(self) -> str:
+        return f"ExecutableCache(root={str(self.root)!r}, size_limit_bytes={self.size_limit_bytes})"
+
+    # -- paths ---------------------------------------------------------------------------------------------
+
+    def entry_path(self, key: CacheKey | str) -> Path:
+        digest = _digest(key)
+        return self.root / digest[:2] / digest
+
+    def _lock(self, digest: str) -> FileLock:
+        locks = self.root / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(locks / f"{digest}.lock"))
+
+    def _tmp_dir(self) -> Path:
+        path = self.root / ".tmp"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    def get(self, key: CacheKey | str) -> CacheEntry | None:
+        """The verified entry for ``key``, or None when there is none or it was corrupt (then it is removed
+        with a warning so the caller rebuilds it). Refreshes the entry's use time."""
+        digest = _digest(key)
+        entry = self._verified(digest)
+        if entry is not None or not self.entry_path(digest).exists():
+            return entry
+        # Corrupt: remove it unless another process holds the key (it is rebuilding or removing it).
+        lock = self._lock(digest)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return None
+        try:
+            self._verified(digest, remove_corrupt=True)
+        finally:
+            lock.release()
+        return None
+
+    def _verified(self, digest: str, remove_corrupt: bool = False) -> CacheEntry | None:
+        path = self.root / digest[:2] / digest
+        if not path.is_dir():
+            return None
+        manifest, problem = _check_entry(path, digest)
+        if problem is None:
+            _touch(path / LAST_USED_NAME)
+            return CacheEntry(digest, path, manifest)  # type: ignore[arg-type]
+        if remove_corrupt:
+            _logger.warning("cache entry %s is corrupt (%s); removing it so it is rebuilt", path, problem)
+            self._remove_dir(path)
+        return None
+
+    # -- writing -------------------------------------------------------------------------------------------
+
+    def get_or_create(
+        self,
+        key: CacheKey | str,
+        build: Callable[[Path], None],
+        meta: Mapping[str, Any] | None = None,
+    ) -> CacheEntry:
+        """The entry for ``key``, building it with ``build(directory)`` if it is missing or corrupt.
+
+        ``build`` writes the payload files into the (empty, temporary) directory it is given. Exactly one
+        process builds a given key at a time; the others wait and then read its result. If ``build``
+        raises, nothing is stored and the exception propagates. ``meta`` (JSON data) is stored in the
+        manifest. After a build, least-recently-used entries beyond the size cap are evicted.
+        """
+        digest = _digest(key)
+        meta_json = json.loads(canonical_json(dict(meta or {})))  # reject non-JSON metadata before building
+        entry = self._verified(digest)
+        if entry is not None:
+            return entry
+        lock = self._lock(digest)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            _logger.info("waiting for another process that is building cache entry %s", digest)
+            timeout = -1 if self.lock_timeout is None else self.lock_timeout
+            lock.acquire(timeout=timeout)
+        try:
+            entry = self._verified(digest, remove_corrupt=True)
+            if entry is not None:
+                return entry
+            entry = self._build(digest, key, build, meta_json)
+        finally:
+            lock.release()
+        self._evict(self.size_limit_bytes, keep=digest)
+        return entry
+
+    def _build(
+        self, digest: str, key: CacheKey | str, build: Callable[[Path], None], meta: dict[str, Any]
+    ) -> CacheEntry:
+        staging = Path(tempfile.mkdtemp(prefix=f"{digest[:16]}-", dir=self._tmp_dir()))
+        try:
+            started = time.perf_counter()
+            build(staging)
+            files = {}
+            for path in sorted(_payload_files(staging)):
+                name = path.relative_to(staging).as_posix()
+                _fsync_file(path)
+                files[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+            if not files:
+                raise CacheError(f"the build of cache entry {digest} wrote no files")
+            key_inputs = key.inputs if isinstance(key, CacheKey) else None
+            engine = (key_inputs or {}).get("engine", meta.get("engine"))
+            manifest = {
+                "format": CACHE_FORMAT_VERSION,
+                "key": digest,
+                "created": time.time(),
+                "build_seconds": round(time.perf_counter() - started, 3),
+                "engine": engine,
+                "key_inputs": key_inputs,
+                "meta": meta,
+                "files": files,
+            }
+            manifest_path = staging / MANIFEST_NAME
+            with open(manifest_path, "w", encoding="utf-8") as stream:
+                json.dump(manifest, stream, indent=1, sort_keys=True)
+                stream.flush()
+                os.fsync(stream.fileno())
+            _fsync_dir(staging)
+            final = self.root / digest[:2] / digest
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if final.exists():
+                self._remove_dir(final)  # a corrupt leftover that could not be removed earlier
+            os.replace(staging, final)
+            _fsync_dir(final.parent)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        _touch(final / LAST_USED_NAME)
+        _logger.info(
+            "stored cache entry %s (%s)", final, format_byte_size(sum(f["size"] for f in files.values()))
+        )
+        return CacheEntry(digest, final, manifest, created_now=True)
+
+    # -- maintenance ---------------------------------------------------------------------------------------
+
+    def list(self) -> list[CacheEntryInfo]:
+        """Every entry, most recently used first (payloads are not hashed; ``get`` verifies them)."""
+        infos = []
+        for path in self._entry_dirs():
+            manifest, _ = _read_manifest(path)
+            last_used = _mtime(path / LAST_USED_NAME) or _mtime(path / MANIFEST_NAME) or _mtime(path) or 0.0
+            if manifest is not None and isinstance(manifest.get("files"), dict):
+                size = sum(int(item.get("size", 0)) for item in manifest["files"].values())
+                size += _size_or_zero(path / MANIFEST_NAME)
+                infos.append(
+                    CacheEntryInfo(
+                        key=path.name,
+                        path=path,
+                        size_bytes=size,
+                        created=manifest.get("created"),
+                        last_used=last_used,
+                        engine=manifest.get("engine"),
+                        meta=dict(manifest.get("meta") or {}),
+                    )
+                )
+            else:
+                infos.append(
+                    CacheEntryInfo(
+                        path.name, path, _tree_size(path), None, last_used, None, {}, readable=False
+                    )
+                )
+        infos.sort(key=lambda info: info.last_used, reverse=True)
+        return infos
+
+    def info(self) -> dict[str, Any]:
+        """Location, entry count, total size and cap."""
+        entries = self.list()
+        return {
+            "root": str(self.root),
+            "root_source": self.root_source,
+            "environment_variable": CACHE_ENV,
+            "entries": len(entries),
+            "total_bytes": sum(entry.size_bytes for entry in entries),
+            "size_limit_bytes": self.size_limit_bytes,
+        }
+
+    def remove(self, key: CacheKey | str) -> bool:
+        """Remove one entry; False when it does not exist or another process holds its lock."""
+        digest = _digest(key)
+        path = self.entry_path(digest)
+        if not path.exists():
+            return False
+        return self._remove_if_unlocked(digest)
+
+    def clear(self) -> int:
+        """Remove every entry (skipping any another process is building) and stale temporary directories;
+        returns the number of entries removed."""
+        removed = sum(self._remove_if_unlocked(path.name) for path in self._entry_dirs())
+        self._sweep_stale_builds()
+        return removed
+
+    def prune(self, max_bytes: int | None = None) -> list[str]:
+        """Evict least-recently-used entries until the cache holds at most ``max_bytes`` (default: the size
+        cap); returns the evicted keys. Also sweeps stale temporary directories."""
+        self._sweep_stale_builds()
+        return self._evict(self.size_limit_bytes if max_bytes is None else max_bytes)
+
+    def _evict(self, max_bytes: int, keep: str | None = None) -> list[str]:
+        entries = self.list()
+        total = sum(entry.size_bytes for entry in entries)
+        evicted = []
+        for entry in reversed(entries):  # least recently used first
+            if total <= max_bytes:
+                break
+            if entry.key == keep:
+                continue
+            if self._remove_if_unlocked(entry.key):
+                total -= entry.size_bytes
+                evicted.append(entry.key)
+                _logger.info("evicted cache entry %s (%s)", entry.key, format_byte_size(entry.size_bytes))
+        if total > max_bytes:
+            _logger.warning(
+                "the executable cache at %s holds %s, above its cap of %s, after evicting what it could",
+                self.root,
+                format_byte_size(total),
+                format_byte_size(max_bytes),
+            )
+        return evicted
+
+    def _remove_if_unlocked(self, digest: str) -> bool:
+        lock = self._lock(digest)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return False
+        try:
+            path = self.root / digest[:2] / digest
+            if not path.exists():
+                return False
+            self._remove_dir(path)
+            return True
+        finally:
+            lock.release()
+
+    def _remove_dir(self, path: Path) -> None:
+        """Make ``path`` disappear at once (rename), then delete it."""
+        trash = Path(tempfile.mkdtemp(prefix="removed-", dir=self._tmp_dir()))
+        try:
+            os.replace(path, trash / path.name)
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(trash, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # only succeeds when the shard directory is now empty
+
+    def _sweep_stale_builds(self) -> None:
+        tmp = self.root / ".tmp"
+        if not tmp.is_dir():
+            return
+        now = time.time()
+        for child in tmp.iterdir():
+            if now - (_mtime(child) or now) > STALE_BUILD_SECONDS:
+                shutil.rmtree(child, ignore_errors=True)
+
+    def _entry_dirs(self) -> Iterator[Path]:
+        if not self.root.is_dir():
+            return
+        for shard in sorted(self.root.iterdir()):
+            if len(shard.name) != 2 or not shard.is_dir():
+                continue
+            for path in sorted(shard.iterdir()):
+                if _KEY_PATTERN.match(path.name) and path.name[:2] == shard.name and path.is_dir():
+                    yield path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _digest(key: CacheKey | str) -> str:
+    digest = key.digest if isinstance(key, CacheKey) else key
+    if not isinstance(digest, str) or not _KEY_PATTERN.match(digest):
+        raise CacheError(f"a cache key must be a 64-character lowercase sha256 hex digest, got {digest!r}")
+    return digest
+
+
+def _payload_files(directory: Path) -> Iterator[Path]:
+    for path in directory.rglob("*"):
+        if path.is_file() and path.relative_to(directory).as_posix() not in (MANIFEST_NAME, LAST_USED_NAME):
+            yield path
+
+
+def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, "manifest.json is missing"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"manifest.json is unreadable ({exc})"
+    if not isinstance(manifest, dict):
+        return None, "manifest.json is not an object"
+    return manifest, None
+
+
+def _check_entry(path: Path, digest: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The manifest and None when every file matches it, else None and what is wrong."""
+    manifest, problem = _read_manifest(path)
+    if manifest is None:
+        return None, problem
+    if manifest.get("format") != CACHE_FORMAT_VERSION or manifest.get("key") != digest:
+        return None, "manifest.json belongs to another key or cache format"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return None, "manifest.json lists no files"
+    for name, expected in files.items():
+        relative = PurePosixPath(name)
+        if relative.is_absolute() or ".." in relative.parts or not isinstance(expected, dict):
+            return None, f"manifest.json lists an invalid file {name!r}"
+        file_path = path / relative
+        try:
+            size = file_path.stat().st_size
+            if size != expected.get("size"):
+                return None, f"{name} has {size} bytes, the manifest says {expected.get('size')}"
+            if sha256_file(file_path) != expected.get("sha256"):
+                return None, f"{name} does not match its sha256"
+        except FileNotFoundError:
+            return None, f"{name} is missing"
+        except OSError as exc:
+            return None, f"{name} is unreadable ({exc})"
+    return manifest, None
+
+
+def _touch(path: Path) -> None:
+    try:
+        path.touch()
+        os.utime(path, None)
+    except OSError as exc:  # a read-only cache still serves entries; LRU order just stops updating
+        _logger.debug("cannot update %s: %s", path, exc)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tree_size(path: Path) -> int:
+    return sum(_size_or_zero(item) for item in path.rglob("*") if item.is_file())
+
+
+def _fsync_file(path: Path) -> None:
+    flags = os.O_RDONLY if os.name != "nt" else os.O_RDWR
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    if os.name == "nt":
+        return  # directories cannot be opened for fsync on Windows; NTFS journals the rename
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

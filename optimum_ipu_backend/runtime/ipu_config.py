@@ -1,0 +1,358 @@
+"""Runtime settings from ``ipu_config.json`` (beside the model) and provider options, in one dataclass.
+
+Field names are this package's own (``device_iterations``, ``replication_factor``, ``sequence_lengths``,
+...). Graphcore users can bring the ``ipu_config.json`` they used with optimum-graphcore: its fields that
+mean the same thing here are accepted under their Graphcore names:
+
+=====================================  ===========================================================
+optimum-graphcore IPUConfig field      here
+=====================================  ===========================================================
+``inference_device_iterations``        ``device_iterations`` (wins over ``device_iterations``)
+``device_iterations``                  ``device_iterations`` (when no ``inference_`` twin is given)
+``inference_replication_factor``       ``replication_factor`` (wins over ``replication_factor``)
+``replication_factor``                 ``replication_factor`` (when no ``inference_`` twin is given)
+``inference_ipus_per_replica``         ``ipus_per_replica`` (wins over ``ipus_per_replica``)
+``ipus_per_replica``                   ``ipus_per_replica``
+``executable_cache_dir``               ``executable_cache_dir``; ``""`` or ``"disabled"`` turns the
+                                       cache off, as in optimum-graphcore
+=====================================  ===========================================================
+
+Only inference runs here, so the ``inference_*`` value is the one that applies when a file has both.
+Values given per pod type (``{"default": 4, "pod16": 8}``, older optimum-graphcore files) use their
+``"default"``. Graphcore fields with no meaning here (training, pipelining and memory-planning settings
+such as ``gradient_accumulation_steps``, ``layers_per_ipu``, ``matmul_proportion``) are listed in one
+``IgnoredIPUConfigFieldsWarning``; any other unknown field is an ``IPUConfigError`` naming the field
+and the file. Provider options (same names as the fields, values usually strings) override the file.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from optimum_ipu_backend.runtime.buckets import DEFAULT_MAX_EXECUTABLES, BucketOptionError, parse_sizes
+from optimum_ipu_backend.runtime.executable_cache import parse_byte_size
+
+IPU_CONFIG_NAME = "ipu_config.json"
+# Provider option naming an ipu_config.json to read instead of the one beside the model.
+CONFIG_PATH_OPTION = "ipu_config"
+PRECISIONS = ("fp32", "fp16")
+CACHE_DISABLED_VALUES = ("", "disabled")
+
+# Bucket size fields: field name == provider option name == BucketPlan option name.
+SIZE_FIELDS = (
+    "batch_size",
+    "sequence_lengths",
+    "past_sequence_lengths",
+    "encoder_sequence_lengths",
+    "decoder_sequence_lengths",
+    "past_decoder_sequence_lengths",
+)
+_INT_FIELDS = ("device_iterations", "replication_factor", "ipus_per_replica", "max_executables")
+
+# Graphcore names -> our field; when both are in one file the inference_* name wins.
+_GRAPHCORE_ALIASES = {
+    "inference_device_iterations": "device_iterations",
+    "inference_replication_factor": "replication_factor",
+    "inference_ipus_per_replica": "ipus_per_replica",
+}
+
+# optimum-graphcore IPUConfig fields (current and earlier releases) that have no meaning for this runtime.
+GRAPHCORE_IGNORED_FIELDS = frozenset(
+    {
+        "gradient_accumulation_steps",
+        "layers_per_ipu",
+        "inference_layers_per_ipu",
+        "optimizer_state_offchip",
+        "replicated_tensor_sharding",
+        "matmul_proportion",
+        "inference_matmul_proportion",
+        "enable_half_partials",
+        "embedding_serialization_factor",
+        "inference_embedding_serialization_factor",
+        "serialized_embedding_splits_per_ipu",
+        "inference_serialized_embedding_splits_per_ipu",
+        "projection_serialization_factor",
+        "inference_projection_serialization_factor",
+        "serialized_projection_splits_per_ipu",
+        "inference_serialized_projection_splits_per_ipu",
+        "recompute_checkpoint_every_layer",
+        "output_mode",
+        "seed",
+        "auto_loss_scaling",
+        "explicit_ir_inference",
+        "parallelize_kwargs",
+        "inference_parallelize_kwargs",
+        "sharded_execution_for_inference",
+        "enable_half_first_order_momentum",
+        "execute_encoder_on_cpu_for_generation",
+        "use_popdist",
+        "synthetic_data",
+        "profile_dir",
+    }
+)
+# Written by optimum's BaseConfig into every saved file; they describe the file, not a setting.
+_METADATA_FIELDS = frozenset({"optimum_version", "transformers_version"})
+
+
+class IPUConfigError(ValueError):
+    """An ``ipu_config.json`` or provider option is unknown or has a bad value."""
+
+
+class IgnoredIPUConfigFieldsWarning(UserWarning):
+    """An ``ipu_config.json`` holds optimum-graphcore fields that this runtime does not use."""
+
+
+@dataclass(frozen=True)
+class IPURuntimeConfig:
+    """Everything the static-shape runtime takes from the user.
+
+    Bucket sizes are None when not set (``BucketPlan.default_for`` then chooses); ``batch_size`` is the
+    tuple of compiled batch sizes (micro-batches). ``executable_cache_dir`` None means the default location
+    (``OPTIMUM_IPU_CACHE`` or the platform cache directory); ``cache_enabled`` False turns the cache off.
+    ``precision`` None leaves the session's default. ``cache_size_limit`` is in bytes (None: the cache's
+    default cap). ``sources`` tells, per field that was set, where its value came from; ``ignored_fields``
+    lists the Graphcore fields that were reported and not used.
+    """
+
+    batch_size: tuple[int, ...] | None = None
+    sequence_lengths: tuple[int, ...] | None = None
+    past_sequence_lengths: tuple[int, ...] | None = None
+    encoder_sequence_lengths: tuple[int, ...] | None = None
+    decoder_sequence_lengths: tuple[int, ...] | None = None
+    past_decoder_sequence_lengths: tuple[int, ...] | None = None
+    max_executables: int = DEFAULT_MAX_EXECUTABLES
+    device_iterations: int = 1
+    replication_factor: int = 1
+    ipus_per_replica: int = 1
+    executable_cache_dir: str | None = None
+    cache_enabled: bool = True
+    precision: str | None = None
+    cache_size_limit: int | None = None
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+    ignored_fields: tuple[str, ...] = ()
+
+    def bucket_options(self) -> dict[str, tuple[int, ...]]:
+        """The bucket sizes that were set, keyed by option name, for ``BucketPlan.from_options``."""
+        return {name: value for name in SIZE_FIELDS if (value := getattr(self, name)) is not None}
+
+    def samples_per_step(self, micro_batch: int) -> int:
+        """Samples one device step consumes with this micro-batch."""
+        return micro_batch * self.device_iterations * self.replication_factor
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly settings (without ``sources``)."""
+        result: dict[str, Any] = {}
+        for item in fields(self):
+            if item.name == "sources":
+                continue
+            value = getattr(self, item.name)
+            result[item.name] = list(value) if isinstance(value, tuple) else value
+        return result
+
+
+# Every name a provider option or a file may use for a field.
+RUNTIME_OPTION_NAMES = frozenset(
+    {item.name for item in fields(IPURuntimeConfig) if item.name not in ("sources", "ignored_fields")}
+    | set(_GRAPHCORE_ALIASES)
+)
+
+
+def load_runtime_config(
+    model_dir: str | Path | None = None,
+    provider_options: Mapping[str, Any] | None = None,
+    *,
+    config_path: str | Path | None = None,
+    other_options: Iterable[str] = (),
+) -> IPURuntimeConfig:
+    """Read ``ipu_config.json`` and apply ``provider_options`` over it.
+
+    The file is ``config_path`` if given, else the provider option ``ipu_config`` (a path), else
+    ``<model_dir>/ipu_config.json`` when it exists; no file means defaults. Provider options may use every
+    field name (and the ``inference_*`` aliases); names in ``other_options`` belong to someone else (the
+    session's ``device``, ``engine``, ...) and are skipped; any other option raises ``IPUConfigError``.
+    """
+    options = dict(provider_options or {})
+    other = set(other_options)
+    path: Path | None = None
+    if config_path is not None:
+        path = Path(config_path)
+    elif options.get(CONFIG_PATH_OPTION):
+        path = Path(str(options[CONFIG_PATH_OPTION]))
+    elif model_dir is not None and (Path(model_dir) / IPU_CONFIG_NAME).is_file():
+        path = Path(model_dir) / IPU_CONFIG_NAME
+
+    config = IPURuntimeConfig()
+    if path is not None:
+        config = _apply_file(config, path)
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    unknown = []
+    for name, value in options.items():
+        if name == CONFIG_PATH_OPTION or name in other:
+            continue
+        if name not in RUNTIME_OPTION_NAMES:
+            unknown.append(name)
+            continue
+        target = _GRAPHCORE_ALIASES.get(name, name)
+        if target in values and name not in _GRAPHCORE_ALIASES:
+            continue  # the inference_* alias was given too and wins
+        values[target] = (name, value)
+        sources[target] = f"provider option {name!r}"
+    if unknown:
+        known = ", ".join(sorted(RUNTIME_OPTION_NAMES | {CONFIG_PATH_OPTION} | other))
+        raise IPUConfigError(
+            f"unknown IPUExecutionProvider option(s) {', '.join(map(repr, sorted(unknown)))}; "
+            f"known options: {known}"
+        )
+    updates = {
+        target: _convert(target, name, value, "provider option") for target, (name, value) in values.items()
+    }
+    return _with_updates(config, updates, sources)
+
+
+def read_ipu_config(path: str | Path) -> IPURuntimeConfig:
+    """The settings of one ``ipu_config.json`` on top of the defaults."""
+    return _apply_file(IPURuntimeConfig(), Path(path))
+
+
+def _apply_file(config: IPURuntimeConfig, path: Path) -> IPURuntimeConfig:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IPUConfigError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IPUConfigError(f"{path} is not a readable JSON file: {exc}") from None
+    if not isinstance(data, dict):
+        raise IPUConfigError(f"{path} must hold a JSON object of settings, not {type(data).__name__}")
+
+    unknown = sorted(
+        name
+        for name in data
+        if name not in RUNTIME_OPTION_NAMES
+        and name not in GRAPHCORE_IGNORED_FIELDS
+        and name not in _METADATA_FIELDS
+    )
+    if unknown:
+        raise IPUConfigError(
+            f"unknown field(s) {', '.join(map(repr, unknown))} in {path}; fields this runtime uses: "
+            f"{', '.join(sorted(RUNTIME_OPTION_NAMES))} (optimum-graphcore training and pipelining fields "
+            "are accepted and ignored with a warning)"
+        )
+    ignored = tuple(sorted(name for name in data if name in GRAPHCORE_IGNORED_FIELDS))
+    if ignored:
+        warnings.warn(
+            f"{path}: these optimum-graphcore fields have no effect on ipu inference and are ignored: "
+            f"{', '.join(ignored)}",
+            IgnoredIPUConfigFieldsWarning,
+            stacklevel=3,
+        )
+
+    values: dict[str, tuple[str, Any]] = {}
+    for name, value in data.items():
+        if name not in RUNTIME_OPTION_NAMES:
+            continue
+        target = _GRAPHCORE_ALIASES.get(name, name)
+        if target in values and name not in _GRAPHCORE_ALIASES:
+            continue  # the inference_* twin wins
+        values[target] = (name, value)
+    source = str(path)
+    updates = {
+        target: _convert(target, name, _pod_default(name, value, path), source)
+        for target, (name, value) in values.items()
+    }
+    sources = {target: f"{path}: {name}" for target, (name, _) in values.items()}
+    return replace(_with_updates(config, updates, sources), ignored_fields=ignored)
+
+
+def _pod_default(name: str, value: Any, path: Path) -> Any:
+    """Older optimum-graphcore files give some values per pod type; without a pod type, use "default"."""
+    if (
+        isinstance(value, dict)
+        and value
+        and set(value) <= {"default", "pod4", "pod16", "pod64", "pod128", "pod256"}
+    ):
+        if "default" not in value:
+            raise IPUConfigError(
+                f"field {name!r} in {path} gives values per pod type {sorted(value)} but no 'default'; "
+                "add a 'default' value or a plain value"
+            )
+        return value["default"]
+    return value
+
+
+def _with_updates(
+    config: IPURuntimeConfig, updates: Mapping[str, Any], sources: Mapping[str, str]
+) -> IPURuntimeConfig:
+    updates = dict(updates)
+    if "executable_cache_dir" in updates:
+        # "" / "disabled" turns the cache off; a directory turns it on unless cache_enabled says otherwise.
+        if updates["executable_cache_dir"] is None:
+            updates["cache_enabled"] = False
+        else:
+            updates.setdefault("cache_enabled", True)
+    return replace(config, **updates, sources={**config.sources, **sources})
+
+
+def _convert(target: str, name: str, value: Any, source: str) -> Any:
+    where = f"{source} {name!r}" if source == "provider option" else f"field {name!r} in {source}"
+    if target in SIZE_FIELDS:
+        try:
+            return parse_sizes(target, value)
+        except BucketOptionError as exc:
+            raise IPUConfigError(f"{where}: {exc}") from None
+    if target in _INT_FIELDS:
+        number = _positive_int(value)
+        if number is None:
+            raise IPUConfigError(f"{where} must be a positive integer, got {value!r}")
+        return number
+    if target == "executable_cache_dir":
+        if value is None or (isinstance(value, str) and value.strip().lower() in CACHE_DISABLED_VALUES):
+            return None
+        if not isinstance(value, str):
+            raise IPUConfigError(f"{where} must be a directory path, '' or 'disabled', got {value!r}")
+        return value
+    if target == "cache_enabled":
+        flag = _boolean(value)
+        if flag is None:
+            raise IPUConfigError(f"{where} must be true or false, got {value!r}")
+        return flag
+    if target == "precision":
+        text = str(value).strip().lower()
+        if text not in PRECISIONS:
+            raise IPUConfigError(f"{where} must be one of {', '.join(PRECISIONS)}, got {value!r}")
+        return text
+    if target == "cache_size_limit":
+        if value is None:
+            return None
+        try:
+            return parse_byte_size(value)
+        except ValueError as exc:
+            raise IPUConfigError(f"{where}: {exc}") from None
+    raise AssertionError(f"no conversion for {target}")
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+        return number if number > 0 else None
+    return None
+
+
+def _boolean(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return None

@@ -1,0 +1,227 @@
+"""`optimum-ipu check`: exit status, per-pass report, unsupported nodes, memory, --save, --json, defaults."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from graph_testing import FLOAT, INT64, make_model, tensor_info
+from model_zoo import session_zoo
+from onnx import helper
+
+from optimum_ipu_backend.compiler.check import (
+    UsageError,
+    add_check_parser,
+    default_dims,
+    main,
+    parse_dim,
+    parse_shape,
+    resolve_input_shapes,
+)
+
+
+@pytest.fixture(scope="module")
+def bert_export(tmp_path_factory):
+    return session_zoo(tmp_path_factory).onnx("bert", "text-classification")
+
+
+def _custom_op_model(path):
+    model = make_model(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="fine_relu"),
+            helper.make_node("FusedGelu", ["r"], ["y"], name="vendor_gelu", domain="com.microsoft"),
+        ],
+        [tensor_info("x", FLOAT, [2, 4])],
+        [tensor_info("y", FLOAT, [2, 4])],
+        opset=11,
+        extra_opsets={"com.microsoft": 1},
+        check=False,
+    )
+    onnx.save(model, path)
+    return path
+
+
+def test_ready_model_exits_0_and_reports_every_pass_and_memory(bert_export, capsys):
+    status = main([str(bert_export), "--dim", "sequence_length=16", "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert status == 0 and document["ready"] is True
+    (result,) = document["files"]
+    assert result["input_shapes"] == {
+        "input_ids": [1, 16],
+        "attention_mask": [1, 16],
+        "token_type_ids": [1, 16],
+    }
+    names = [p["name"] for p in result["passes"]]
+    assert names[0] == "fix_shapes" and names[-1] == "verify" and "int64_to_int32" in names
+    folded = next(p for p in result["passes"] if p["name"] == "fold_constants")
+    assert folded["nodes_after"] < folded["nodes_before"] and folded["ops_removed"].get("Shape", 0) > 0
+    memory = result["memory"]
+    assert memory["ipus_needed"] == 1 and memory["ipu_memory_bytes"] == 900_000_000
+    weights = sum(t.ByteSize() for t in onnx.load(bert_export / "model.onnx").graph.initializer)
+    assert 0.5 * weights < memory["weights_bytes"] < 1.5 * weights
+
+
+def test_text_output_and_save(bert_export, tmp_path, capsys):
+    status = main(
+        [
+            str(bert_export / "model.onnx"),
+            "--shape",
+            "input_ids=2,8",
+            "--shape",
+            "attention_mask=2x8",
+            "--shape",
+            "token_type_ids=2,8",
+            "--save",
+            str(tmp_path / "out"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "input_ids=2x8" in out and "PopART-ready: yes" in out and "IPU(s)" in out
+    saved = onnx.load(tmp_path / "out" / "model.onnx")
+    assert max(o.version for o in saved.opset_import if o.domain in ("", "ai.onnx")) <= 11
+    assert [d.dim_value for d in saved.graph.input[0].type.tensor_type.shape.dim] == [2, 8]
+
+
+def test_unsupported_nodes_are_listed_and_exit_1(tmp_path, capsys):
+    path = _custom_op_model(tmp_path / "custom.onnx")
+    status = main([str(path), "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert status == 1 and document["ready"] is False
+    unsupported = document["files"][0]["unsupported"]
+    assert any(u["name"] == "vendor_gelu" and u["domain"] == "com.microsoft" for u in unsupported)
+    assert not any(u["name"] == "fine_relu" for u in unsupported)
+
+
+def test_missing_sizes_are_reported_with_the_input_and_dims(tmp_path, capsys):
+    model = make_model(
+        [helper.make_node("Identity", ["ids"], ["y"])],
+        [tensor_info("ids", INT64, ["batch_size", "mystery_length"])],
+        [tensor_info("y", INT64, ["batch_size", "mystery_length"])],
+    )
+    onnx.save(model, tmp_path / "model.onnx")
+    assert main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "ids" in out and "mystery_length" in out
+    assert main([str(tmp_path), "--dim", "mystery_length=5"]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "argv", [["/no/such/path"], ["{model}", "--shape", "input_ids"], ["{model}", "--dim", "batch_size=x"]]
+)
+def test_usage_errors_exit_2(argv, bert_export, capsys):
+    argv = [a.format(model=bert_export) for a in argv]
+    assert main(argv) == 2
+    assert "optimum-ipu check:" in capsys.readouterr().err
+
+
+def test_parsers():
+    assert parse_shape("input_ids=1,128") == ("input_ids", [1, 128])
+    assert parse_shape("pixel_values=1x3x224x224") == ("pixel_values", [1, 3, 224, 224])
+    assert parse_dim("sequence_length=64") == ("sequence_length", 64)
+    with pytest.raises(UsageError):
+        parse_shape("=1,2")
+    with pytest.raises(UsageError):
+        parse_dim("sequence_length")
+
+
+def test_defaults_come_from_the_config():
+    bert = default_dims({"model_type": "bert", "max_position_embeddings": 64})
+    assert bert["batch_size"] == 1 and bert["sequence_length"] == 64
+    assert default_dims({"max_position_embeddings": 512})["sequence_length"] == 128
+    gpt2 = default_dims({"model_type": "gpt2", "n_positions": 1024})
+    assert gpt2["past_sequence_length"] == gpt2["sequence_length"] == 128
+    vit = default_dims({"model_type": "vit", "image_size": 224, "num_channels": 3})
+    assert (vit["height"], vit["width"], vit["num_channels"]) == (224, 224, 3)
+    whisper = default_dims({"model_type": "whisper", "max_source_positions": 1500, "num_mel_bins": 80})
+    assert whisper["feature_size"] == 80 and whisper["encoder_sequence_length"] == 1500
+    assert default_dims({}, sequence=300)["sequence_length"] == 300  # an explicit size is not capped
+
+
+def test_symbolic_sums_are_evaluated():
+    model = make_model(
+        [helper.make_node("Identity", ["mask"], ["y"])],
+        [tensor_info("mask", INT64, ["batch_size", "past_sequence_length + sequence_length"])],
+        [tensor_info("y", INT64, ["batch_size", "past_sequence_length + sequence_length"])],
+    )
+    dims = {"batch_size": 2, "past_sequence_length": 5, "sequence_length": 3}
+    assert resolve_input_shapes(model, dims, {}) == {"mask": [2, 8]}
+    assert resolve_input_shapes(model, dims, {"mask": [2, 1]}) == {"mask": [2, 1]}
+
+
+def test_subcommand_registration():
+    parser = argparse.ArgumentParser(prog="optimum-ipu")
+    add_check_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["check", "some/dir", "--precision", "fp16", "--shape", "x=1,2"])
+    assert args.command == "check" and args.precision == "fp16" and args.shape == ["x=1,2"]
+    assert callable(args.func)
+
+
+def test_runs_as_a_module(tmp_path):
+    path = _custom_op_model(tmp_path / "custom.onnx")
+    completed = subprocess.run(
+        [sys.executable, "-m", "optimum_ipu_backend.compiler.check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 1, completed.stderr
+    assert "vendor_gelu" in completed.stdout and "PopART-ready: no" in completed.stdout
+
+
+def test_fp16_precision_is_reported(tmp_path, capsys):
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [tensor_info("x", FLOAT, ["batch_size", 4])],
+        [tensor_info("y", FLOAT, ["batch_size", 3])],
+        {"w": np.ones((4, 3), np.float32)},
+    )
+    onnx.save(model, tmp_path / "model.onnx")
+    assert main([str(tmp_path), "--precision", "fp16", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["precision"] == "fp16"
+    assert "precision_fp16" in [p["name"] for p in document["files"][0]["passes"]]
+
+
+def test_merged_decoders_are_checked_once_per_branch(tmp_path, capsys):
+    def branch(name, scale):
+        return helper.make_graph(
+            [helper.make_node("Mul", ["x", f"{name}_scale"], [f"{name}_y"])],
+            name,
+            [],
+            [tensor_info(f"{name}_y", FLOAT, ["batch_size", 4])],
+            initializer=[onnx.numpy_helper.from_array(np.array(scale, np.float32), f"{name}_scale")],
+        )
+
+    model = make_model(
+        [
+            helper.make_node(
+                "If", ["use_cache_branch"], ["y"], then_branch=branch("a", 2.0), else_branch=branch("b", 3.0)
+            )
+        ],
+        [
+            tensor_info("use_cache_branch", onnx.TensorProto.BOOL, [1]),
+            tensor_info("x", FLOAT, ["batch_size", 4]),
+        ],
+        [tensor_info("y", FLOAT, ["batch_size", 4])],
+    )
+    onnx.save(model, tmp_path / "decoder_model_merged.onnx")
+    assert main([str(tmp_path), "--json", "--save", str(tmp_path / "out")]) == 0
+    document = json.loads(capsys.readouterr().out)
+    labels = [f["label"] for f in document["files"]]
+    assert labels == [
+        "decoder_model_merged.onnx [use_cache_branch=False]",
+        "decoder_model_merged.onnx [use_cache_branch=True]",
+    ]
+    saved = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert saved == [
+        "decoder_model_merged.use_cache_branch_false.onnx",
+        "decoder_model_merged.use_cache_branch_true.onnx",
+    ]

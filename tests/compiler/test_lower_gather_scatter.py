@@ -1,0 +1,121 @@
+"""GatherElements, GatherND and ScatterND as Gather/ScatterElements on flattened data: the same elements.
+
+These rewrites only move elements (no arithmetic on the data), so every output is compared exactly
+(atol 1e-6 on floats is never needed). Indices are drawn with negative values too; each case runs once
+with the indices as a constant and once as a graph input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from graph_testing import FLOAT, INT32, INT64
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lowering_testing import (
+    PROPERTY_SETTINGS,
+    lower,
+    lower_and_compare,
+    one_node_model,
+    op_types,
+    seeds,
+    shapes,
+)
+
+from optimum_ipu_backend.compiler.errors import LegalizationError
+
+
+def _run_both_ways(op_type, data, indices, extra_inputs, output_shape, index_type=INT64, **attributes):
+    """Lower with constant indices, then with runtime indices; both must match the original."""
+    data_spec = ("data", FLOAT, data.shape)
+    feeds = {"data": data, **{name: value for name, value in extra_inputs}}
+    extra_specs = [(name, FLOAT, value.shape) for name, value in extra_inputs]
+    constant = one_node_model(
+        op_type,
+        [data_spec, *extra_specs],
+        [("y", FLOAT, output_shape)],
+        {"indices": indices},
+        node_inputs=["data", "indices", *[n for n, _ in extra_inputs]],
+        **attributes,
+    )
+    lowered = lower_and_compare(constant, feeds)
+    assert op_type not in op_types(lowered)
+    runtime = one_node_model(
+        op_type,
+        [data_spec, ("indices", index_type, indices.shape), *extra_specs],
+        [("y", FLOAT, output_shape)],
+        **attributes,
+    )
+    lowered = lower_and_compare(runtime, {**feeds, "indices": indices})
+    assert op_type not in op_types(lowered)
+
+
+def test_dynamic_data_shape_is_refused():
+    model = one_node_model(
+        "GatherND", [("data", FLOAT, ("n", 3)), ("indices", INT64, (2, 1))], [("y", FLOAT, (2, 3))]
+    )
+    with pytest.raises(LegalizationError, match="the_GatherND.*static shape"):
+        lower(model)
+
+
+def test_scatter_nd_reduction_is_refused():
+    model = one_node_model(
+        "ScatterND",
+        [("data", FLOAT, (4,)), ("indices", INT64, (1, 1)), ("u", FLOAT, (1,))],
+        [("y", FLOAT, (4,))],
+        reduction="add",
+    )
+    with pytest.raises(LegalizationError, match="reduction='add'"):
+        lower(model)
+
+
+@given(data_shape=shapes(1, 4, 1, 4), data=st.data(), seed=seeds, index_type=st.sampled_from([INT32, INT64]))
+@settings(**PROPERTY_SETTINGS)
+def test_gather_elements_matches(data_shape, data, seed, index_type):
+    rng = np.random.default_rng(seed)
+    rank = len(data_shape)
+    axis = data.draw(st.integers(-rank, rank - 1))
+    size = data_shape[axis]
+    index_shape = tuple(
+        data.draw(st.integers(1, d)) if i != axis % rank else data.draw(st.integers(1, 4))
+        for i, d in enumerate(data_shape)
+    )
+    dtype = np.int32 if index_type == INT32 else np.int64
+    indices = rng.integers(-size, size, index_shape).astype(dtype)
+    values = rng.uniform(-10, 10, data_shape).astype(np.float32)
+    _run_both_ways("GatherElements", values, indices, [], index_shape, index_type=index_type, axis=axis)
+
+
+@given(data_shape=shapes(1, 4, 1, 4), data=st.data(), seed=seeds)
+@settings(**PROPERTY_SETTINGS)
+def test_gather_nd_matches(data_shape, data, seed):
+    rng = np.random.default_rng(seed)
+    rank = len(data_shape)
+    batch_dims = data.draw(st.integers(0, rank - 1))
+    depth = data.draw(st.integers(1, rank - batch_dims))
+    extra = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2)))
+    batch = tuple(data_shape[:batch_dims])
+    addressed = np.array(data_shape[batch_dims : batch_dims + depth])
+    indices = rng.integers(-addressed, addressed, (*batch, *extra, depth)).astype(np.int64)
+    values = rng.uniform(-10, 10, data_shape).astype(np.float32)
+    output_shape = (*batch, *extra, *data_shape[batch_dims + depth :])
+    _run_both_ways("GatherND", values, indices, [], output_shape, batch_dims=batch_dims)
+
+
+@given(data_shape=shapes(1, 4, 1, 4), data=st.data(), seed=seeds)
+@settings(**PROPERTY_SETTINGS)
+def test_scatter_nd_matches(data_shape, data, seed):
+    rng = np.random.default_rng(seed)
+    rank = len(data_shape)
+    depth = data.draw(st.integers(1, rank))
+    addressed = data_shape[:depth]
+    # Distinct targets: with repeated indices ScatterND's result is undefined.
+    cells = int(np.prod(addressed))
+    count = data.draw(st.integers(1, cells))
+    flat = rng.choice(cells, size=count, replace=False)
+    targets = np.stack(np.unravel_index(flat, addressed), axis=-1)
+    negative = rng.integers(0, 2, targets.shape).astype(bool)
+    indices = np.where(negative, targets - np.array(addressed), targets).astype(np.int64)
+    updates = rng.uniform(-10, 10, (count, *data_shape[depth:])).astype(np.float32)
+    values = rng.uniform(-10, 10, data_shape).astype(np.float32)
+    _run_both_ways("ScatterND", values, indices, [("updates", updates)], data_shape)

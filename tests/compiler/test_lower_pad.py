@@ -1,0 +1,67 @@
+"""Pad-18 with axes becomes Pad-11 with pads over every axis; the padded values are exactly the same."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from graph_testing import FLOAT, INT64
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lowering_testing import (
+    PROPERTY_SETTINGS,
+    lower,
+    lower_and_compare,
+    one_node_model,
+    random_array,
+    seeds,
+    shapes,
+)
+
+from optimum_ipu_backend.compiler.errors import LegalizationError
+
+
+def test_wrap_mode_is_refused():
+    model = one_node_model(
+        "Pad", [("x", FLOAT, (3,))], [("y", FLOAT, (5,))], {"pads": np.array([1, 1])}, opset=19, mode="wrap"
+    )
+    with pytest.raises(LegalizationError, match="mode 'wrap'"):
+        lower(model)
+
+
+@given(
+    shape=shapes(1, 4, 2, 4),
+    data=st.data(),
+    mode=st.sampled_from(["constant", "reflect", "edge"]),
+    with_value=st.booleans(),
+    seed=seeds,
+)
+@settings(**PROPERTY_SETTINGS)
+def test_pad_with_axes_matches(shape, data, mode, with_value, seed):
+    rank = len(shape)
+    axes = data.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
+    # reflect needs pads smaller than the padded dimension.
+    pads = [data.draw(st.integers(0, shape[a] - 1 if mode == "reflect" else 3)) for a in axes * 2]
+    use_axes = data.draw(st.booleans())
+    if not use_axes:
+        full = [0] * (2 * rank)
+        for position, axis in enumerate(axes):
+            full[axis], full[axis + rank] = pads[position], pads[position + len(axes)]
+        pads = full
+    axes_values = [a - rank if data.draw(st.booleans()) else a for a in axes]
+    initializers = {"pads": np.array(pads, np.int64)}
+    node_inputs = ["x", "pads"]
+    if with_value and mode == "constant":
+        initializers["value"] = np.array(1.5, np.float32)
+        node_inputs.append("value")
+    if use_axes:
+        initializers["axes"] = np.array(axes_values, np.int64)
+        node_inputs += ([""] if len(node_inputs) == 2 else []) + ["axes"]
+    model = one_node_model(
+        "Pad", [("x", FLOAT, shape)], [("y", FLOAT, None)], initializers, node_inputs=node_inputs, mode=mode
+    )
+    lower_and_compare(model, {"x": random_array(seed, shape, np.float32)})
+
+
+def test_int64_pad_keeps_its_type():
+    model = one_node_model("Pad", [("x", INT64, (2,))], [("y", INT64, (4,))], {"pads": np.array([1, 1])})
+    lower_and_compare(model, {"x": np.array([5, -3], np.int64)})

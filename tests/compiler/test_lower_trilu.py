@@ -1,0 +1,64 @@
+"""Trilu as Where(mask, x, 0) on static shapes: exactly the same values (a selection, no arithmetic)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from graph_testing import BOOL, FLOAT, INT64
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lowering_testing import (
+    PROPERTY_SETTINGS,
+    lower,
+    lower_and_compare,
+    one_node_model,
+    op_types,
+    random_array,
+    seeds,
+    shapes,
+)
+
+from optimum_ipu_backend.compiler.errors import LegalizationError
+
+
+def test_constant_k_becomes_a_constant_mask():
+    model = one_node_model(
+        "Trilu", [("x", FLOAT, (3, 4))], [("y", FLOAT, (3, 4))], {"k": np.array(1, np.int64)}, upper=1
+    )
+    lowered = lower_and_compare(model, {"x": random_array(0, (3, 4), np.float32)})
+    assert op_types(lowered) == {"Where"}
+
+
+def test_infinities_are_masked_to_zero_not_nan():
+    model = one_node_model("Trilu", [("x", FLOAT, (2, 2))], [("y", FLOAT, (2, 2))], upper=0)
+    lower_and_compare(model, {"x": np.array([[np.inf, -np.inf], [np.nan, np.inf]], np.float32)})
+
+
+def test_dynamic_shape_is_refused():
+    model = one_node_model("Trilu", [("x", FLOAT, ("n", 4))], [("y", FLOAT, ("n", 4))])
+    with pytest.raises(LegalizationError, match="the_Trilu.*static shape"):
+        lower(model)
+
+
+@given(
+    shape=shapes(2, 4, 1, 6),
+    upper=st.integers(0, 1),
+    k=st.one_of(st.none(), st.integers(-7, 7)),
+    runtime_k=st.booleans(),
+    elem=st.sampled_from([(FLOAT, np.float32), (INT64, np.int64), (BOOL, np.bool_)]),
+    seed=seeds,
+)
+@settings(**PROPERTY_SETTINGS)
+def test_same_values_as_trilu(shape, upper, k, runtime_k, elem, seed):
+    elem_type, dtype = elem
+    inputs = [("x", elem_type, shape)]
+    feeds = {"x": random_array(seed, shape, dtype)}
+    initializers = {}
+    if k is not None and runtime_k:
+        inputs.append(("k", INT64, ()))
+        feeds["k"] = np.array(k, np.int64)
+    elif k is not None:
+        initializers["k"] = np.array(k, np.int64)
+    model = one_node_model("Trilu", inputs, [("y", elem_type, shape)], initializers, upper=upper)
+    lowered = lower_and_compare(model, feeds)
+    assert "Trilu" not in op_types(lowered)

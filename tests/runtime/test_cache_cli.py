@@ -1,0 +1,123 @@
+"""``optimum-ipu cache list|info|clear|prune`` on a cache filled through the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from optimum_ipu_backend.cli.cache import add_cache_parser, run_cache
+from optimum_ipu_backend.runtime.executable_cache import CACHE_ENV, LAST_USED_NAME, CacheKey, ExecutableCache
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="optimum-ipu")
+    add_cache_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def cli(*argv: str) -> int:
+    args = build_parser().parse_args(list(argv))
+    return args.func(args)
+
+
+def fill(root: Path, count: int, payload_size: int = 4096) -> list[str]:
+    cache = ExecutableCache(root)
+    digests = []
+    for index in range(count):
+        key = CacheKey.build(
+            graph=f"graph-{index}".encode(),
+            shapes={"x": (1, 8)},
+            precision="fp32",
+            engine="emulator",
+            sdk_version=None,
+        )
+        cache.get_or_create(
+            key,
+            lambda directory: (directory / "executable.bin").write_bytes(b"x" * payload_size),
+            meta={"model": f"model-{index}"},
+        )
+        stamp = time.time() - 100 + index  # entry 0 least recently used
+        os.utime(cache.entry_path(key) / LAST_USED_NAME, (stamp, stamp))
+        digests.append(key.digest)
+    return digests
+
+
+def test_list_json_reports_entries_most_recent_first(tmp_path: Path, capsys) -> None:
+    digests = fill(tmp_path, 3)
+    assert cli("cache", "list", "--dir", str(tmp_path), "--json") == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [entry["key"] for entry in listed] == digests[::-1]
+    assert listed[0]["meta"] == {"model": "model-2"} and listed[0]["engine"] == "emulator"
+    assert all(entry["size_bytes"] > 4096 for entry in listed)
+
+
+def test_list_table_and_empty_cache(tmp_path: Path, capsys) -> None:
+    assert cli("cache", "list", "--dir", str(tmp_path)) == 0
+    assert "is empty" in capsys.readouterr().out
+    digests = fill(tmp_path, 2)
+    assert cli("cache", "list", "--dir", str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert digests[0][:16] in out and digests[1][:16] in out and "model=model-1" in out
+    assert "2 entries" in out
+
+
+def test_info_uses_the_environment_variable(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    fill(tmp_path, 2)
+    assert cli("cache", "info", "--json") == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["root"] == str(tmp_path) and info["root_source"] == "environment" and info["entries"] == 2
+    assert cli("cache", "info") == 0
+    out = capsys.readouterr().out
+    assert f"${CACHE_ENV}" in out and "entries:    2" in out
+
+
+def test_prune_to_a_size_evicts_least_recently_used(tmp_path: Path, capsys) -> None:
+    digests = fill(tmp_path, 4)
+    sizes = {entry.key: entry.size_bytes for entry in ExecutableCache(tmp_path).list()}
+    kept = sizes[digests[2]] + sizes[digests[3]]
+    assert cli("cache", "prune", "--dir", str(tmp_path), "--max-size", str(kept), "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["evicted"] == digests[:2]
+    assert report["total_bytes"] == kept and report["freed_bytes"] == sizes[digests[0]] + sizes[digests[1]]
+    assert [entry.key for entry in ExecutableCache(tmp_path).list()] == digests[:1:-1]
+    assert cli("cache", "prune", "--dir", str(tmp_path), "--max-size", "2GB") == 0
+    assert "Evicted 0 entries" in capsys.readouterr().out
+
+
+def test_prune_rejects_a_bad_size(tmp_path: Path, capsys) -> None:
+    assert cli("cache", "prune", "--dir", str(tmp_path), "--max-size", "lots") == 2
+    assert "--max-size" in capsys.readouterr().err
+
+
+def test_clear_removes_everything(tmp_path: Path, capsys) -> None:
+    fill(tmp_path, 3)
+    assert cli("cache", "clear", "--dir", str(tmp_path)) == 0
+    assert "Removed 3 entries" in capsys.readouterr().out
+    assert ExecutableCache(tmp_path).list() == []
+    assert cli("cache", "clear", "--dir", str(tmp_path), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["removed"] == 0
+
+
+def test_an_action_is_required() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["cache"])
+
+
+def test_run_cache_takes_a_plain_namespace(tmp_path: Path, capsys) -> None:
+    fill(tmp_path, 1)
+    assert run_cache(argparse.Namespace(cache_action="info", cache_dir=str(tmp_path), json=True)) == 0
+    assert json.loads(capsys.readouterr().out)["entries"] == 1
+
+
+def test_the_main_entry_point_has_the_cache_command(tmp_path: Path, capsys) -> None:
+    from optimum_ipu_backend.cli.main import main
+
+    fill(tmp_path, 1)
+    assert main(["cache", "info", "--dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["entries"] == 1
