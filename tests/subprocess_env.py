@@ -41,7 +41,13 @@ def python(
 ) -> subprocess.CompletedProcess:
     """Run ``code``; ``plugins`` adds the test-only provider distributions to the path, ``no_site`` runs
     with ``-S`` (no .pth processing) and puts site-packages on the path by hand."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPTIMUM_IPU_", "OPTIMUM_PROVIDER"))}
+    # The test run's own cache and zoo locations carry over; settings under test do not.
+    kept = ("OPTIMUM_IPU_CACHE", "OPTIMUM_IPU_TEST_ZOO")
+    full_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in kept or not k.startswith(("OPTIMUM_IPU_", "OPTIMUM_PROVIDER"))
+    }
     full_env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "default"})
     paths = []
     if plugins:

@@ -39,6 +39,8 @@ class FileResult:
 
     path: Path
     label: str = ""
+    #: The boolean inputs bound before legalizing (a merged decoder's ``use_cache_branch``), if any.
+    bindings: dict[str, bool] = field(default_factory=dict)
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     reports: list[PassReport] = field(default_factory=list)
     problems: list[UnsupportedNode] = field(default_factory=list)
@@ -65,6 +67,7 @@ class FileResult:
         return {
             "file": str(self.path),
             "label": self.label or self.path.name,
+            "bindings": self.bindings,
             "ready": self.ready,
             "input_shapes": self.input_shapes,
             "passes": [
@@ -247,7 +250,7 @@ def check_file(
         model = bind_constant_inputs(model, {name: [value] for name, value in bindings.items()})
         label += " [" + ", ".join(f"{name}={value}" for name, value in bindings.items()) + "]"
     input_shapes = resolve_input_shapes(model, dims, shapes)
-    result = FileResult(path=path, label=label, input_shapes=input_shapes)
+    result = FileResult(path=path, label=label, bindings=dict(bindings or {}), input_shapes=input_shapes)
 
     def show(pass_name: str) -> None:
         print(f"[{label}] {pass_name} ...", file=sys.stderr, flush=True)

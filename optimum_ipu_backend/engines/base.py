@@ -37,6 +37,10 @@ class CompileOptions:
     device: str = "emulator"
     precision: str = "fp32"
     threads: int | None = None
+    # One device step runs device_iterations x replicas micro-batches (PopART's batchesPerStep and
+    # replicated graphs); host buffers then have the layout [device_iterations, replicas, *shape].
+    device_iterations: int = 1
+    replicas: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -48,17 +52,47 @@ class Executable(ABC):
 
     @abstractmethod
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run on host arrays whose shapes and dtypes equal ``inputs``; returns every output."""
+        """Run one micro-batch: host arrays whose shapes and dtypes equal ``inputs``; returns every output."""
+
+    def run_step(
+        self, feed: Mapping[str, np.ndarray], device_iterations: int, replicas: int
+    ) -> dict[str, np.ndarray]:
+        """Run one device step on buffers laid out ``[device_iterations, replicas, *input_shape]``, in the
+        order PopART consumes them (step-major, then replica); outputs come back in the same layout.
+
+        Engines with a native notion of steps (PopART's ``batchesPerStep``) override this; the default
+        runs the micro-batches one after the other, which is what the emulator does.
+        """
+        results = []
+        for iteration in range(device_iterations):
+            for replica in range(replicas):
+                results.append(self.run({name: array[iteration, replica] for name, array in feed.items()}))
+        return {
+            name: np.stack([result[name] for result in results]).reshape(
+                device_iterations, replicas, *results[0][name].shape
+            )
+            for name in results[0]
+        }
 
 
 class Engine(ABC):
     name: ClassVar[str]
     # True when results are computed somewhere other than an IPU; surfaced to users everywhere.
     emulated: ClassVar[bool]
+    # Version of the vendor SDK the executables are built with; part of every cache key.
+    sdk_version: ClassVar[str | None] = None
 
     @abstractmethod
     def compile(self, model_bytes: bytes, options: CompileOptions) -> Executable:
         """Compile a serialized, legalized, fully static ONNX model."""
+
+    def export(self, executable: Executable) -> dict[str, bytes]:
+        """Engine artifacts worth caching beside the legalized graph (PopART: the ``.popef``)."""
+        return {}
+
+    def load(self, model_bytes: bytes, artifacts: Mapping[str, bytes], options: CompileOptions) -> Executable:
+        """Rebuild an executable from the legalized graph and the artifacts ``export`` returned."""
+        return self.compile(model_bytes, options)
 
     def describe(self) -> str:
         return self.name

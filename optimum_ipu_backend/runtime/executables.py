@@ -1,8 +1,9 @@
-"""Compiled executables, one per set of input shapes, created on first use and reused after.
+"""Compiled executables, one per set of static input shapes, in memory and in the on-disk cache.
 
-An IPU executable has one fixed shape, so every distinct input-shape signature is legalized and
-compiled once and then served from this table. Compilation of one signature happens once even when
-several threads ask for it at the same time.
+An IPU executable has one fixed shape. The first call of a shape signature looks in the executable
+cache (a new process reuses what an earlier one compiled); on a miss it legalizes the graph for that
+shape, compiles it on the engine and stores both. Concurrent first calls of one signature compile
+once: a per-key lock in this process, and the cache's file lock across processes.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,10 +21,13 @@ import onnx
 from optimum_ipu_backend.compiler import legalize
 from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
 from optimum_ipu_backend.engines.base import CompileOptions, Engine, Executable
-from optimum_ipu_backend.runtime.boundary import to_device_dtype, to_host_dtype
+from optimum_ipu_backend.runtime.boundary import to_device_dtype
+from optimum_ipu_backend.runtime.executable_cache import CacheKey, ExecutableCache
+from optimum_ipu_backend.runtime.progress import step_progress
 
 _logger = logging.getLogger(__name__)
 
+LEGALIZED_GRAPH_FILE = "legalized.onnx"
 ShapeKey = tuple[tuple[str, object], ...]
 
 
@@ -43,44 +48,97 @@ def branch_inputs(model: onnx.ModelProto) -> frozenset[str]:
 @dataclass
 class CompiledEntry:
     shapes: dict[str, tuple[int, ...]]
+    branches: dict[str, bool]
     executable: Executable
-    compile_seconds: float
+    seconds: float
+    source: str  # "compiled" or "cache"
     calls: int = 0
     device_input_dtypes: dict[str, np.dtype] = field(default_factory=dict)
 
 
 class ExecutableTable:
-    """Legalizes and compiles ``model`` per input-shape signature, and runs feeds on the right one."""
+    """Legalizes and compiles ``model`` per static input-shape signature and runs micro-batches/steps."""
 
     def __init__(
         self,
         model: onnx.ModelProto,
         engine: Engine,
         options: CompileOptions,
-        output_dtypes: Mapping[str, np.dtype],
+        *,
+        graph_digest: str,
+        cache: ExecutableCache | None = None,
+        progress: bool = False,
     ) -> None:
         self._model = model
         self._engine = engine
         self._options = options
-        self._output_dtypes = dict(output_dtypes)
-        self._branch_inputs = branch_inputs(model)
+        self._graph_digest = graph_digest
+        self._cache = cache
+        self._progress = progress
+        self.branch_inputs = branch_inputs(model)
         self._entries: dict[ShapeKey, CompiledEntry] = {}
         self._key_locks: dict[ShapeKey, threading.Lock] = {}
         self._lock = threading.Lock()
 
+    def _legalized_bytes(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> bytes:
+        model = bind_constant_inputs(self._model, branches) if branches else self._model
+        passes = 8  # an upper bound of the pipeline's length, for the bar
+        with step_progress(f"legalizing for {shapes}", passes, self._progress) as advance:
+            legalized = legalize(model, shapes, precision=self._options.precision, progress=advance)
+        return legalized.model.SerializeToString()
+
+    def _cache_key(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> CacheKey:
+        return CacheKey.build(
+            graph=self._graph_digest,
+            shapes=shapes,
+            precision=self._options.precision,
+            engine=self._engine.name,
+            sdk_version=self._engine.sdk_version,
+            options={
+                "branches": branches,
+                "device": self._options.device,
+                "device_iterations": self._options.device_iterations,
+                "replicas": self._options.replicas,
+            },
+        )
+
     def _compile(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> CompiledEntry:
         started = time.perf_counter()
-        model = bind_constant_inputs(self._model, branches) if branches else self._model
-        legalized = legalize(model, shapes, precision=self._options.precision)
-        executable = self._engine.compile(legalized.model.SerializeToString(), self._options)
-        seconds = time.perf_counter() - started
-        _logger.info("compiled %s for shapes %s in %.2f s", self._engine.describe(), shapes, seconds)
-        device_dtypes = {spec.name: spec.dtype for spec in executable.inputs}
-        return CompiledEntry(shapes, executable, seconds, device_input_dtypes=device_dtypes)
+        if self._cache is None:
+            executable = self._engine.compile(self._legalized_bytes(shapes, branches), self._options)
+            source = "compiled"
+        else:
+            built: dict[str, Executable] = {}
 
-    def entry_for(self, feed: Mapping[str, np.ndarray]) -> CompiledEntry:
-        branches = {name: bool(np.asarray(feed[name]).reshape(-1)[0]) for name in self._branch_inputs}
-        shapes = {name: tuple(array.shape) for name, array in feed.items() if name not in branches}
+            def build(directory: Path) -> None:
+                graph = self._legalized_bytes(shapes, branches)
+                built["executable"] = self._engine.compile(graph, self._options)
+                (directory / LEGALIZED_GRAPH_FILE).write_bytes(graph)
+                for name, payload in self._engine.export(built["executable"]).items():
+                    (directory / name).write_bytes(payload)
+
+            key = self._cache_key(shapes, branches)
+            entry = self._cache.get_or_create(
+                key,
+                build,
+                meta={"shapes": {k: list(v) for k, v in shapes.items()}, "engine": self._engine.name},
+            )
+            if "executable" in built:
+                executable, source = built["executable"], "compiled"
+            else:
+                artifacts = {
+                    name: entry.read_bytes(name) for name in entry.files if name != LEGALIZED_GRAPH_FILE
+                }
+                executable = self._engine.load(
+                    entry.read_bytes(LEGALIZED_GRAPH_FILE), artifacts, self._options
+                )
+                source = "cache"
+        seconds = time.perf_counter() - started
+        _logger.info("%s %s for %s in %.2f s", source, self._engine.describe(), shapes, seconds)
+        device_dtypes = {spec.name: spec.dtype for spec in executable.inputs}
+        return CompiledEntry(shapes, branches, executable, seconds, source, device_input_dtypes=device_dtypes)
+
+    def entry_for(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> CompiledEntry:
         key: ShapeKey = tuple(sorted(shapes.items())) + tuple(sorted(branches.items()))
         entry = self._entries.get(key)
         if entry is not None:
@@ -90,23 +148,37 @@ class ExecutableTable:
         with key_lock:
             entry = self._entries.get(key)
             if entry is None:
-                entry = self._compile(shapes, branches)
+                entry = self._compile(dict(shapes), dict(branches))
                 self._entries[key] = entry
         return entry
 
-    def run(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        entry = self.entry_for(feed)
+    def run_step(
+        self,
+        micro_shapes: Mapping[str, tuple[int, ...]],
+        branches: Mapping[str, bool],
+        feed: Mapping[str, np.ndarray],
+    ) -> dict[str, np.ndarray]:
+        """Run one device step. ``feed`` arrays are laid out ``[device_iterations, replicas, *shape]``
+        where ``micro_shapes`` gives each input's compiled shape."""
+        entry = self.entry_for(micro_shapes, branches)
         device_feed = {
             name: to_device_dtype(name, feed[name], dtype)
             for name, dtype in entry.device_input_dtypes.items()
         }
-        results = entry.executable.run(device_feed)
+        options = self._options
+        outputs = entry.executable.run_step(device_feed, options.device_iterations, options.replicas)
         entry.calls += 1  # a statistic; an occasional lost increment under threads is acceptable
-        return [to_host_dtype(results[name], self._output_dtypes[name]) for name in output_names]
+        return outputs
 
     def statistics(self) -> list[dict[str, object]]:
-        """Each compiled executable with its shapes, compile time and the calls it served."""
+        """Each executable with its shapes, where it came from, its load time and the calls it served."""
         return [
-            {"shapes": entry.shapes, "compile_seconds": entry.compile_seconds, "calls": entry.calls}
+            {
+                "shapes": entry.shapes,
+                "branches": entry.branches,
+                "source": entry.source,
+                "compile_seconds": entry.seconds,
+                "calls": entry.calls,
+            }
             for entry in self._entries.values()
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -48,7 +49,8 @@ def create_session(
     """Create an IPU session; if the IPU path cannot take this device or graph and the user listed
     other providers after ipu, warn with the reason and create a plain onnxruntime session on those."""
     pairs = _split_providers(providers, provider_options)
-    options = IPUProviderOptions.parse(pairs[0][1])
+    model_dir = None if isinstance(path_or_bytes, (bytes, bytearray)) else Path(path_or_bytes).parent
+    options = IPUProviderOptions.parse(pairs[0][1], model_dir)
     fallbacks = pairs[1:]
     try:
         return IPUInferenceSession(path_or_bytes, sess_options, options)

@@ -7,6 +7,7 @@ the runtime, which compiles one executable per shape and runs it on the chosen e
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -19,9 +20,9 @@ import numpy as np
 import onnx
 
 from optimum_ipu_backend.engines import load_engine
-from optimum_ipu_backend.engines.base import CompileOptions
 from optimum_ipu_backend.engines.probe import EMULATION_NOTICE, resolve_device
-from optimum_ipu_backend.runtime.executables import ExecutableTable
+from optimum_ipu_backend.runtime.buckets import option_name
+from optimum_ipu_backend.runtime.factory import build_runner, graph_digest
 from optimum_ipu_backend.session.io_binding import HostIOBinding
 from optimum_ipu_backend.session.node_arg import NodeArg, graph_inputs, graph_outputs
 from optimum_ipu_backend.session.options import IPUProviderOptions
@@ -85,9 +86,10 @@ class IPUInferenceSession:
         sess_options: Any = None,
         options: IPUProviderOptions | None = None,
     ) -> None:
-        self._options = options or IPUProviderOptions.parse(None)
-        self._resolution = resolve_device(self._options.device, self._options.engine)
         self._model, self._model_path = _load_model(path_or_bytes)
+        model_dir = Path(self._model_path).parent if self._model_path else None
+        self._options = options or IPUProviderOptions.parse(None, model_dir)
+        self._resolution = resolve_device(self._options.device, self._options.engine)
         self._check_graph()
         self._sess_options = sess_options
         self._engine = load_engine(self._resolution.engine)
@@ -95,15 +97,18 @@ class IPUInferenceSession:
         self._outputs = graph_outputs(self._model)
         self._input_by_name = {arg.name: arg for arg in self._inputs}
         self._output_names = [arg.name for arg in self._outputs]
-        self._table = ExecutableTable(
+        self._runner = build_runner(
             self._model,
+            graph_digest(path_or_bytes, self._model),
             self._engine,
-            CompileOptions(
-                device=self._resolution.device,
-                precision=self._options.precision,
-                threads=self._options.threads or _threads_from(sess_options),
-            ),
-            {arg.name: arg.dtype for arg in self._outputs},
+            self._resolution.device,
+            self._options.runtime,
+            precision=self._options.precision,
+            threads=self._options.threads or _threads_from(sess_options),
+            progress=self._options.progress,
+            trim_padding=self._options.trim_padding,
+            config=_read_config(model_dir),
+            output_dtypes={arg.name: arg.dtype for arg in self._outputs},
         )
         if self._resolution.emulated:
             if not _emulation_announced.is_set():
@@ -138,11 +143,16 @@ class IPUInferenceSession:
         return [ProviderName(self._resolution.device)]
 
     def get_provider_options(self) -> dict[str, dict[str, str]]:
+        runtime = self._options.runtime
         options = {
             "device": self._resolution.device,
             "engine": self._resolution.engine,
             "precision": self._options.precision,
             "emulated": "1" if self._resolution.emulated else "0",
+            "device_iterations": str(runtime.device_iterations),
+            "replication_factor": str(runtime.replication_factor),
+            "executable_cache": self._runner.cache_description,
+            **{option_name(dim): ",".join(map(str, sizes)) for dim, sizes in self._runner.plan.sizes.items()},
         }
         if self._resolution.emulated:
             options["note"] = EMULATION_NOTICE
@@ -187,7 +197,7 @@ class IPUInferenceSession:
             raise InvalidFeedError(
                 f"unknown output(s) {unknown}; the model's outputs are {self._output_names}"
             )
-        return self._table.run(self._validate_feed(input_feed), names)
+        return self._runner.run(self._validate_feed(input_feed), names)
 
     def io_binding(self) -> HostIOBinding:
         return HostIOBinding(self.run, self._output_names)
@@ -210,7 +220,11 @@ class IPUInferenceSession:
 
     def compiled_executables(self) -> list[dict[str, object]]:
         """Every executable compiled so far, with its input shapes and the calls it served."""
-        return self._table.statistics()
+        return self._runner.statistics()
+
+    def bucket_sizes(self) -> dict[str, list[int]]:
+        """The compiled sizes of every padded dimension."""
+        return self._runner.plan.to_dict()
 
     def _validate_feed(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if not isinstance(input_feed, Mapping):
@@ -256,6 +270,13 @@ class IPUInferenceSession:
                     )
             feed[name] = array
         return feed
+
+
+def _read_config(model_dir: Path | None) -> dict[str, Any]:
+    """The model's config.json (bucket limits, pad token), or nothing for a bare .onnx file."""
+    if model_dir is None or not (model_dir / "config.json").is_file():
+        return {}
+    return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
 
 
 def _threads_from(sess_options: Any) -> int | None:

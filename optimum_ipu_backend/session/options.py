@@ -1,22 +1,33 @@
 """Provider options of the ipu provider: parsed once, checked, and reported back as strings the way
-onnxruntime reports provider options."""
+onnxruntime reports provider options.
+
+The session's own options (device, engine, threads, progress) are read here; everything else is a
+runtime setting (buckets, batching, cache, precision) read by ``runtime.ipu_config`` together with an
+``ipu_config.json`` beside the model. An option neither knows is an error, never ignored.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from optimum_ipu_backend.engines.probe import DEVICES, check_device_name, default_device
+from optimum_ipu_backend.runtime.buckets import BucketOptionError
+from optimum_ipu_backend.runtime.ipu_config import IPUConfigError, IPURuntimeConfig, load_runtime_config
 
-PRECISIONS = ("fp32", "fp16")
 ENGINE_NAMES = ("emulator", "popart", "poptorch")
 
-OPTION_HELP = {
+SESSION_OPTION_HELP = {
     "device": f"one of {', '.join(DEVICES)}; default from OPTIMUM_IPU_DEVICE, else 'ipu'",
     "engine": f"one of {', '.join(ENGINE_NAMES)}; default: chosen from the device and the SDK found",
-    "precision": f"one of {', '.join(PRECISIONS)}; default 'fp32'",
     "threads": "host threads the emulator may use (positive integer); default: onnxruntime's choice",
+    "progress": "1 or 0: progress bars for legalization and compilation; default: on when stderr is a terminal",
+    "trim_padding": (
+        "1 or 0: run the rows of an encoder call grouped by real length, skipping the padding they share; "
+        "outputs at masked positions are then zeros; default 0"
+    ),
 }
 
 
@@ -24,23 +35,31 @@ class ProviderOptionError(ValueError):
     """A provider option is unknown or has a bad value."""
 
 
+def _flag(name: str, value: Any) -> bool:
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ProviderOptionError(f"option {name!r}={value!r}: {SESSION_OPTION_HELP[name]}")
+
+
 @dataclass(frozen=True)
 class IPUProviderOptions:
     device: str
     engine: str | None = None
-    precision: str = "fp32"
     threads: int | None = None
+    progress: bool | None = None
+    trim_padding: bool = False
+    runtime: IPURuntimeConfig = field(default_factory=IPURuntimeConfig)
+
+    @property
+    def precision(self) -> str:
+        return self.runtime.precision or "fp32"
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any] | None) -> IPUProviderOptions:
+    def parse(cls, raw: Mapping[str, Any] | None, model_dir: str | Path | None = None) -> IPUProviderOptions:
         raw = dict(raw or {})
-        unknown = sorted(set(raw) - set(OPTION_HELP))
-        if unknown:
-            known = "; ".join(f"{name}: {text}" for name, text in OPTION_HELP.items())
-            raise ProviderOptionError(
-                f"unknown IPUExecutionProvider option(s) {', '.join(map(repr, unknown))}. "
-                f"Known options: {known}"
-            )
         device = str(raw.get("device") or default_device())
         try:
             check_device_name(device)
@@ -48,10 +67,7 @@ class IPUProviderOptions:
             raise ProviderOptionError(str(exc)) from None
         engine = raw.get("engine")
         if engine is not None and str(engine) not in ENGINE_NAMES:
-            raise ProviderOptionError(f"option 'engine'={engine!r}: {OPTION_HELP['engine']}")
-        precision = str(raw.get("precision", "fp32")).lower()
-        if precision not in PRECISIONS:
-            raise ProviderOptionError(f"option 'precision'={raw['precision']!r}: {OPTION_HELP['precision']}")
+            raise ProviderOptionError(f"option 'engine'={engine!r}: {SESSION_OPTION_HELP['engine']}")
         threads = raw.get("threads")
         if threads is not None:
             try:
@@ -59,10 +75,20 @@ class IPUProviderOptions:
             except (TypeError, ValueError):
                 threads = 0
             if threads <= 0:
-                raise ProviderOptionError(f"option 'threads'={raw['threads']!r}: {OPTION_HELP['threads']}")
+                raise ProviderOptionError(
+                    f"option 'threads'={raw['threads']!r}: {SESSION_OPTION_HELP['threads']}"
+                )
+        progress = None if raw.get("progress") is None else _flag("progress", raw["progress"])
+        trim_padding = _flag("trim_padding", raw.get("trim_padding", "0"))
+        try:
+            runtime = load_runtime_config(model_dir, raw, other_options=SESSION_OPTION_HELP)
+        except (IPUConfigError, BucketOptionError) as exc:
+            raise ProviderOptionError(str(exc)) from exc
         return cls(
             device=device,
             engine=None if engine is None else str(engine),
-            precision=precision,
             threads=threads,
+            progress=progress,
+            trim_padding=trim_padding,
+            runtime=runtime,
         )

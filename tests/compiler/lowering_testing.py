@@ -6,15 +6,18 @@ otherwise) and of the lowered opset-11 graph on the same inputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
+import pytest
 from graph_testing import assert_same_outputs, copy_model, make_model, run_ort, tensor_info
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
+from optimum_ipu_backend.compiler.errors import LegalizationError
 from optimum_ipu_backend.compiler.op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, iter_graphs, iter_nodes
 from optimum_ipu_backend.compiler.passes.base import PassContext
 from optimum_ipu_backend.compiler.passes.lower_opset11 import LowerToOpset11
@@ -23,6 +26,15 @@ from optimum_ipu_backend.compiler.passes.lower_opset11 import LowerToOpset11
 PROPERTY_SETTINGS: dict[str, Any] = {"deadline": None, "max_examples": 30}
 
 TensorSpec = tuple[str, int, Sequence[int] | None]
+
+
+def property_test(**strategies: st.SearchStrategy) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """hypothesis' ``@given(**strategies)`` run with the shared PROPERTY_SETTINGS."""
+
+    def decorate(test: Callable[..., None]) -> Callable[..., None]:
+        return given(**strategies)(settings(**PROPERTY_SETTINGS)(test))
+
+    return decorate
 
 
 def one_node_model(
@@ -68,6 +80,13 @@ def one_node_model(
 def lower(model: onnx.ModelProto) -> onnx.ModelProto:
     """LowerToOpset11 run on a copy (the pass may mutate its argument)."""
     return LowerToOpset11().run(copy_model(model), PassContext(input_shapes={}))
+
+
+def assert_refused(model: onnx.ModelProto, match: str) -> LegalizationError:
+    """Lowering ``model`` raises a LegalizationError whose message matches the regex ``match``."""
+    with pytest.raises(LegalizationError, match=match) as raised:
+        lower(model)
+    return raised.value
 
 
 def op_types(model: onnx.ModelProto) -> set[str]:

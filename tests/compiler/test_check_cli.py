@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from graph_testing import FLOAT, INT64, make_model, tensor_info
+from graph_testing import FLOAT, INT64, make_model, run_ort, tensor_info
 from model_zoo import session_zoo
 from onnx import helper
 
@@ -51,6 +51,7 @@ def test_ready_model_exits_0_and_reports_every_pass_and_memory(bert_export, caps
     document = json.loads(capsys.readouterr().out)
     assert status == 0 and document["ready"] is True
     (result,) = document["files"]
+    assert result["bindings"] == {}
     assert result["input_shapes"] == {
         "input_ids": [1, 16],
         "attention_mask": [1, 16],
@@ -220,8 +221,20 @@ def test_merged_decoders_are_checked_once_per_branch(tmp_path, capsys):
         "decoder_model_merged.onnx [use_cache_branch=False]",
         "decoder_model_merged.onnx [use_cache_branch=True]",
     ]
+    assert [f["bindings"] for f in document["files"]] == [
+        {"use_cache_branch": False},
+        {"use_cache_branch": True},
+    ]
     saved = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert saved == [
         "decoder_model_merged.use_cache_branch_false.onnx",
         "decoder_model_merged.use_cache_branch_true.onnx",
     ]
+    # Each saved graph is its branch alone: no branch input left, the branch's outputs.
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    for entry in document["files"]:
+        branch = onnx.load(entry["saved_to"])
+        assert [i.name for i in branch.graph.input] == ["x"]
+        flag = np.array([entry["bindings"]["use_cache_branch"]])
+        expected = run_ort(model, {"use_cache_branch": flag, "x": x})["y"]
+        np.testing.assert_array_equal(run_ort(branch, {"x": x})["y"], expected)

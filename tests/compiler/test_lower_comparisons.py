@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 from graph_testing import BOOL, FLOAT, INT32, INT64
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from lowering_testing import PROPERTY_SETTINGS, lower_and_compare, one_node_model, op_types
+from lowering_testing import lower_and_compare, one_node_model, op_types, property_test
 
 _SPECIAL_FLOATS = st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 1e-30])
 _FLOATS = st.one_of(_SPECIAL_FLOATS, st.floats(-3, 3, width=32))
@@ -35,12 +34,11 @@ def test_integers_use_the_negated_strict_comparison():
     assert op_types(lowered) == {"Less", "Not"}
 
 
-@given(
+@property_test(
     op_type=st.sampled_from(["LessOrEqual", "GreaterOrEqual"]),
     shapes_=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=3, max_side=4),
     data=st.data(),
 )
-@settings(**PROPERTY_SETTINGS)
 def test_float_comparisons_match(op_type, shapes_, data):
     a_shape, b_shape = shapes_.input_shapes
     a = data.draw(hnp.arrays(np.float32, a_shape, elements=_FLOATS))
@@ -48,13 +46,12 @@ def test_float_comparisons_match(op_type, shapes_, data):
     lower_and_compare(_comparison(op_type, FLOAT, a_shape, b_shape), {"a": a, "b": b})
 
 
-@given(
+@property_test(
     op_type=st.sampled_from(["LessOrEqual", "GreaterOrEqual"]),
     elem_type=st.sampled_from([INT32, INT64]),
     shapes_=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=3, max_side=4),
     data=st.data(),
 )
-@settings(**PROPERTY_SETTINGS)
 def test_integer_comparisons_match(op_type, elem_type, shapes_, data):
     dtype = np.int32 if elem_type == INT32 else np.int64
     a_shape, b_shape = shapes_.input_shapes

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 from graph_testing import make_model, tensor_info
-from hypothesis import given, settings
 from hypothesis import strategies as st
-from lowering_testing import PROPERTY_SETTINGS, lower_and_compare
+from lowering_testing import lower_and_compare, property_test
 from onnx import TensorProto, helper
 
 
@@ -30,11 +29,10 @@ def test_value_attributes_become_a_tensor(attribute, value, elem_type, shape):
     assert [a.name for a in node.attribute] == ["value"]
 
 
-@given(
+@property_test(
     ints=st.lists(st.integers(-(2**40), 2**40), min_size=1, max_size=6),
     floats=st.lists(st.floats(-1e6, 1e6, width=32), min_size=1, max_size=6),
 )
-@settings(**PROPERTY_SETTINGS)
 def test_values_are_preserved(ints, floats):
     lower_and_compare(_constant_model("value_ints", ints, TensorProto.INT64, (len(ints),)), {})
     lower_and_compare(_constant_model("value_floats", floats, TensorProto.FLOAT, (len(floats),)), {})

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from graph_testing import BOOL, FLOAT
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from lowering_testing import (
-    PROPERTY_SETTINGS,
-    lower,
+    assert_refused,
     lower_and_compare,
     one_node_model,
     op_types,
+    property_test,
     random_array,
     seeds,
     shapes,
 )
-
-from optimum_ipu_backend.compiler.errors import LegalizationError
 
 
 def test_training_mode_is_refused():
@@ -28,12 +24,12 @@ def test_training_mode_is_refused():
         [("y", FLOAT, (2,))],
         {"ratio": np.array(0.1, np.float32), "training": np.array(True)},
     )
-    with pytest.raises(LegalizationError, match="the_Dropout.*training_mode is true"):
-        lower(model)
+    assert_refused(model, "the_Dropout.*training_mode is true")
 
 
-@given(shape=shapes(1, 3), with_mask=st.booleans(), ratio=st.sampled_from([None, 0.0, 0.3]), seed=seeds)
-@settings(**PROPERTY_SETTINGS)
+@property_test(
+    shape=shapes(1, 3), with_mask=st.booleans(), ratio=st.sampled_from([None, 0.0, 0.3]), seed=seeds
+)
 def test_inference_dropout_matches(shape, with_mask, ratio, seed):
     initializers = {} if ratio is None else {"ratio": np.array(ratio, np.float32)}
     if ratio is not None and seed % 2:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 from graph_testing import BOOL, FLOAT, FLOAT16, INT32, INT64
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from lowering_testing import (
-    PROPERTY_SETTINGS,
     lower_and_compare,
     one_node_model,
     op_types,
+    property_test,
     random_array,
     seeds,
     shapes,
@@ -32,13 +31,12 @@ def test_cast_19_saturate_is_dropped():
     assert [a.name for a in node.attribute] == ["to"]
 
 
-@given(
+@property_test(
     source=st.sampled_from(sorted(_TYPES)),
     target=st.sampled_from(sorted(_TYPES)),
     shape=shapes(0, 3),
     seed=seeds,
 )
-@settings(**PROPERTY_SETTINGS)
 def test_castlike_matches(source, target, shape, seed):
     model = one_node_model(
         "CastLike",

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 from graph_testing import FLOAT, INT32, INT64
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from lowering_testing import PROPERTY_SETTINGS, lower, lower_and_compare, one_node_model, op_types
+from lowering_testing import lower, lower_and_compare, one_node_model, op_types, property_test
 
 _INTEGERS = {INT32: np.int32, INT64: np.int64}
 
@@ -23,14 +22,13 @@ def test_int64_min_becomes_where():
     assert op_types(lowered) == {"Less", "Where"}
 
 
-@given(
+@property_test(
     op_type=st.sampled_from(["Min", "Max"]),
     elem_type=st.sampled_from(sorted(_INTEGERS)),
     shapes_=hnp.mutually_broadcastable_shapes(num_shapes=3, max_dims=3, max_side=3),
     count=st.integers(1, 3),
     data=st.data(),
 )
-@settings(**PROPERTY_SETTINGS)
 def test_n_ary_integer_min_max_match(op_type, elem_type, shapes_, count, data):
     dtype = _INTEGERS[elem_type]
     names = [f"x{i}" for i in range(count)]
@@ -45,14 +43,13 @@ def test_n_ary_integer_min_max_match(op_type, elem_type, shapes_, count, data):
     assert op_type not in op_types(lowered)
 
 
-@given(
+@property_test(
     elem_type=st.sampled_from(sorted(_INTEGERS)),
     shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=4),
     low=st.one_of(st.none(), st.integers(-20, 20)),
     high=st.one_of(st.none(), st.integers(-20, 20)),
     data=st.data(),
 )
-@settings(**PROPERTY_SETTINGS)
 def test_integer_clip_matches(elem_type, shape, low, high, data):
     dtype = _INTEGERS[elem_type]
     initializers = {}
@@ -71,12 +68,11 @@ def test_integer_clip_matches(elem_type, shape, low, high, data):
     assert "Clip" not in op_types(lowered)
 
 
-@given(
+@property_test(
     elem_type=st.sampled_from(sorted(_INTEGERS)),
     shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=4),
     data=st.data(),
 )
-@settings(**PROPERTY_SETTINGS)
 def test_integer_relu_matches(elem_type, shape, data):
     dtype = _INTEGERS[elem_type]
     model = one_node_model("Relu", [("x", elem_type, shape)], [("y", elem_type, shape)])

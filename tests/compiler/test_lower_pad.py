@@ -3,39 +3,33 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from graph_testing import FLOAT, INT64
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from lowering_testing import (
-    PROPERTY_SETTINGS,
-    lower,
+    assert_refused,
     lower_and_compare,
     one_node_model,
+    property_test,
     random_array,
     seeds,
     shapes,
 )
-
-from optimum_ipu_backend.compiler.errors import LegalizationError
 
 
 def test_wrap_mode_is_refused():
     model = one_node_model(
         "Pad", [("x", FLOAT, (3,))], [("y", FLOAT, (5,))], {"pads": np.array([1, 1])}, opset=19, mode="wrap"
     )
-    with pytest.raises(LegalizationError, match="mode 'wrap'"):
-        lower(model)
+    assert_refused(model, "mode 'wrap'")
 
 
-@given(
+@property_test(
     shape=shapes(1, 4, 2, 4),
     data=st.data(),
     mode=st.sampled_from(["constant", "reflect", "edge"]),
     with_value=st.booleans(),
     seed=seeds,
 )
-@settings(**PROPERTY_SETTINGS)
 def test_pad_with_axes_matches(shape, data, mode, with_value, seed):
     rank = len(shape)
     axes = data.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))

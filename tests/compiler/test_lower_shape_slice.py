@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 from graph_testing import FLOAT, INT64
-from hypothesis import given, settings
 from hypothesis import strategies as st
-from lowering_testing import PROPERTY_SETTINGS, lower, lower_and_compare, one_node_model, op_types, shapes
+from lowering_testing import lower, lower_and_compare, one_node_model, op_types, property_test, shapes
 
 
 def test_plain_shape_is_kept():
@@ -14,12 +13,11 @@ def test_plain_shape_is_kept():
     assert op_types(lower(model)) == {"Shape"}
 
 
-@given(
+@property_test(
     shape=shapes(0, 5),
     start=st.one_of(st.none(), st.integers(-7, 7)),
     end=st.one_of(st.none(), st.integers(-7, 7)),
 )
-@settings(**PROPERTY_SETTINGS)
 def test_start_end_match(shape, start, end):
     attributes = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
     model = one_node_model("Shape", [("x", FLOAT, shape)], [("y", INT64, None)], **attributes)

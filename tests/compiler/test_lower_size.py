@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from graph_testing import FLOAT, INT64
-from hypothesis import given, settings
-from lowering_testing import PROPERTY_SETTINGS, lower, lower_and_compare, one_node_model, shapes
-
-from optimum_ipu_backend.compiler.errors import LegalizationError
+from lowering_testing import assert_refused, lower_and_compare, one_node_model, property_test, shapes
 
 
-@given(shape=shapes(0, 4, 0, 5))
-@settings(**PROPERTY_SETTINGS)
+@property_test(shape=shapes(0, 4, 0, 5))
 def test_size_matches(shape):
     model = one_node_model("Size", [("x", FLOAT, shape)], [("y", INT64, ())])
     lowered = lower_and_compare(model, {"x": np.zeros(shape, np.float32)})
@@ -21,5 +16,4 @@ def test_size_matches(shape):
 
 def test_dynamic_size_is_refused():
     model = one_node_model("Size", [("x", FLOAT, ("n", 2))], [("y", INT64, ())])
-    with pytest.raises(LegalizationError, match="the_Size"):
-        lower(model)
+    assert_refused(model, "the_Size")

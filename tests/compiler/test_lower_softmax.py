@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 from graph_testing import FLOAT
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from lowering_testing import (
-    PROPERTY_SETTINGS,
     lower,
     lower_and_compare,
     one_node_model,
     op_types,
+    property_test,
     random_array,
     seeds,
     shapes,
@@ -46,13 +45,12 @@ def test_opset_11_softmax_keeps_its_flattening_semantics():
     assert op_types(lowered) == {"Softmax"}
 
 
-@given(
+@property_test(
     op_type=st.sampled_from(["Softmax", "LogSoftmax"]),
     shape=shapes(1, 4),
     data=st.data(),
     seed=seeds,
 )
-@settings(**PROPERTY_SETTINGS)
 def test_same_outputs_for_every_axis(op_type, shape, data, seed):
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
     model = _softmax(op_type, shape, axis, opset=data.draw(st.sampled_from([13, 18])))

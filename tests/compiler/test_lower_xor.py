@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 from graph_testing import BOOL
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from lowering_testing import PROPERTY_SETTINGS, lower_and_compare, one_node_model, op_types
+from lowering_testing import lower_and_compare, one_node_model, op_types, property_test
 
 
-@given(shapes_=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=3, max_side=4), data=st.data())
-@settings(**PROPERTY_SETTINGS)
+@property_test(
+    shapes_=hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=3, max_side=4), data=st.data()
+)
 def test_xor_matches(shapes_, data):
     a_shape, b_shape = shapes_.input_shapes
     a = data.draw(hnp.arrays(np.bool_, a_shape))

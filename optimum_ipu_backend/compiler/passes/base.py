@@ -44,6 +44,10 @@ class GraphPass(ABC):
     name: ClassVar[str]
     guarantee: ClassVar[str]
 
+    def __init__(self) -> None:
+        #: What the last run changed, in words, for its PassReport; each run starts it afresh.
+        self.notes: list[str] = []
+
     @abstractmethod
     def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         """Return the rewritten model."""

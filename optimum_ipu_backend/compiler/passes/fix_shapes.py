@@ -162,9 +162,6 @@ class FixShapes(GraphPass):
     name = "fix_shapes"
     guarantee = "every graph input has the requested static shape; shapes are inferred from them"
 
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
     def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         self.notes = []
         dynamic_before = [i.name for i in model.graph.input if not is_static(i)]

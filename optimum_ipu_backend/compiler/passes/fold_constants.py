@@ -203,9 +203,9 @@ class FoldConstants(GraphPass):
     guarantee = "no node computes only from constants; shape/mask subgraphs of static inputs are folded"
 
     def __init__(self, name: str | None = None) -> None:
+        super().__init__()
         if name is not None:
             self.name = name
-        self.notes: list[str] = []
 
     def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         self.notes = []

@@ -14,6 +14,7 @@ because it would have to run on the device.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -84,87 +85,80 @@ class TensorConsumers:
         return self.only_feeds(name, INT64_COMPILE_TIME_OPERANDS)
 
 
+@dataclass
+class _Conversion:
+    """What one run of the pass collects while it walks the graphs."""
+
+    consumers: TensorConsumers
+    kept_int64: set[str] = field(default_factory=set)
+    problems: list[UnsupportedNode] = field(default_factory=list)
+    counts: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def keeps_int64(self, name: str) -> bool:
+        """Whether ``name`` stays int64 (only compile-time operands read it); remembered if so."""
+        if self.consumers.only_compile_time_int64(name):
+            self.kept_int64.add(name)
+            return True
+        return False
+
+
 class Int64ToInt32(GraphPass):
     """Turn every int64 tensor, constant and cast into int32 (compile-time shape operands excepted)."""
 
     name = "int64_to_int32"
     guarantee = "no int64 tensor remains except constant shape operands PopART reads at compile time"
 
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
     def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         self.notes = []
-        consumers = TensorConsumers(model)
-        problems: list[UnsupportedNode] = []
-        kept_int64: set[str] = set()
-        counts: dict[str, int] = defaultdict(int)
+        conversion = _Conversion(TensorConsumers(model))
         for graph in iter_graphs(model.graph):
-            self._convert_boundary(graph, counts)
-            self._convert_initializers(graph, consumers, kept_int64, problems, counts)
-            self._convert_nodes(graph, consumers, kept_int64, problems, counts)
-        if problems:
-            raise LegalizationError("Some int64 constants cannot be represented in int32.", problems, _HINTS)
+            self._convert_boundary(graph, conversion)
+            self._convert_initializers(graph, conversion)
+            self._convert_nodes(graph, conversion)
+        if conversion.problems:
+            raise LegalizationError(
+                "Some int64 constants cannot be represented in int32.", conversion.problems, _HINTS
+            )
         for graph in iter_graphs(model.graph):
-            self._cast_back_compile_time_operands(graph, kept_int64, counts)
-        self.notes.extend(f"{what}: {count}" for what, count in sorted(counts.items()) if count)
+            self._cast_back_compile_time_operands(graph, conversion)
+        self.notes.extend(f"{what}: {count}" for what, count in sorted(conversion.counts.items()) if count)
         return refresh_shapes(model)
 
     @staticmethod
-    def _convert_boundary(graph: onnx.GraphProto, counts: dict[str, int]) -> None:
+    def _convert_boundary(graph: onnx.GraphProto, conversion: _Conversion) -> None:
         for value_info in list(graph.input) + list(graph.output):
             tensor_type = value_info.type.tensor_type
             if tensor_type.elem_type == TensorProto.INT64:
                 tensor_type.elem_type = TensorProto.INT32
-                counts["int64 inputs/outputs made int32"] += 1
+                conversion.counts["int64 inputs/outputs made int32"] += 1
 
     @staticmethod
-    def _convert_initializers(
-        graph: onnx.GraphProto,
-        consumers: TensorConsumers,
-        kept_int64: set[str],
-        problems: list[UnsupportedNode],
-        counts: dict[str, int],
-    ) -> None:
+    def _convert_initializers(graph: onnx.GraphProto, conversion: _Conversion) -> None:
         for index, init in enumerate(graph.initializer):
-            if init.data_type != TensorProto.INT64:
+            if init.data_type != TensorProto.INT64 or conversion.keeps_int64(init.name):
                 continue
-            if consumers.only_compile_time_int64(init.name):
-                kept_int64.add(init.name)
-                continue
-            graph.initializer[index].CopyFrom(_int32_tensor(init, init.name, problems))
-            counts["int64 initializers made int32"] += 1
+            graph.initializer[index].CopyFrom(_int32_tensor(init, init.name, conversion.problems))
+            conversion.counts["int64 initializers made int32"] += 1
 
-    def _convert_nodes(
-        self,
-        graph: onnx.GraphProto,
-        consumers: TensorConsumers,
-        kept_int64: set[str],
-        problems: list[UnsupportedNode],
-        counts: dict[str, int],
-    ) -> None:
+    def _convert_nodes(self, graph: onnx.GraphProto, conversion: _Conversion) -> None:
         new_nodes: list[onnx.NodeProto] = []
         for node in graph.node:
             new_nodes.append(node)
             if node.domain not in ("", "ai.onnx"):
                 continue
             if node.op_type == "Constant":
-                self._convert_constant(node, consumers, kept_int64, problems, counts)
+                self._convert_constant(node, conversion)
             elif node.op_type == "ConstantOfShape":
-                self._convert_constant_of_shape(node, consumers, kept_int64, problems, counts)
+                self._convert_constant_of_shape(node, conversion)
             elif node.op_type == "Cast":
                 to = next(a for a in node.attribute if a.name == "to")
-                if to.i == TensorProto.INT64:
-                    if consumers.only_compile_time_int64(node.output[0]):
-                        kept_int64.add(node.output[0])
-                    else:
-                        to.i = TensorProto.INT32
-                        counts["Cast(to=INT64) made int32"] += 1
+                if to.i == TensorProto.INT64 and not conversion.keeps_int64(node.output[0]):
+                    to.i = TensorProto.INT32
+                    conversion.counts["Cast(to=INT64) made int32"] += 1
             for index, name in enumerate(node.output):
                 if not name or (node.op_type, index) not in INTRINSIC_INT64_OUTPUTS:
                     continue
-                if consumers.only_compile_time_int64(name):
-                    kept_int64.add(name)
+                if conversion.keeps_int64(name):
                     continue
                 int64_name = f"{name}__int64"
                 node.output[index] = int64_name
@@ -177,18 +171,12 @@ class Int64ToInt32(GraphPass):
                         to=TensorProto.INT32,
                     )
                 )
-                counts[f"Cast to int32 after {node.op_type}"] += 1
+                conversion.counts[f"Cast to int32 after {node.op_type}"] += 1
         del graph.node[:]
         graph.node.extend(new_nodes)
 
     @staticmethod
-    def _convert_constant(
-        node: onnx.NodeProto,
-        consumers: TensorConsumers,
-        kept_int64: set[str],
-        problems: list[UnsupportedNode],
-        counts: dict[str, int],
-    ) -> None:
+    def _convert_constant(node: onnx.NodeProto, conversion: _Conversion) -> None:
         attr = node.attribute[0] if len(node.attribute) == 1 else None
         if attr is None:
             return
@@ -200,42 +188,34 @@ class Int64ToInt32(GraphPass):
             values = np.array(list(attr.ints), dtype=np.int64)
         else:
             return
-        if consumers.only_compile_time_int64(node.output[0]):
-            kept_int64.add(node.output[0])
+        if conversion.keeps_int64(node.output[0]):
             if attr.name != "value":  # value_int(s) are opset-12 attributes: write them as a tensor
                 tensor = numpy_helper.from_array(values.astype(np.int64))
                 del node.attribute[:]
                 node.attribute.append(onnx.helper.make_attribute("value", tensor))
             return
-        tensor = numpy_helper.from_array(to_int32_values(values, node.name or node.output[0], problems))
+        where = node.name or node.output[0]
+        tensor = numpy_helper.from_array(to_int32_values(values, where, conversion.problems))
         del node.attribute[:]
         node.attribute.append(onnx.helper.make_attribute("value", tensor))
-        counts["int64 Constants made int32"] += 1
+        conversion.counts["int64 Constants made int32"] += 1
 
     @staticmethod
-    def _convert_constant_of_shape(
-        node: onnx.NodeProto,
-        consumers: TensorConsumers,
-        kept_int64: set[str],
-        problems: list[UnsupportedNode],
-        counts: dict[str, int],
-    ) -> None:
+    def _convert_constant_of_shape(node: onnx.NodeProto, conversion: _Conversion) -> None:
         for attr in node.attribute:
             if attr.name == "value" and attr.t.data_type == TensorProto.INT64:
-                if consumers.only_compile_time_int64(node.output[0]):
-                    kept_int64.add(node.output[0])
+                if conversion.keeps_int64(node.output[0]):
                     return
-                attr.t.CopyFrom(_int32_tensor(attr.t, node.name or node.output[0], problems))
-                counts["int64 ConstantOfShape values made int32"] += 1
+                attr.t.CopyFrom(_int32_tensor(attr.t, node.name or node.output[0], conversion.problems))
+                conversion.counts["int64 ConstantOfShape values made int32"] += 1
 
     @staticmethod
-    def _cast_back_compile_time_operands(
-        graph: onnx.GraphProto, kept_int64: set[str], counts: dict[str, int]
-    ) -> None:
+    def _cast_back_compile_time_operands(graph: onnx.GraphProto, conversion: _Conversion) -> None:
         new_nodes: list[onnx.NodeProto] = []
         for node in graph.node:
             for index, name in enumerate(node.input):
-                if not name or (node.op_type, index) not in INT64_COMPILE_TIME_OPERANDS or name in kept_int64:
+                slot = (node.op_type, index)
+                if not name or slot not in INT64_COMPILE_TIME_OPERANDS or name in conversion.kept_int64:
                     continue
                 cast_output = f"{name}__as_int64_for_{node.name or node.op_type}_{index}"
                 new_nodes.append(
@@ -244,7 +224,7 @@ class Int64ToInt32(GraphPass):
                     )
                 )
                 node.input[index] = cast_output
-                counts["computed shape operands cast back to int64"] += 1
+                conversion.counts["computed shape operands cast back to int64"] += 1
             new_nodes.append(node)
         del graph.node[:]
         graph.node.extend(new_nodes)

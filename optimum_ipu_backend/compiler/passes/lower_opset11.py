@@ -155,8 +155,8 @@ class LowerToOpset11(GraphPass):
     )
 
     def __init__(self) -> None:
+        super().__init__()
         self._rewrites = _rewrite_table()
-        self.notes: list[str] = []
         #: How many nodes of each operator were replaced in the last run.
         self.rewritten: dict[str, int] = {}
 

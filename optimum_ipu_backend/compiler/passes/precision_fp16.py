@@ -158,9 +158,6 @@ class ToFloat16(GraphPass):
     name = "precision_fp16"
     guarantee = "float compute is float16 (variance reductions in float32); no constant overflows float16"
 
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
     def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         self.notes = []
         counts: dict[str, int] = defaultdict(int)

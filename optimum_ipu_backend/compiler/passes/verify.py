@@ -174,9 +174,6 @@ class VerifyPopartReady(GraphPass):
     name = "verify"
     guarantee = "onnx-valid, opset <= 11, only PopART ops, static shapes, no dtype Poplar lacks"
 
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
     def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         self.notes = []
         problems, inferred = _verify(model)

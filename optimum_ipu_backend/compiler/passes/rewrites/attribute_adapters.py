@@ -8,14 +8,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .common import CannotLower, GraphScope, Rewrite, attribute, copy_attributes, input_at
+from .common import CannotLower, GraphScope, Rewrite, as_text, attribute, copy_attributes, input_at
 
 
 def _equals(neutral: Any) -> Callable[[Any], bool]:
     def is_neutral(value: Any) -> bool:
-        if isinstance(value, bytes):
-            value = value.decode()
-        return value == neutral
+        return as_text(value) == neutral
 
     return is_neutral
 
@@ -64,8 +62,7 @@ class NeutralAttributeRewrite(Rewrite):
         if not present:
             return None
         for name in sorted(present):
-            value = attribute(node, name)
-            value = value.decode() if isinstance(value, bytes) else value
+            value = as_text(attribute(node, name))
             if not neutral[name](value) and not _allowzero_is_harmless(node, name, scope):
                 raise CannotLower(f"attribute {name}={value!r} has no opset-11 equivalent")
         attributes = copy_attributes(node, drop=present)

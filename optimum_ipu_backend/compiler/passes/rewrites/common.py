@@ -230,6 +230,16 @@ def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
     return default
 
 
+def text_attribute(node: onnx.NodeProto, name: str, default: str) -> str:
+    """A string attribute as text (ONNX stores strings as bytes), or ``default`` when absent."""
+    return as_text(attribute(node, name, default))
+
+
+def as_text(value: Any) -> Any:
+    """``value`` with bytes decoded, the form string attributes are compared in."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def copy_attributes(node: onnx.NodeProto, drop: Iterable[str] = ()) -> dict[str, Any]:
     """A node's attributes as keyword arguments for ``helper.make_node``, minus ``drop``."""
     dropped = set(drop)
@@ -243,15 +253,23 @@ def input_at(node: onnx.NodeProto, index: int) -> str:
     return node.input[index] if index < len(node.input) else ""
 
 
+def require_constant(scope: GraphScope, name: str, reason: str) -> np.ndarray:
+    """The value of a tensor the lowering needs at compile time; refuse with ``reason`` if not constant."""
+    value = scope.constant(name)
+    if value is None:
+        raise CannotLower(reason)
+    return value
+
+
 def require_constant_ints(scope: GraphScope, node: onnx.NodeProto, index: int, what: str) -> list[int]:
     """The values of an integer input that opset 11 needs as an attribute; refuse if not constant."""
     name = input_at(node, index)
-    value = scope.constant(name)
-    if value is None:
-        raise CannotLower(
-            f"its {what} input '{name}' must be a constant to become an opset-11 attribute; "
-            "fix the input shapes and fold constants first so that it is computed at compile time"
-        )
+    value = require_constant(
+        scope,
+        name,
+        f"its {what} input '{name}' must be a constant to become an opset-11 attribute; "
+        "fix the input shapes and fold constants first so that it is computed at compile time",
+    )
     return [int(v) for v in np.asarray(value).reshape(-1)]
 
 

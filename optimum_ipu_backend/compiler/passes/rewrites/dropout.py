@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .common import CannotLower, GraphScope, Rewrite, input_at
+from .common import CannotLower, GraphScope, Rewrite, input_at, require_constant
 
 
 class DropoutRewrite(Rewrite):
@@ -21,11 +21,8 @@ class DropoutRewrite(Rewrite):
             return None
         training_mode = input_at(node, 2)
         if training_mode:
-            value = scope.constant(training_mode)
-            if value is None:
-                raise CannotLower(
-                    f"training_mode input '{training_mode}' must be a constant false for inference"
-                )
+            reason = f"training_mode input '{training_mode}' must be a constant false for inference"
+            value = require_constant(scope, training_mode, reason)
             if bool(np.asarray(value).reshape(())):
                 raise CannotLower(
                     "training_mode is true; opset 11 (and PopART inference) run Dropout as identity"

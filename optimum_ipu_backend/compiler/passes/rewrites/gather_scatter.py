@@ -18,6 +18,7 @@ from .common import (
     numpy_dtype,
     require_elem_type,
     require_static_shape,
+    text_attribute,
 )
 
 
@@ -63,6 +64,17 @@ class _FlatIndexBuilder:
         return self.emit("Reshape", [tensor, self.constant(shape, f"{suffix}_shape")], suffix)
 
 
+def _static_dims(
+    scope: GraphScope, node: onnx.NodeProto, addressed_as: str
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The static shapes of the data (input 0) and the indices (input 1) that the offsets come from."""
+    data_dims = require_static_shape(
+        scope, node.input[0], f"{node.op_type} needs to address its data as {addressed_as}"
+    )
+    index_dims = require_static_shape(scope, node.input[1], f"{node.op_type} needs to build its offsets")
+    return data_dims, index_dims
+
+
 def _index_dtype(scope: GraphScope, indices: str) -> np.dtype:
     return numpy_dtype(require_elem_type(scope, indices))
 
@@ -75,8 +87,7 @@ class GatherElementsRewrite(Rewrite):
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
         data, indices = node.input[0], node.input[1]
         hint = node.name or node.op_type
-        data_dims = require_static_shape(scope, data, "GatherElements needs to address its data as flat")
-        index_dims = require_static_shape(scope, indices, "GatherElements needs to build its offsets")
+        data_dims, index_dims = _static_dims(scope, node, addressed_as="flat")
         rank = len(data_dims)
         axis = int(attribute(node, "axis", 0))
         axis = axis + rank if axis < 0 else axis
@@ -127,8 +138,7 @@ class GatherNDRewrite(Rewrite):
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
         data, indices = node.input[0], node.input[1]
         hint = node.name or node.op_type
-        data_dims = require_static_shape(scope, data, "GatherND needs to address its data as rows")
-        index_dims = require_static_shape(scope, indices, "GatherND needs to build its offsets")
+        data_dims, index_dims = _static_dims(scope, node, addressed_as="rows")
         batch_dims = int(attribute(node, "batch_dims", 0))
         depth = index_dims[-1]
         addressed = data_dims[: batch_dims + depth]
@@ -162,16 +172,14 @@ class ScatterNDRewrite(Rewrite):
     op_types = frozenset({"ScatterND"})
 
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
-        reduction = attribute(node, "reduction", b"none")
-        reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+        reduction = text_attribute(node, "reduction", "none")
         if reduction != "none":
             raise CannotLower(
                 f"reduction='{reduction}' has no opset-11 equivalent (ScatterElements-11 overwrites)"
             )
         data, indices, updates = node.input[0], node.input[1], node.input[2]
         hint = node.name or node.op_type
-        data_dims = require_static_shape(scope, data, "ScatterND needs to address its data as flat")
-        index_dims = require_static_shape(scope, indices, "ScatterND needs to build its offsets")
+        data_dims, index_dims = _static_dims(scope, node, addressed_as="flat")
         depth = index_dims[-1]
         slice_size = int(np.prod(data_dims[depth:], dtype=np.int64))
         builder = _FlatIndexBuilder(scope, hint)

@@ -9,11 +9,11 @@ from .common import (
     CannotLower,
     GraphScope,
     Rewrite,
-    attribute,
     copy_attributes,
     input_at,
     require_constant_ints,
     require_rank,
+    text_attribute,
 )
 
 _OPSET11_MODES = frozenset({"constant", "reflect", "edge"})
@@ -29,8 +29,7 @@ class PadRewrite(Rewrite):
     ) -> list[onnx.NodeProto] | None:
         if since_version < 18:
             return None  # Pad-13 only added bfloat16
-        mode = attribute(node, "mode", b"constant")
-        mode = mode.decode() if isinstance(mode, bytes) else mode
+        mode = text_attribute(node, "mode", "constant")
         if mode not in _OPSET11_MODES:
             raise CannotLower(f"mode '{mode}' does not exist at opset 11 (only {sorted(_OPSET11_MODES)})")
         hint = node.name or "Pad"

@@ -12,18 +12,16 @@ from .common import (
     attribute,
     copy_attributes,
     input_at,
+    require_constant,
     require_rank,
     require_static_shape,
+    text_attribute,
 )
 
 _OPSET11_COORDINATE_MODES = frozenset(
     {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_crop_and_resize"}
 )
 _POST_11_ATTRIBUTES = ("antialias", "axes", "keep_aspect_ratio_policy")
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class ResizeRewrite(Rewrite):
@@ -38,10 +36,10 @@ class ResizeRewrite(Rewrite):
             return None
         if int(attribute(node, "antialias", 0)) != 0:
             raise CannotLower("antialias=1 has no opset-11 equivalent")
-        policy = _text(attribute(node, "keep_aspect_ratio_policy", "stretch"))
+        policy = text_attribute(node, "keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
             raise CannotLower(f"keep_aspect_ratio_policy='{policy}' has no opset-11 equivalent")
-        mode = _text(attribute(node, "coordinate_transformation_mode", "half_pixel"))
+        mode = text_attribute(node, "coordinate_transformation_mode", "half_pixel")
         if mode not in _OPSET11_COORDINATE_MODES:
             raise CannotLower(f"coordinate_transformation_mode='{mode}' has no opset-11 equivalent")
         hint = node.name or "Resize"
@@ -73,25 +71,19 @@ def _expand_to_all_axes(
     rank = require_rank(scope, node.input[0])
     axes = [a + rank if a < 0 else a for a in axes]
     if scales:
-        value = scope.constant(scales)
-        if value is None:
-            raise CannotLower("with the axes attribute, scales must be a constant")
+        value = require_constant(scope, scales, "with the axes attribute, scales must be a constant")
         full = np.ones(rank, dtype=np.float32)
         full[axes] = np.asarray(value, dtype=np.float32).reshape(-1)
         scales = scope.add_constant(full, f"{hint}/scales")
     if sizes:
-        value = scope.constant(sizes)
-        if value is None:
-            raise CannotLower("with the axes attribute, sizes must be a constant")
+        value = require_constant(scope, sizes, "with the axes attribute, sizes must be a constant")
         full_sizes = np.array(
             require_static_shape(scope, node.input[0], "fills sizes of the other axes"), np.int64
         )
         full_sizes[axes] = np.asarray(value, dtype=np.int64).reshape(-1)
         sizes = scope.add_constant(full_sizes, f"{hint}/sizes")
     if roi:
-        value = scope.constant(roi)
-        if value is None:
-            raise CannotLower("with the axes attribute, roi must be a constant")
+        value = require_constant(scope, roi, "with the axes attribute, roi must be a constant")
         given = np.asarray(value).reshape(2, len(axes))
         full_roi = np.concatenate([np.zeros(rank), np.ones(rank)]).astype(given.dtype).reshape(2, rank)
         full_roi[:, axes] = given

@@ -1,0 +1,199 @@
+"""The static-shape runtime behind the session: buckets, batching, device steps, the executable cache
+across processes, and errors for inputs over the largest bucket. Everything is compared with plain
+onnxruntime CPU runs of the exported graph on the unpadded inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from model_zoo import sample_inputs, session_zoo
+from optimum_ipu_backend.runtime.buckets import InputTooLargeError
+from optimum_ipu_backend.session import IPUInferenceSession
+from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
+from subprocess_env import python
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    zoo = session_zoo(tmp_path_factory)
+    model_dir = zoo.model("bert", "token-classification")
+    return model_dir, zoo.onnx("bert", "token-classification")
+
+
+def _session(onnx_dir: Path, cache_dir: Path | None = None, **options) -> IPUInferenceSession:
+    options = {"device": "emulator", **options}
+    if cache_dir is not None:
+        options["executable_cache_dir"] = str(cache_dir)
+    path = onnx_dir / "model.onnx"
+    return IPUInferenceSession(str(path), options=IPUProviderOptions.parse(options, onnx_dir))
+
+
+def _reference(onnx_dir: Path, feed):
+    return ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, feed
+    )
+
+
+@pytest.mark.parametrize("batch, seq", [(1, 5), (3, 11), (2, 8), (13, 20)])
+def test_padded_and_split_runs_equal_unpadded_cpu(bert, tmp_path, batch, seq):
+    model_dir, onnx_dir = bert
+    session = _session(onnx_dir, tmp_path, sequence_lengths="8,16,32", batch_size="1,2,4")
+    feed = sample_inputs("bert", model_dir, batch=batch, seq=seq)
+    got = session.run(None, feed)
+    expected = _reference(onnx_dir, feed)
+    assert got[0].shape == expected[0].shape
+    np.testing.assert_allclose(got[0], expected[0], atol=ATOL)
+    compiled = {(s["shapes"]["input_ids"]) for s in session.compiled_executables()}
+    # only compiled sizes were used: batch in {1,2,4}, sequence in {8,16,32}
+    assert all(b in (1, 2, 4) and s in (8, 16, 32) for b, s in compiled), compiled
+
+
+def test_one_token_over_the_largest_bucket_is_a_clear_error(bert, tmp_path):
+    model_dir, onnx_dir = bert
+    session = _session(onnx_dir, tmp_path, sequence_lengths="8,16")
+    feed = sample_inputs("bert", model_dir, batch=1, seq=17)
+    with pytest.raises(InputTooLargeError) as info:
+        session.run(None, feed)
+    message = str(info.value)
+    assert "input 'input_ids'" in message and "17" in message and "16" in message
+    assert "sequence_lengths" in message  # the option that raises the limit
+
+
+def test_device_iterations_and_replication_use_popart_layout(bert, tmp_path):
+    model_dir, onnx_dir = bert
+    session = _session(
+        onnx_dir, tmp_path, device_iterations=2, replication_factor=2, batch_size="2", sequence_lengths="16"
+    )
+    seen = []
+    table = session._runner._table
+    original = table.run_step
+
+    def spy(shapes, branches, feed):
+        seen.append({name: array.shape for name, array in feed.items()})
+        return original(shapes, branches, feed)
+
+    table.run_step = spy
+    feed = sample_inputs("bert", model_dir, batch=11, seq=12)
+    got = session.run(None, feed)
+    np.testing.assert_allclose(got[0], _reference(onnx_dir, feed)[0], atol=ATOL)
+    # 11 samples in steps of micro-batch 2 x 2 iterations x 2 replicas = 8: two steps,
+    # each buffer [device_iterations, replicas, micro_batch, sequence]
+    assert [shapes["input_ids"] for shapes in seen] == [(2, 2, 2, 16), (2, 2, 2, 16)]
+
+
+def test_ipu_config_json_beside_the_model(bert, tmp_path):
+    model_dir, onnx_dir = bert
+    local = tmp_path / "model"
+    local.mkdir()
+    for item in onnx_dir.iterdir():
+        if item.is_file():
+            (local / item.name).write_bytes(item.read_bytes())
+    (local / "ipu_config.json").write_text(
+        json.dumps({"sequence_lengths": [12, 24], "inference_device_iterations": 1, "layers_per_ipu": [-1]})
+    )
+    with pytest.warns(UserWarning, match="layers_per_ipu"):
+        session = _session(local, tmp_path / "cache")
+    assert session.bucket_sizes()["sequence_length"] == [12, 24]
+    (local / "ipu_config.json").write_text(json.dumps({"sequence_lenghts": [12]}))
+    with pytest.raises(ProviderOptionError, match="sequence_lenghts"):
+        _session(local, tmp_path / "cache")
+
+
+def test_concurrent_calls_of_one_new_shape_compile_once(bert, tmp_path):
+    model_dir, onnx_dir = bert
+    session = _session(onnx_dir, tmp_path)
+    feed = sample_inputs("bert", model_dir, batch=2, seq=9)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: session.run(None, feed)[0], range(16)))
+    expected = _reference(onnx_dir, feed)[0]
+    for result in results:
+        np.testing.assert_allclose(result, expected, atol=ATOL)
+    assert len(session.compiled_executables()) == 1
+
+
+RUN_ONCE = """
+import json, sys, numpy as np, onnxruntime as ort
+from model_zoo import sample_inputs
+from optimum_ipu_backend.session import IPUInferenceSession
+from optimum_ipu_backend.session.options import IPUProviderOptions
+from pathlib import Path
+onnx_dir, model_dir, cache = Path({onnx!r}), Path({model!r}), {cache!r}
+session = IPUInferenceSession(str(onnx_dir / "model.onnx"),
+    options=IPUProviderOptions.parse({{"device": "emulator", "executable_cache_dir": cache}}, onnx_dir))
+feed = sample_inputs("bert", model_dir, batch=2, seq=10)
+got = session.run(None, feed)[0]
+ref = ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+print(json.dumps({{"sources": [s["source"] for s in session.compiled_executables()],
+                  "diff": float(np.abs(got - ref).max())}}))
+"""
+
+
+def _run_once(onnx_dir, model_dir, cache, background=False):
+    code = RUN_ONCE.format(onnx=str(onnx_dir), model=str(model_dir), cache=str(cache))
+    return python(code)
+
+
+def _result(completed) -> dict:
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_new_process_reuses_the_cache_and_skips_compilation(bert, tmp_path):
+    model_dir, onnx_dir = bert
+    first = _result(_run_once(onnx_dir, model_dir, tmp_path))
+    second = _result(_run_once(onnx_dir, model_dir, tmp_path))
+    assert first["sources"] == ["compiled"] and second["sources"] == ["cache"]
+    assert first["diff"] <= ATOL and second["diff"] <= ATOL
+
+
+def test_two_processes_racing_for_one_key_compile_once(bert, tmp_path):
+    model_dir, onnx_dir = bert
+    with ThreadPoolExecutor(2) as pool:
+        results = [_result(r) for r in pool.map(lambda _: _run_once(onnx_dir, model_dir, tmp_path), range(2))]
+    assert sorted(r["sources"][0] for r in results) == ["cache", "compiled"]
+    assert all(r["diff"] <= ATOL for r in results)
+
+
+def test_corrupted_cache_entry_is_rebuilt_with_a_warning(bert, tmp_path, caplog):
+    model_dir, onnx_dir = bert
+    assert _result(_run_once(onnx_dir, model_dir, tmp_path))["sources"] == ["compiled"]
+    graphs = list(tmp_path.rglob("legalized.onnx"))
+    assert len(graphs) == 1
+    data = bytearray(graphs[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    graphs[0].write_bytes(bytes(data))
+    completed = _run_once(onnx_dir, model_dir, tmp_path)
+    result = _result(completed)
+    assert result["sources"] == ["compiled"] and result["diff"] <= ATOL
+    assert "corrupt" in completed.stderr.lower()
+
+
+def test_cache_can_be_disabled(bert, tmp_path):
+    model_dir, onnx_dir = bert
+    session = _session(onnx_dir, None, executable_cache_dir="disabled")
+    assert session.get_provider_options()["IPUExecutionProvider"]["executable_cache"] == "disabled"
+    feed = sample_inputs("bert", model_dir, batch=1, seq=6)
+    np.testing.assert_allclose(session.run(None, feed)[0], _reference(onnx_dir, feed)[0], atol=ATOL)
+    assert not os.listdir(tmp_path)
+
+
+def test_trim_padding_regroups_rows_and_keeps_every_real_position(bert, tmp_path):
+    model_dir, onnx_dir = bert
+    session = _session(onnx_dir, tmp_path, trim_padding="1", sequence_lengths="4,8,16,32")
+    feed = sample_inputs("bert", model_dir, batch=6, seq=24, seed=3)
+    mask = feed["attention_mask"].astype(bool)
+    got = session.run(None, feed)[0]
+    expected = _reference(onnx_dir, feed)[0]
+    np.testing.assert_allclose(got[mask], expected[mask], atol=ATOL)  # every real token exact
+    assert not got[~mask].any()  # masked positions are zeros, as documented
+    computed = sum(np.prod(s["shapes"]["input_ids"]) * s["calls"] for s in session.compiled_executables())
+    assert computed < 6 * 32  # less than padding the whole call to its bucket
