@@ -13,7 +13,13 @@ import numpy as np
 import onnx
 
 from optimum_ipu_backend.engines.base import CompileOptions, Engine
-from optimum_ipu_backend.runtime.buckets import BucketPlan, is_batch_dim, model_limit
+from optimum_ipu_backend.runtime.buckets import (
+    BucketPlan,
+    is_batch_dim,
+    is_past_dim,
+    model_limit,
+    option_name,
+)
 from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
 from optimum_ipu_backend.runtime.executables import ExecutableTable
 from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
@@ -81,12 +87,29 @@ def _max_position_id(config: Mapping[str, Any]) -> int | None:
 
 
 def build_plan(config: Mapping[str, Any], dims: list[str], runtime: IPURuntimeConfig) -> BucketPlan:
-    non_batch = [dim for dim in dims if not is_batch_dim(dim)]
-    plan = BucketPlan.from_options(config, non_batch, runtime.bucket_options(), runtime.max_executables)
-    sizes = dict(plan.sizes)
+    """Compiled sizes per dimension. Executables are compiled lazily, only for the shapes calls need,
+    so each dimension gets its own sizes rather than a share of a product: one sequence per call uses
+    at most ``max_executables`` of them. A past (key/value cache) grows by one per generated token,
+    so its default sizes are powers of two, which keeps a generation to a few executables."""
+    overrides = runtime.bucket_options()
+    sizes: dict[str, tuple[int, ...]] = {}
+    limits: dict[str, int | None] = {}
+    sources: dict[str, str | None] = {}
+    for dim in dims:
+        if is_batch_dim(dim):
+            continue
+        plan = BucketPlan.from_options(config, [dim], overrides, runtime.max_executables)
+        dim_sizes = plan.sizes[dim]
+        limits[dim], sources[dim] = plan.limits.get(dim), plan.limit_sources.get(dim)
+        if is_past_dim(dim) and option_name(dim) not in overrides:
+            largest = dim_sizes[-1]
+            dim_sizes = tuple(sorted({min(2**k, largest) for k in range(3, largest.bit_length() + 1)}))
+        if f"past_{dim}" in dims and 1 not in dim_sizes:
+            dim_sizes = (1, *dim_sizes)  # the one-token steps of generation
+        sizes[dim] = dim_sizes
     if BATCH_DIM in dims:
         sizes[BATCH_DIM] = runtime.batch_size or DEFAULT_BATCH_SIZES
-    return BucketPlan(sizes, plan.limits, plan.limit_sources)
+    return BucketPlan(sizes, limits, sources)
 
 
 class RuntimeRunner:

@@ -23,7 +23,9 @@ SESSION_OPTION_HELP = {
     "device": f"one of {', '.join(DEVICES)}; default from OPTIMUM_IPU_DEVICE, else 'ipu'",
     "engine": f"one of {', '.join(ENGINE_NAMES)}; default: chosen from the device and the SDK found",
     "threads": "host threads the emulator may use (positive integer); default: onnxruntime's choice",
-    "progress": "1 or 0: progress bars for legalization and compilation; default: on when stderr is a terminal",
+    "progress": (
+        "1 or 0: progress bars for legalization and compilation; default: on when stderr is a terminal"
+    ),
     "trim_padding": (
         "1 or 0: run the rows of an encoder call grouped by real length, skipping the padding they share; "
         "outputs at masked positions are then zeros; default 0"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from model_zoo import sample_inputs, session_zoo
 
 NEW_TOKENS = 64

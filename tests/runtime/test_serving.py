@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-
 from model_zoo import sample_inputs, session_zoo
+from subprocess_env import python
+
 from optimum_ipu_backend.runtime.buckets import InputTooLargeError
 from optimum_ipu_backend.session import IPUInferenceSession
 from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
-from subprocess_env import python
 
 ATOL = 1e-5
 
@@ -131,7 +131,8 @@ session = IPUInferenceSession(str(onnx_dir / "model.onnx"),
     options=IPUProviderOptions.parse({{"device": "emulator", "executable_cache_dir": cache}}, onnx_dir))
 feed = sample_inputs("bert", model_dir, batch=2, seq=10)
 got = session.run(None, feed)[0]
-ref = ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+cpu = ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+ref = cpu.run(None, feed)[0]
 print(json.dumps({{"sources": [s["source"] for s in session.compiled_executables()],
                   "diff": float(np.abs(got - ref).max())}}))
 """
