@@ -130,6 +130,8 @@ def test_forward_matches_cpu(results, name):
     result = _case(results, name)
     _assert_on_ipu_emulator(result)
     assert result["max_abs_diff"] <= ATOL
+    # the 3 rows ran padded to the compiled batch 4
+    assert all(session["compiled_batches"] == [4] for session in result["sessions"]), result["sessions"]
 
 
 @pytest.mark.parametrize("name", list(GENERATE))
