@@ -16,6 +16,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 from graph_testing import feeds_for_types, make_model, run_ort, tensor_info
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from model_zoo import sample_inputs, session_zoo
 from onnx import TensorProto, helper
 
@@ -386,3 +388,15 @@ def test_a_merged_decoder_is_refused():
     model.graph.node[1].input[0] = "cached_key"
     with pytest.raises(ValueError, match="merged decoder"):
         add_past_padding_mask(model)
+
+
+@settings(max_examples=30, deadline=None)
+@given(real=st.integers(0, 12), extra=st.integers(0, 12), seed=st.integers(0, 2**16))
+def test_property_any_left_padding_gives_the_unpadded_attention(real, extra, seed):
+    """For random real past lengths (empty included) and any amount of left padding, the rewritten
+    graph's outputs equal the original graph's on the unpadded past."""
+    model = _attention()
+    rewrite = add_past_padding_mask(model)
+    unpadded, padded = _attention_feeds(real=real, padded=real + extra, seed=seed)
+    expected = run_ort(model, unpadded)
+    _assert_close(_real_part(run_ort(rewrite.model, padded), expected), expected, FP32_ATOL, "property")
