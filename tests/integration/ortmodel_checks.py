@@ -58,7 +58,12 @@ def _session_facts(model) -> dict:
                 "providers": [str(p) for p in session.get_providers()],
                 "options": session.get_provider_options().get("IPUExecutionProvider", {}),
                 "compiled_batches": sorted(
-                    {shape[0] for s in session.compiled_executables() for shape in s["shapes"].values() if shape}
+                    {
+                        shape[0]
+                        for compiled in session.compiled_executables()
+                        for shape in compiled["shapes"].values()
+                        if shape
+                    }
                 ),
             }
         )
