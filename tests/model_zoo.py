@@ -27,7 +27,7 @@ import tempfile
 import warnings
 import zlib
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -151,6 +151,8 @@ _WORDPIECE_WORDS = (
     "tree bird spring light kitchen park bench man child children picture window air train noon station",
     "##s ##ed ##ing ##ly ##er ##est ##es",
 )
+# RoBERTa's special tokens in id order (<s>=0, <pad>=1, </s>=2, <unk>=3), shared by BART and CamemBERT.
+_ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _PUNCTUATION = ".,?!'-:;0123456789"
 
@@ -183,15 +185,22 @@ def _write_wordpiece_vocab(path: Path) -> None:
 
 
 def _wordpiece_tokenizer(out_dir: Path, tokenizer_class_name: str) -> transformers.PreTrainedTokenizerFast:
+    """A BERT-family tokenizer over the hand-written WordPiece vocabulary, saved to ``out_dir``."""
     import transformers
 
     vocab_file = out_dir / "vocab.txt"
     _write_wordpiece_vocab(vocab_file)
     tokenizer_class = getattr(transformers, tokenizer_class_name)
-    return tokenizer_class(vocab_file=str(vocab_file), model_max_length=_MAX_POSITIONS)
+    tokenizer = tokenizer_class(vocab_file=str(vocab_file), model_max_length=_MAX_POSITIONS)
+    tokenizer.save_pretrained(out_dir)
+    return tokenizer
 
 
-def _byte_level_bpe_files(out_dir: Path, special_tokens: list[str]) -> tuple[str, str]:
+def _byte_level_tokenizer(
+    out_dir: Path, tokenizer_class_name: str, special_tokens: Sequence[str], **tokenizer_kwargs: Any
+) -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on the corpus (unsaved: Whisper's is saved by its processor)."""
+    import transformers
     from tokenizers import ByteLevelBPETokenizer
 
     bpe = ByteLevelBPETokenizer()
@@ -199,7 +208,7 @@ def _byte_level_bpe_files(out_dir: Path, special_tokens: list[str]) -> tuple[str
         CORPUS,
         vocab_size=_BYTE_LEVEL_VOCAB_SIZE,
         min_frequency=2,
-        special_tokens=special_tokens,
+        special_tokens=list(special_tokens),
         show_progress=False,
     )
     # The files are only an intermediate step: save_pretrained rewrites them next to tokenizer.json.
@@ -209,10 +218,16 @@ def _byte_level_bpe_files(out_dir: Path, special_tokens: list[str]) -> tuple[str
         merges = Path(merges_file).read_text(encoding="utf-8")
     (out_dir / "vocab.json").write_text(vocab, encoding="utf-8")
     (out_dir / "merges.txt").write_text(merges, encoding="utf-8")
-    return str(out_dir / "vocab.json"), str(out_dir / "merges.txt")
+    tokenizer_class = getattr(transformers, tokenizer_class_name)
+    return tokenizer_class(
+        vocab_file=str(out_dir / "vocab.json"),
+        merges_file=str(out_dir / "merges.txt"),
+        model_max_length=_MAX_POSITIONS,
+        **tokenizer_kwargs,
+    )
 
 
-def _unigram_pieces(special_tokens: list[str]) -> list[tuple[str, float]]:
+def _unigram_pieces(special_tokens: Sequence[str]) -> list[tuple[str, float]]:
     """A SentencePiece-style Unigram vocabulary with log-frequency scores, derived from the corpus.
 
     The tokenizers UnigramTrainer is not reproducible from run to run, so the pieces are counted here instead:
@@ -239,29 +254,42 @@ def _unigram_pieces(special_tokens: list[str]) -> list[tuple[str, float]]:
 
 
 def _unigram_tokenizer(
-    special_tokens: list[str], unk_token: str, post_single: str, post_pair: str, model_input_names: list[str]
+    out_dir: Path,
+    special_tokens: Sequence[str],
+    templates: tuple[str, str],
+    model_input_names: list[str],
+    token_roles: Mapping[str, str],
 ) -> transformers.PreTrainedTokenizerFast:
-    """A SentencePiece-style (Metaspace + Unigram) tokenizer, wrapped for transformers."""
+    """A SentencePiece-style (Metaspace + Unigram) tokenizer for transformers, saved to ``out_dir``.
+
+    ``special_tokens`` are in id order and include ``<unk>``; ``templates`` are the post-processor's single
+    and pair templates; ``token_roles`` maps transformers' special-token attributes to those tokens.
+    """
     import transformers
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+    unk_token = "<unk>"
     pieces = _unigram_pieces(special_tokens)
     tokenizer = Tokenizer(models.Unigram(pieces, unk_id=special_tokens.index(unk_token), byte_fallback=False))
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
-    tokenizer.add_special_tokens(special_tokens)
+    tokenizer.add_special_tokens(list(special_tokens))
+    single, pair = templates
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=post_single,
-        pair=post_pair,
+        single=single,
+        pair=pair,
         special_tokens=[(tok, special_tokens.index(tok)) for tok in special_tokens],
     )
-    return transformers.PreTrainedTokenizerFast(
+    wrapped = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         unk_token=unk_token,
         model_input_names=model_input_names,
         model_max_length=_MAX_POSITIONS,
     )
+    wrapped.add_special_tokens(dict(token_roles))
+    wrapped.save_pretrained(out_dir)
+    return wrapped
 
 
 def _ids(tokenizer: transformers.PreTrainedTokenizerBase) -> dict[str, Any]:
@@ -278,28 +306,52 @@ def _ids(tokenizer: transformers.PreTrainedTokenizerBase) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _bert(out_dir: Path) -> transformers.PretrainedConfig:
+# The tiny dimensions, under the argument names of each family's config.
+_ENCODER_SIZES: Mapping[str, int] = {
+    "hidden_size": _HIDDEN,
+    "num_hidden_layers": _LAYERS,
+    "num_attention_heads": _HEADS,
+    "intermediate_size": _FFN,
+}
+_ENCODER_DECODER_SIZES: Mapping[str, int] = {
+    "d_model": _HIDDEN,
+    "encoder_layers": _LAYERS,
+    "decoder_layers": _LAYERS,
+    "encoder_attention_heads": _HEADS,
+    "decoder_attention_heads": _HEADS,
+    "encoder_ffn_dim": _FFN,
+    "decoder_ffn_dim": _FFN,
+}
+
+
+def _bert_like(
+    out_dir: Path, tokenizer_class_name: str, config_class_name: str, **config_kwargs: Any
+) -> transformers.PretrainedConfig:
     import transformers
 
-    tokenizer = _wordpiece_tokenizer(out_dir, "BertTokenizerFast")
-    tokenizer.save_pretrained(out_dir)
-    return transformers.BertConfig(
+    tokenizer = _wordpiece_tokenizer(out_dir, tokenizer_class_name)
+    return getattr(transformers, config_class_name)(
         vocab_size=len(tokenizer),
-        hidden_size=_HIDDEN,
-        num_hidden_layers=_LAYERS,
-        num_attention_heads=_HEADS,
-        intermediate_size=_FFN,
+        **_ENCODER_SIZES,
         max_position_embeddings=_MAX_POSITIONS,
-        type_vocab_size=2,
         pad_token_id=tokenizer.pad_token_id,
+        **config_kwargs,
     )
+
+
+def _bert(out_dir: Path) -> transformers.PretrainedConfig:
+    return _bert_like(out_dir, "BertTokenizerFast", "BertConfig", type_vocab_size=2)
+
+
+def _electra(out_dir: Path) -> transformers.PretrainedConfig:
+    # An embedding size below hidden, so that the embeddings projection is exported too.
+    return _bert_like(out_dir, "ElectraTokenizerFast", "ElectraConfig", embedding_size=16)
 
 
 def _distilbert(out_dir: Path) -> transformers.PretrainedConfig:
     import transformers
 
     tokenizer = _wordpiece_tokenizer(out_dir, "DistilBertTokenizerFast")
-    tokenizer.save_pretrained(out_dir)
     return transformers.DistilBertConfig(
         vocab_size=len(tokenizer),
         dim=_HIDDEN,
@@ -311,40 +363,14 @@ def _distilbert(out_dir: Path) -> transformers.PretrainedConfig:
     )
 
 
-def _electra(out_dir: Path) -> transformers.PretrainedConfig:
-    import transformers
-
-    tokenizer = _wordpiece_tokenizer(out_dir, "ElectraTokenizerFast")
-    tokenizer.save_pretrained(out_dir)
-    return transformers.ElectraConfig(
-        vocab_size=len(tokenizer),
-        embedding_size=16,  # smaller than hidden, so the embeddings projection is exported too
-        hidden_size=_HIDDEN,
-        num_hidden_layers=_LAYERS,
-        num_attention_heads=_HEADS,
-        intermediate_size=_FFN,
-        max_position_embeddings=_MAX_POSITIONS,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-
-
-def _roberta_like(
-    out_dir: Path, tokenizer_class_name: str, config_class_name: str
+def _roberta_style_config(
+    config_class_name: str, tokenizer: transformers.PreTrainedTokenizerBase
 ) -> transformers.PretrainedConfig:
     import transformers
 
-    vocab_file, merges_file = _byte_level_bpe_files(out_dir, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
-    tokenizer = getattr(transformers, tokenizer_class_name)(
-        vocab_file=vocab_file, merges_file=merges_file, model_max_length=_MAX_POSITIONS
-    )
-    tokenizer.save_pretrained(out_dir)
-    config_class = getattr(transformers, config_class_name)
-    return config_class(
+    return getattr(transformers, config_class_name)(
         vocab_size=len(tokenizer),
-        hidden_size=_HIDDEN,
-        num_hidden_layers=_LAYERS,
-        num_attention_heads=_HEADS,
-        intermediate_size=_FFN,
+        **_ENCODER_SIZES,
         # RoBERTa positions start at pad_token_id + 1.
         max_position_embeddings=_MAX_POSITIONS + tokenizer.pad_token_id + 1,
         type_vocab_size=1,
@@ -353,65 +379,50 @@ def _roberta_like(
 
 
 def _roberta(out_dir: Path) -> transformers.PretrainedConfig:
-    return _roberta_like(out_dir, "RobertaTokenizerFast", "RobertaConfig")
+    tokenizer = _byte_level_tokenizer(out_dir, "RobertaTokenizerFast", _ROBERTA_SPECIALS)
+    tokenizer.save_pretrained(out_dir)
+    return _roberta_style_config("RobertaConfig", tokenizer)
 
 
 def _camembert(out_dir: Path) -> transformers.PretrainedConfig:
-    import transformers
-
-    # CamemBERT's own special-token layout: <s>=0, <pad>=1, </s>=2, <unk>=3.
     tokenizer = _unigram_tokenizer(
-        special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
-        unk_token="<unk>",
-        post_single="<s> $A </s>",
-        post_pair="<s> $A </s> </s> $B </s>",
+        out_dir,
+        special_tokens=_ROBERTA_SPECIALS,
+        templates=("<s> $A </s>", "<s> $A </s> </s> $B </s>"),
         model_input_names=["input_ids", "attention_mask"],
-    )
-    tokenizer.add_special_tokens(
-        {
+        token_roles={
             "bos_token": "<s>",
             "eos_token": "</s>",
             "pad_token": "<pad>",
             "cls_token": "<s>",
             "sep_token": "</s>",
-        }
+            "mask_token": "<mask>",
+        },
     )
-    tokenizer.add_special_tokens({"mask_token": "<mask>"})
-    tokenizer.save_pretrained(out_dir)
-    return transformers.CamembertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=_HIDDEN,
-        num_hidden_layers=_LAYERS,
-        num_attention_heads=_HEADS,
-        intermediate_size=_FFN,
-        max_position_embeddings=_MAX_POSITIONS + tokenizer.pad_token_id + 1,
-        type_vocab_size=1,
-        **_ids(tokenizer),
-    )
+    return _roberta_style_config("CamembertConfig", tokenizer)
 
 
 def _albert(out_dir: Path) -> transformers.PretrainedConfig:
     import transformers
 
     tokenizer = _unigram_tokenizer(
+        out_dir,
         special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
-        unk_token="<unk>",
-        post_single="[CLS] $A [SEP]",
-        post_pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        templates=("[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1"),
         model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+        token_roles={
+            "pad_token": "<pad>",
+            "cls_token": "[CLS]",
+            "sep_token": "[SEP]",
+            "mask_token": "[MASK]",
+            "bos_token": "[CLS]",
+            "eos_token": "[SEP]",
+        },
     )
-    tokenizer.add_special_tokens(
-        {"pad_token": "<pad>", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}
-    )
-    tokenizer.add_special_tokens({"bos_token": "[CLS]", "eos_token": "[SEP]"})
-    tokenizer.save_pretrained(out_dir)
     return transformers.AlbertConfig(
         vocab_size=len(tokenizer),
         embedding_size=16,
-        hidden_size=_HIDDEN,
-        num_hidden_layers=_LAYERS,
-        num_attention_heads=_HEADS,
-        intermediate_size=_FFN,
+        **_ENCODER_SIZES,
         max_position_embeddings=_MAX_POSITIONS,
         **_ids(tokenizer),
     )
@@ -420,15 +431,10 @@ def _albert(out_dir: Path) -> transformers.PretrainedConfig:
 def _gpt2(out_dir: Path) -> transformers.PretrainedConfig:
     import transformers
 
-    vocab_file, merges_file = _byte_level_bpe_files(out_dir, ["<|endoftext|>"])
-    tokenizer = transformers.GPT2TokenizerFast(
-        vocab_file=vocab_file,
-        merges_file=merges_file,
-        # GPT-2 has no pad token; reusing EOS is the usual convention. Left padding is what batched
-        # generation needs for a decoder-only model.
-        pad_token="<|endoftext|>",
-        padding_side="left",
-        model_max_length=_MAX_POSITIONS,
+    # GPT-2 has no pad token; reusing EOS is the usual convention. Left padding is what batched
+    # generation needs for a decoder-only model.
+    tokenizer = _byte_level_tokenizer(
+        out_dir, "GPT2TokenizerFast", ["<|endoftext|>"], pad_token="<|endoftext|>", padding_side="left"
     )
     tokenizer.save_pretrained(out_dir)
     return transformers.GPT2Config(
@@ -447,20 +453,11 @@ def _gpt2(out_dir: Path) -> transformers.PretrainedConfig:
 def _bart(out_dir: Path) -> transformers.PretrainedConfig:
     import transformers
 
-    vocab_file, merges_file = _byte_level_bpe_files(out_dir, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
-    tokenizer = transformers.BartTokenizerFast(
-        vocab_file=vocab_file, merges_file=merges_file, model_max_length=_MAX_POSITIONS
-    )
+    tokenizer = _byte_level_tokenizer(out_dir, "BartTokenizerFast", _ROBERTA_SPECIALS)
     tokenizer.save_pretrained(out_dir)
     return transformers.BartConfig(
         vocab_size=len(tokenizer),
-        d_model=_HIDDEN,
-        encoder_layers=_LAYERS,
-        decoder_layers=_LAYERS,
-        encoder_attention_heads=_HEADS,
-        decoder_attention_heads=_HEADS,
-        encoder_ffn_dim=_FFN,
-        decoder_ffn_dim=_FFN,
+        **_ENCODER_DECODER_SIZES,
         max_position_embeddings=_MAX_POSITIONS,
         decoder_start_token_id=tokenizer.eos_token_id,
         forced_bos_token_id=None,
@@ -490,14 +487,12 @@ def _t5(out_dir: Path) -> transformers.PretrainedConfig:
 
     # T5's layout: pad=0 doubles as the decoder start token, eos=1, unk=2.
     tokenizer = _unigram_tokenizer(
+        out_dir,
         special_tokens=["<pad>", "</s>", "<unk>"],
-        unk_token="<unk>",
-        post_single="$A </s>",
-        post_pair="$A </s> $B </s>",
+        templates=("$A </s>", "$A </s> $B </s>"),
         model_input_names=["input_ids", "attention_mask"],
+        token_roles={"pad_token": "<pad>", "eos_token": "</s>"},
     )
-    tokenizer.add_special_tokens({"pad_token": "<pad>", "eos_token": "</s>"})
-    tokenizer.save_pretrained(out_dir)
     return transformers.T5Config(
         vocab_size=len(tokenizer),
         d_model=_HIDDEN,
@@ -528,10 +523,7 @@ def _vit(out_dir: Path) -> transformers.PretrainedConfig:
         image_size=image_size,
         patch_size=8,
         num_channels=3,
-        hidden_size=_HIDDEN,
-        num_hidden_layers=_LAYERS,
-        num_attention_heads=_HEADS,
-        intermediate_size=_FFN,
+        **_ENCODER_SIZES,
     )
 
 
@@ -542,10 +534,7 @@ _WHISPER_MEL_BINS = 16
 def _whisper(out_dir: Path) -> transformers.PretrainedConfig:
     import transformers
 
-    vocab_file, merges_file = _byte_level_bpe_files(out_dir, ["<|endoftext|>"])
-    tokenizer = transformers.WhisperTokenizerFast(
-        vocab_file=vocab_file, merges_file=merges_file, model_max_length=_MAX_POSITIONS
-    )
+    tokenizer = _byte_level_tokenizer(out_dir, "WhisperTokenizerFast", ["<|endoftext|>"])
     tokenizer.add_special_tokens({"additional_special_tokens": list(_WHISPER_SPECIALS)})
     tokenizer.pad_token = "<|endoftext|>"
     # The 30 s window (3000 frames) stays: optimum's export dummies hard-code 3000 frames, so a shorter window
@@ -558,13 +547,7 @@ def _whisper(out_dir: Path) -> transformers.PretrainedConfig:
     return transformers.WhisperConfig(
         vocab_size=len(tokenizer),
         num_mel_bins=_WHISPER_MEL_BINS,
-        d_model=_HIDDEN,
-        encoder_layers=_LAYERS,
-        decoder_layers=_LAYERS,
-        encoder_attention_heads=_HEADS,
-        decoder_attention_heads=_HEADS,
-        encoder_ffn_dim=_FFN,
-        decoder_ffn_dim=_FFN,
+        **_ENCODER_DECODER_SIZES,
         # The encoder requires exactly 2 * max_source_positions mel frames.
         max_source_positions=feature_extractor.nb_max_frames // 2,
         max_target_positions=_MAX_POSITIONS,

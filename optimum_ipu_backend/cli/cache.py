@@ -6,6 +6,7 @@ import argparse
 import datetime
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from optimum_ipu_backend.runtime.executable_cache import (
@@ -66,19 +67,12 @@ def run_cache(args: argparse.Namespace) -> int:
             _print_info(info)
         return 0
     if action == "clear":
-        before = cache.info()
-        removed = cache.clear()
-        after = cache.info()
-        report = {
-            "root": str(cache.root),
-            "removed": removed,
-            "freed_bytes": before["total_bytes"] - after["total_bytes"],
-            "skipped_in_use": after["entries"],
-        }
+        report, after = _removal_report(cache, "removed", cache.clear)
+        report["skipped_in_use"] = after["entries"]
         if as_json:
             _print_json(report)
         else:
-            line = f"Removed {_entries(removed)} ({format_byte_size(report['freed_bytes'])})"
+            line = f"Removed {_entries(report['removed'])} ({format_byte_size(report['freed_bytes'])})"
             if report["skipped_in_use"]:
                 line += f"; {report['skipped_in_use']} being built by another process were kept"
             print(f"{line} from {cache.root}")
@@ -90,26 +84,36 @@ def run_cache(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"optimum-ipu cache prune: --max-size: {exc}", file=sys.stderr)
             return 2
-        before = cache.info()
-        evicted = cache.prune(max_bytes)
-        after = cache.info()
-        report = {
-            "root": str(cache.root),
-            "max_bytes": max_bytes,
-            "evicted": evicted,
-            "freed_bytes": before["total_bytes"] - after["total_bytes"],
-            "total_bytes": after["total_bytes"],
-        }
+        report, after = _removal_report(cache, "evicted", lambda: cache.prune(max_bytes))
+        report.update(max_bytes=max_bytes, total_bytes=after["total_bytes"])
         if as_json:
             _print_json(report)
         else:
             print(
-                f"Evicted {_entries(len(evicted))} "
+                f"Evicted {_entries(len(report['evicted']))} "
                 f"({format_byte_size(report['freed_bytes'])}); {cache.root} now holds "
                 f"{format_byte_size(after['total_bytes'])} (limit {format_byte_size(max_bytes)})"
             )
         return 0
     raise ValueError(f"unknown cache action {action!r}")
+
+
+def _removal_report(
+    cache: ExecutableCache, result_key: str, remove: Callable[[], Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run ``remove`` and report it: the root, its result under ``result_key`` and the bytes it freed.
+
+    Also returns ``cache.info()`` as it stands afterwards, for what each action adds to its report.
+    """
+    before = cache.info()
+    result = remove()
+    after = cache.info()
+    report = {
+        "root": str(cache.root),
+        result_key: result,
+        "freed_bytes": before["total_bytes"] - after["total_bytes"],
+    }
+    return report, after
 
 
 def _print_json(value: Any) -> None:

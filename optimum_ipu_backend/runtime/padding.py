@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -420,19 +420,15 @@ def pad_feed(
     _check_padded_sizes(actual, padded_dims)
     padded = {dim: int(padded_dims.get(dim, size)) for dim, size in actual.items()}
     left = frozenset(left_padded_dims)
-    fill_values = fill_values or {}
+    fills = fill_values or {}
 
-    result: dict[str, np.ndarray] = {}
-    for name, array in feed.items():
-        shape = input_shapes.get(name)
-        if shape is None:
-            result[name] = array
-            continue
-        fill = fill_values.get(name, default_fill_value(name, pad_token_id))
-        result[name] = _pad_array(
+    def pad(name: str, array: np.ndarray, shape: SymbolicShape) -> np.ndarray:
+        fill = fills.get(name, default_fill_value(name, pad_token_id))
+        return _pad_array(
             name, np.asarray(array), shape, actual, padded, left, fill, batch_fill, max_position_id
         )
-    return PaddedFeed(result, actual, padded, left)
+
+    return PaddedFeed(_map_declared(feed, input_shapes, pad), actual, padded, left)
 
 
 def _pad_array(
@@ -572,41 +568,62 @@ def slice_outputs(
     Raises ``DimensionMismatchError`` when an output's axis does not have the padded size its expression
     gives, which means the outputs do not belong to this padding.
     """
-    left = frozenset(left_padded_dims)
-    sliced: dict[str, np.ndarray] = {}
-    for name, array in outputs.items():
-        shape = output_shapes.get(name)
-        if shape is None:
-            sliced[name] = array
+    cut = functools.partial(
+        _slice_output, actual_dims=actual_dims, padded_dims=padded_dims, left=frozenset(left_padded_dims)
+    )
+    return _map_declared(outputs, output_shapes, cut)
+
+
+def _map_declared(
+    arrays: Mapping[str, np.ndarray],
+    shapes: Mapping[str, SymbolicShape],
+    transform: Callable[[str, np.ndarray, SymbolicShape], np.ndarray],
+) -> dict[str, np.ndarray]:
+    """``transform(name, array, shape)`` for every array with a declared shape; the others pass through."""
+    result: dict[str, np.ndarray] = {}
+    for name, array in arrays.items():
+        shape = shapes.get(name)
+        result[name] = array if shape is None else transform(name, array, shape)
+    return result
+
+
+def _slice_output(
+    name: str,
+    array: np.ndarray,
+    shape: SymbolicShape,
+    *,
+    actual_dims: Mapping[str, int],
+    padded_dims: Mapping[str, int] | None,
+    left: frozenset[str],
+) -> np.ndarray:
+    """One output cut back to its real sizes, as ``slice_outputs`` describes."""
+    if len(shape) != array.ndim:
+        raise DimensionMismatchError(
+            f"output {name!r} has rank {array.ndim} (shape {array.shape}) but the graph declares "
+            f"{len(shape)} dimensions {tuple(shape)}"
+        )
+    result = array
+    for axis, dim in enumerate(shape):
+        expression = _expression(dim)
+        if expression is None or not expression.symbols <= actual_dims.keys():
             continue
-        if len(shape) != array.ndim:
-            raise DimensionMismatchError(
-                f"output {name!r} has rank {array.ndim} (shape {array.shape}) but the graph declares "
-                f"{len(shape)} dimensions {tuple(shape)}"
-            )
-        result = array
-        for axis, dim in enumerate(shape):
-            expression = _expression(dim)
-            if expression is None or not expression.symbols <= actual_dims.keys():
-                continue
-            length = array.shape[axis]
-            if padded_dims is None:
-                if not expression.is_single_name:
-                    raise ValueError(
-                        f"output {name!r} axis {axis} is {expression.text!r}: slicing it needs padded_dims"
-                    )
-                dim_name = str(expression.segments[0])  # type: ignore[index]
-                segments = [_Segment(actual_dims[dim_name], length, dim_name in left)]
-            else:
-                segments = _axis_segments(expression, actual_dims, padded_dims, left) or []
-            if sum(s.padded for s in segments) != length:
-                raise DimensionMismatchError(
-                    f"output {name!r} has size {length} on axis {axis}, but {expression.text!r} is "
-                    f"{sum(s.padded for s in segments)} with the padded sizes"
+        length = array.shape[axis]
+        if padded_dims is None:
+            if not expression.is_single_name:
+                raise ValueError(
+                    f"output {name!r} axis {axis} is {expression.text!r}: slicing it needs padded_dims"
                 )
-            result = _take_real(result, axis, segments)
-        sliced[name] = result
-    return sliced
+            dim_name = str(expression.segments[0])  # type: ignore[index]
+            segments = [_Segment(actual_dims[dim_name], length, dim_name in left)]
+        else:
+            segments = _axis_segments(expression, actual_dims, padded_dims, left) or []
+        if sum(s.padded for s in segments) != length:
+            raise DimensionMismatchError(
+                f"output {name!r} has size {length} on axis {axis}, but {expression.text!r} is "
+                f"{sum(s.padded for s in segments)} with the padded sizes"
+            )
+        result = _take_real(result, axis, segments)
+    return result
 
 
 def _take_real(array: np.ndarray, axis: int, segments: Sequence[_Segment]) -> np.ndarray:

@@ -6,18 +6,10 @@ are compared at atol 1e-6 (they come out bit-identical in practice) and integer 
 
 from __future__ import annotations
 
+import lowering_testing as lt
 import numpy as np
 from graph_testing import FLOAT, INT64
 from hypothesis import strategies as st
-from lowering_testing import (
-    assert_refused,
-    lower_and_compare,
-    one_node_model,
-    property_test,
-    random_array,
-    seeds,
-    shapes,
-)
 
 from optimum_ipu_backend.compiler.passes.rewrites.axes_to_attributes import REDUCE_OPS
 
@@ -28,41 +20,41 @@ def _attributes_of(model, op_type):
 
 
 def test_unsqueeze_axes_become_an_attribute():
-    model = one_node_model(
+    model = lt.one_node_model(
         "Unsqueeze", [("x", FLOAT, (2, 3))], [("y", FLOAT, (2, 1, 3, 1))], {"axes": np.array([1, -1])}
     )
-    lowered = lower_and_compare(model, {"x": random_array(0, (2, 3), np.float32)})
+    lowered = lt.lower_and_compare(model, {"x": lt.random_array(0, (2, 3), np.float32)})
     attributes, inputs = _attributes_of(lowered, "Unsqueeze")
     assert list(attributes["axes"].ints) == [1, -1] and inputs == ["x"]
     assert not lowered.graph.initializer, "the axes initializer only fed the replaced node"
 
 
 def test_split_18_num_outputs_uneven_becomes_split_sizes():
-    model = one_node_model(
+    model = lt.one_node_model(
         "Split",
         [("x", FLOAT, (7, 2))],
         [("a", FLOAT, (3, 2)), ("b", FLOAT, (3, 2)), ("c", FLOAT, (1, 2))],
         axis=0,
         num_outputs=3,
     )
-    lowered = lower_and_compare(model, {"x": random_array(1, (7, 2), np.float32)})
+    lowered = lt.lower_and_compare(model, {"x": lt.random_array(1, (7, 2), np.float32)})
     attributes, _ = _attributes_of(lowered, "Split")
     assert list(attributes["split"].ints) == [3, 3, 1] and "num_outputs" not in attributes
 
 
 def test_reduce_with_no_axes_and_noop_becomes_identity():
-    model = one_node_model(
+    model = lt.one_node_model(
         "ReduceMax", [("x", FLOAT, (2, 3))], [("y", FLOAT, (2, 3))], noop_with_empty_axes=1
     )
-    lowered = lower_and_compare(model, {"x": random_array(2, (2, 3), np.float32)})
+    lowered = lt.lower_and_compare(model, {"x": lt.random_array(2, (2, 3), np.float32)})
     assert [n.op_type for n in lowered.graph.node] == ["Identity"]
 
 
 def test_runtime_axes_are_refused_with_the_node_name():
-    model = one_node_model(
+    model = lt.one_node_model(
         "Unsqueeze", [("x", FLOAT, (2, 3)), ("axes", INT64, (1,))], [("y", FLOAT, None)], check=False
     )
-    assert_refused(model, r"the_Unsqueeze \(Unsqueeze\): its axes input 'axes' must be a constant")
+    lt.assert_refused(model, r"the_Unsqueeze \(Unsqueeze\): its axes input 'axes' must be a constant")
 
 
 @st.composite
@@ -71,14 +63,14 @@ def _axes_for(draw, rank, min_size=0):
     return [a - rank if draw(st.booleans()) else a for a in axes]
 
 
-@property_test(
+@lt.property_test(
     op_type=st.sampled_from(sorted(REDUCE_OPS)),
-    shape=shapes(1, 4),
+    shape=lt.shapes(1, 4),
     data=st.data(),
     keepdims=st.integers(0, 1),
     noop=st.integers(0, 1),
     integer=st.booleans(),
-    seed=seeds,
+    seed=lt.seeds,
 )
 def test_reduce_ops_match(op_type, shape, data, keepdims, noop, integer, seed):
     axes = data.draw(_axes_for(len(shape)))
@@ -87,7 +79,7 @@ def test_reduce_ops_match(op_type, shape, data, keepdims, noop, integer, seed):
     elem_type, dtype = (INT64, np.int64) if integer else (FLOAT, np.float32)
     positive = op_type in ("ReduceLogSum", "ReduceProd")
     initializers = {"axes": np.array(axes, np.int64)} if axes or data.draw(st.booleans()) else {}
-    model = one_node_model(
+    model = lt.one_node_model(
         op_type,
         [("x", elem_type, shape)],
         [("y", elem_type, None)],
@@ -96,11 +88,11 @@ def test_reduce_ops_match(op_type, shape, data, keepdims, noop, integer, seed):
         keepdims=keepdims,
         noop_with_empty_axes=noop,
     )
-    x = random_array(seed, shape, dtype, 0.5 if positive else -10, 2 if positive else 10)
-    lower_and_compare(model, {"x": x}, rtol=1e-6)
+    x = lt.random_array(seed, shape, dtype, 0.5 if positive else -10, 2 if positive else 10)
+    lt.lower_and_compare(model, {"x": x}, rtol=1e-6)
 
 
-@property_test(shape=shapes(1, 4), data=st.data(), seed=seeds, opset=st.sampled_from([13, 18]))
+@lt.property_test(shape=lt.shapes(1, 4), data=st.data(), seed=lt.seeds, opset=st.sampled_from([13, 18]))
 def test_split_matches(shape, data, seed, opset):
     axis = data.draw(st.integers(0, len(shape) - 1))
     size = shape[axis]
@@ -122,26 +114,28 @@ def test_split_matches(shape, data, seed, opset):
             count = 1
         attributes["num_outputs"] = count
     outputs = [(f"y{i}", FLOAT, None) for i in range(count)]
-    model = one_node_model("Split", [("x", FLOAT, shape)], outputs, initializers, opset=opset, **attributes)
-    lower_and_compare(model, {"x": random_array(seed, shape, np.float32)})
+    model = lt.one_node_model(
+        "Split", [("x", FLOAT, shape)], outputs, initializers, opset=opset, **attributes
+    )
+    lt.lower_and_compare(model, {"x": lt.random_array(seed, shape, np.float32)})
 
 
-@property_test(shape=shapes(1, 4, 1, 3), data=st.data(), seed=seeds)
+@lt.property_test(shape=lt.shapes(1, 4, 1, 3), data=st.data(), seed=lt.seeds)
 def test_squeeze_matches(shape, data, seed):
     ones = [i for i, d in enumerate(shape) if d == 1]
     axes = data.draw(st.lists(st.sampled_from(ones), unique=True)) if ones else []
     rank = len(shape)
     axes = [a - rank if data.draw(st.booleans()) else a for a in axes]
     initializers = {"axes": np.array(axes, np.int64)} if axes else {}
-    model = one_node_model("Squeeze", [("x", FLOAT, shape)], [("y", FLOAT, None)], initializers, opset=13)
-    lower_and_compare(model, {"x": random_array(seed, shape, np.float32)})
+    model = lt.one_node_model("Squeeze", [("x", FLOAT, shape)], [("y", FLOAT, None)], initializers, opset=13)
+    lt.lower_and_compare(model, {"x": lt.random_array(seed, shape, np.float32)})
 
 
-@property_test(shape=shapes(0, 3), data=st.data(), seed=seeds)
+@lt.property_test(shape=lt.shapes(0, 3), data=st.data(), seed=lt.seeds)
 def test_unsqueeze_matches(shape, data, seed):
     out_rank = len(shape) + data.draw(st.integers(1, 2))
     axes = data.draw(_axes_for(out_rank, min_size=out_rank - len(shape)))[: out_rank - len(shape)]
-    model = one_node_model(
+    model = lt.one_node_model(
         "Unsqueeze", [("x", INT64, shape)], [("y", INT64, None)], {"axes": np.array(axes, np.int64)}
     )
-    lower_and_compare(model, {"x": random_array(seed, shape, np.int64)})
+    lt.lower_and_compare(model, {"x": lt.random_array(seed, shape, np.int64)})

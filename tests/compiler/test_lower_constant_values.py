@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import lowering_testing as lt
 import pytest
 from graph_testing import make_model, tensor_info
 from hypothesis import strategies as st
-from lowering_testing import lower_and_compare, property_test
 from onnx import TensorProto, helper
 
 
@@ -24,15 +24,15 @@ def _constant_model(attribute, value, elem_type, shape):
     ],
 )
 def test_value_attributes_become_a_tensor(attribute, value, elem_type, shape):
-    lowered = lower_and_compare(_constant_model(attribute, value, elem_type, shape), {})
+    lowered = lt.lower_and_compare(_constant_model(attribute, value, elem_type, shape), {})
     (node,) = lowered.graph.node
     assert [a.name for a in node.attribute] == ["value"]
 
 
-@property_test(
+@lt.property_test(
     ints=st.lists(st.integers(-(2**40), 2**40), min_size=1, max_size=6),
     floats=st.lists(st.floats(-1e6, 1e6, width=32), min_size=1, max_size=6),
 )
 def test_values_are_preserved(ints, floats):
-    lower_and_compare(_constant_model("value_ints", ints, TensorProto.INT64, (len(ints),)), {})
-    lower_and_compare(_constant_model("value_floats", floats, TensorProto.FLOAT, (len(floats),)), {})
+    lt.lower_and_compare(_constant_model("value_ints", ints, TensorProto.INT64, (len(ints),)), {})
+    lt.lower_and_compare(_constant_model("value_floats", floats, TensorProto.FLOAT, (len(floats),)), {})

@@ -7,18 +7,10 @@ with the indices as a constant and once as a graph input.
 
 from __future__ import annotations
 
+import lowering_testing as lt
 import numpy as np
 from graph_testing import FLOAT, INT32, INT64
 from hypothesis import strategies as st
-from lowering_testing import (
-    assert_refused,
-    lower_and_compare,
-    one_node_model,
-    op_types,
-    property_test,
-    seeds,
-    shapes,
-)
 
 
 def _run_both_ways(op_type, data, indices, extra_inputs, output_shape, index_type=INT64, **attributes):
@@ -26,7 +18,7 @@ def _run_both_ways(op_type, data, indices, extra_inputs, output_shape, index_typ
     data_spec = ("data", FLOAT, data.shape)
     feeds = {"data": data, **{name: value for name, value in extra_inputs}}
     extra_specs = [(name, FLOAT, value.shape) for name, value in extra_inputs]
-    constant = one_node_model(
+    constant = lt.one_node_model(
         op_type,
         [data_spec, *extra_specs],
         [("y", FLOAT, output_shape)],
@@ -34,37 +26,40 @@ def _run_both_ways(op_type, data, indices, extra_inputs, output_shape, index_typ
         node_inputs=["data", "indices", *[n for n, _ in extra_inputs]],
         **attributes,
     )
-    lowered = lower_and_compare(constant, feeds)
-    assert op_type not in op_types(lowered)
-    runtime = one_node_model(
+    lowered = lt.lower_and_compare(constant, feeds)
+    assert op_type not in lt.op_types(lowered)
+    runtime = lt.one_node_model(
         op_type,
         [data_spec, ("indices", index_type, indices.shape), *extra_specs],
         [("y", FLOAT, output_shape)],
         **attributes,
     )
-    lowered = lower_and_compare(runtime, {**feeds, "indices": indices})
-    assert op_type not in op_types(lowered)
+    lowered = lt.lower_and_compare(runtime, {**feeds, "indices": indices})
+    assert op_type not in lt.op_types(lowered)
 
 
 def test_dynamic_data_shape_is_refused():
-    model = one_node_model(
+    model = lt.one_node_model(
         "GatherND", [("data", FLOAT, ("n", 3)), ("indices", INT64, (2, 1))], [("y", FLOAT, (2, 3))]
     )
-    assert_refused(model, "the_GatherND.*static shape")
+    lt.assert_refused(model, "the_GatherND.*static shape")
 
 
 def test_scatter_nd_reduction_is_refused():
-    model = one_node_model(
+    model = lt.one_node_model(
         "ScatterND",
         [("data", FLOAT, (4,)), ("indices", INT64, (1, 1)), ("u", FLOAT, (1,))],
         [("y", FLOAT, (4,))],
         reduction="add",
     )
-    assert_refused(model, "reduction='add'")
+    lt.assert_refused(model, "reduction='add'")
 
 
-@property_test(
-    data_shape=shapes(1, 4, 1, 4), data=st.data(), seed=seeds, index_type=st.sampled_from([INT32, INT64])
+@lt.property_test(
+    data_shape=lt.shapes(1, 4, 1, 4),
+    data=st.data(),
+    seed=lt.seeds,
+    index_type=st.sampled_from([INT32, INT64]),
 )
 def test_gather_elements_matches(data_shape, data, seed, index_type):
     rng = np.random.default_rng(seed)
@@ -81,7 +76,7 @@ def test_gather_elements_matches(data_shape, data, seed, index_type):
     _run_both_ways("GatherElements", values, indices, [], index_shape, index_type=index_type, axis=axis)
 
 
-@property_test(data_shape=shapes(1, 4, 1, 4), data=st.data(), seed=seeds)
+@lt.property_test(data_shape=lt.shapes(1, 4, 1, 4), data=st.data(), seed=lt.seeds)
 def test_gather_nd_matches(data_shape, data, seed):
     rng = np.random.default_rng(seed)
     rank = len(data_shape)
@@ -96,7 +91,7 @@ def test_gather_nd_matches(data_shape, data, seed):
     _run_both_ways("GatherND", values, indices, [], output_shape, batch_dims=batch_dims)
 
 
-@property_test(data_shape=shapes(1, 4, 1, 4), data=st.data(), seed=seeds)
+@lt.property_test(data_shape=lt.shapes(1, 4, 1, 4), data=st.data(), seed=lt.seeds)
 def test_scatter_nd_matches(data_shape, data, seed):
     rng = np.random.default_rng(seed)
     rank = len(data_shape)

@@ -13,21 +13,10 @@ at the output magnitude.
 
 from __future__ import annotations
 
+import lowering_testing as lt
 import numpy as np
 from graph_testing import FLOAT, FLOAT16
 from hypothesis import strategies as st
-from lowering_testing import (
-    assert_lowered,
-    assert_refused,
-    lower,
-    lower_and_compare,
-    one_node_model,
-    op_types,
-    property_test,
-    random_array,
-    seeds,
-    shapes,
-)
 
 ATOL, RTOL = 1e-6, 1e-5
 
@@ -43,7 +32,7 @@ def _layer_norm_model(shape, axis, elem_type=FLOAT, bias=True, statistics=False,
     if statistics:
         reduced = list(shape[:axis]) + [1] * len(normalized)
         outputs += [("mean", FLOAT, reduced), ("inv_std_dev", FLOAT, reduced)]
-    return one_node_model(
+    return lt.one_node_model(
         "LayerNormalization",
         [("x", elem_type, shape)],
         outputs,
@@ -67,21 +56,21 @@ def _conditioned(seed, shape, axis, dtype=np.float32):
 
 
 def test_layer_normalization_is_decomposed_into_popart_ops():
-    lowered = lower(_layer_norm_model((2, 3, 8), axis=-1))
-    assert_lowered(lowered)
-    assert "LayerNormalization" not in op_types(lowered)
-    assert {"ReduceMean", "Sub", "Mul", "Sqrt", "Div", "Add"} <= op_types(lowered)
+    lowered = lt.lower(_layer_norm_model((2, 3, 8), axis=-1))
+    lt.assert_lowered(lowered)
+    assert "LayerNormalization" not in lt.op_types(lowered)
+    assert {"ReduceMean", "Sub", "Mul", "Sqrt", "Div", "Add"} <= lt.op_types(lowered)
 
 
 def test_statistics_outputs_are_produced():
     model = _layer_norm_model((2, 3, 4), axis=1, statistics=True)
-    x = random_array(0, (2, 3, 4), np.float32)
-    lowered = lower_and_compare(model, {"x": x}, atol=ATOL, rtol=RTOL)
+    x = lt.random_array(0, (2, 3, 4), np.float32)
+    lowered = lt.lower_and_compare(model, {"x": x}, atol=ATOL, rtol=RTOL)
     assert [o.name for o in lowered.graph.output] == ["y", "mean", "inv_std_dev"]
 
 
 def test_non_negative_axis_needs_a_known_rank():
-    model = one_node_model(
+    model = lt.one_node_model(
         "LayerNormalization",
         [("x", FLOAT, None)],
         [("y", FLOAT, None)],
@@ -90,27 +79,27 @@ def test_non_negative_axis_needs_a_known_rank():
         axis=1,
         check=False,
     )
-    assert_refused(model, "the_LayerNormalization.*rank")
+    lt.assert_refused(model, "the_LayerNormalization.*rank")
 
 
-@property_test(
-    shape=shapes(1, 4, 1, 6),
+@lt.property_test(
+    shape=lt.shapes(1, 4, 1, 6),
     axis_choice=st.integers(0, 3),
     negative_axis=st.booleans(),
     epsilon=st.sampled_from([1e-5, 1e-12, 0.1]),
     bias=st.booleans(),
-    seed=seeds,
+    seed=lt.seeds,
 )
 def test_same_outputs_as_layer_normalization(shape, axis_choice, negative_axis, epsilon, bias, seed):
     axis = axis_choice % len(shape)
     axis_attribute = axis - len(shape) if negative_axis else axis
     model = _layer_norm_model(shape, axis_attribute, bias=bias, statistics=True, epsilon=epsilon)
-    lower_and_compare(model, {"x": _conditioned(seed, shape, axis)}, atol=ATOL, rtol=RTOL)
+    lt.lower_and_compare(model, {"x": _conditioned(seed, shape, axis)}, atol=ATOL, rtol=RTOL)
 
 
-@property_test(shape=shapes(2, 3, 2, 6), seed=seeds)
+@lt.property_test(shape=lt.shapes(2, 3, 2, 6), seed=lt.seeds)
 def test_float16_statistics_are_computed_in_float32(shape, seed):
     model = _layer_norm_model(shape, -1, elem_type=FLOAT16, stash_type=1)
     x = _conditioned(seed, shape, len(shape) - 1, np.float16)
     # float16 has 11 significant bits: one ulp at the largest |y| (|scale| * |x_hat| + |bias| < 16) is 2**-7.
-    lower_and_compare(model, {"x": x}, atol=2**-7, rtol=0)
+    lt.lower_and_compare(model, {"x": x}, atol=2**-7, rtol=0)

@@ -11,18 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import lowering_testing as lt
 import numpy as np
 import onnx
 import pytest
 from graph_testing import BOOL, FLOAT, INT64, make_model, run_ort, tensor_info
-from lowering_testing import (
-    assert_equivalent,
-    assert_lowered,
-    assert_refused,
-    lower,
-    one_node_model,
-    op_types,
-)
 from matrix_testing import merged_export
 from model_zoo import session_zoo
 from onnx import helper, numpy_helper
@@ -74,9 +67,9 @@ def _if_model():
 
 def test_subgraphs_are_lowered_with_outer_constants():
     model = _if_model()
-    lowered = lower(model)
-    assert_lowered(lowered)
-    assert not {"LayerNormalization"} & op_types(lowered)
+    lowered = lt.lower(model)
+    lt.assert_lowered(lowered)
+    assert not {"LayerNormalization"} & lt.op_types(lowered)
     branches = [a.g for a in lowered.graph.node[0].attribute]
     for branch in branches:
         assert not branch.initializer, "constants made inside a branch are Constant nodes"
@@ -84,17 +77,17 @@ def test_subgraphs_are_lowered_with_outer_constants():
         assert len(unsqueeze.input) == 1 and helper.get_attribute_value(unsqueeze.attribute[0])
     x = np.random.default_rng(0).uniform(-3, 3, (2, 4)).astype(np.float32)
     for cond in (True, False):
-        assert_equivalent(model, lowered, {"cond": np.array(cond), "x": x}, atol=1e-6, rtol=1e-5)
+        lt.assert_equivalent(model, lowered, {"cond": np.array(cond), "x": x}, atol=1e-6, rtol=1e-5)
     assert not {"axes_then", "axes_else"} & {i.name for i in lowered.graph.initializer}
 
 
 def test_opset_and_ir_version_are_set_and_other_domains_kept():
-    model = one_node_model("Softmax", [("x", FLOAT, (2, 3))], [("y", FLOAT, (2, 3))], axis=-1)
+    model = lt.one_node_model("Softmax", [("x", FLOAT, (2, 3))], [("y", FLOAT, (2, 3))], axis=-1)
     model.opset_import.append(helper.make_opsetid("ai.onnx.ml", 3))
-    lowered = lower(model)
+    lowered = lt.lower(model)
     assert {o.domain: o.version for o in lowered.opset_import} == {"": 11, "ai.onnx.ml": 3}
     assert lowered.ir_version == TARGET_IR_VERSION
-    assert_lowered(lowered)
+    lt.assert_lowered(lowered)
 
 
 def test_every_offending_node_is_reported_at_once():
@@ -112,7 +105,7 @@ def test_every_offending_node_is_reported_at_once():
         check=False,
     )
     with pytest.raises(LegalizationError) as raised:
-        lower(model)
+        lt.lower(model)
     reported = {(n.name, n.op_type) for n in raised.value.nodes}
     assert reported == {
         ("runtime_axes", "Unsqueeze"),
@@ -129,20 +122,20 @@ def test_every_offending_node_is_reported_at_once():
 @pytest.mark.parametrize("ir_version", [3, 8])
 def test_initializers_listed_as_inputs_are_constants_only_before_ir_4(ir_version):
     """Before IR 4 every initializer is also listed as an input; from IR 4 on that makes it overridable."""
-    model = one_node_model(
+    model = lt.one_node_model(
         "Unsqueeze", [("x", FLOAT, (2,))], [("y", FLOAT, (1, 2))], {"axes": np.array([0], np.int64)}
     )
     model.graph.input.append(tensor_info("axes", INT64, (1,)))
     model.ir_version = ir_version
     if ir_version < 4:
-        assert_lowered(lower(model))
+        lt.assert_lowered(lt.lower(model))
     else:
-        assert_refused(model, "axes input 'axes' must be a constant")
+        lt.assert_refused(model, "axes input 'axes' must be a constant")
 
 
 def test_a_version_whose_change_was_not_reviewed_is_refused():
     # TopK-24 is newer than the versions the pass knows to mean the same as TopK-11.
-    model = one_node_model(
+    model = lt.one_node_model(
         "TopK",
         [("x", FLOAT, (5,))],
         [("v", FLOAT, (2,)), ("i", INT64, (2,))],
@@ -150,14 +143,14 @@ def test_a_version_whose_change_was_not_reviewed_is_refused():
         opset=24,
         check=False,
     )
-    assert_refused(model, r"TopK-24 differs from TopK-11")
+    lt.assert_refused(model, r"TopK-24 differs from TopK-11")
 
 
 def test_older_opsets_are_converted_up():
-    model = one_node_model("Softmax", [("x", FLOAT, (2, 3))], [("y", FLOAT, (2, 3))], opset=9, axis=1)
-    lowered = lower(model)
-    assert_lowered(lowered)
-    assert_equivalent(model, lowered, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    model = lt.one_node_model("Softmax", [("x", FLOAT, (2, 3))], [("y", FLOAT, (2, 3))], opset=9, axis=1)
+    lowered = lt.lower(model)
+    lt.assert_lowered(lowered)
+    lt.assert_equivalent(model, lowered, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)})
 
 
 def test_rewrites_claim_distinct_ops_and_state_their_guarantee():
@@ -169,7 +162,7 @@ def test_rewrites_claim_distinct_ops_and_state_their_guarantee():
 
 
 def test_notes_count_rewritten_nodes():
-    model = one_node_model(
+    model = lt.one_node_model(
         "Unsqueeze", [("x", FLOAT, (2,))], [("y", FLOAT, (1, 2))], {"axes": np.array([0], np.int64)}
     )
     lowering = LowerToOpset11()
@@ -260,7 +253,7 @@ def test_real_exports_lower_and_keep_their_outputs(zoo):
             original = onnx.load(str(path))
             feeds = _feeds(original, vocab_size, with_past, seed=len(seen_files))
             lowered = _legalize(onnx.load(str(path)), feeds)
-            assert_lowered(lowered)
+            lt.assert_lowered(lowered)
             # A merged decoder is checked on both of its branches (use_cache_branch true and false).
             flips = [{}] + [{n: ~v} for n, v in feeds.items() if v.dtype == np.bool_]
             for flip in flips:
@@ -286,8 +279,8 @@ def test_unfolded_export_fails_clearly_on_runtime_range(zoo):
 
 def test_int64_constants_read_from_initializers_survive_a_round_trip():
     """A rewrite's constants are ordinary initializers: saving and loading the model keeps them."""
-    model = one_node_model("Trilu", [("x", FLOAT, (3, 3))], [("y", FLOAT, (3, 3))], upper=1)
-    lowered = onnx.load_from_string(lower(model).SerializeToString())
+    model = lt.one_node_model("Trilu", [("x", FLOAT, (3, 3))], [("y", FLOAT, (3, 3))], upper=1)
+    lowered = onnx.load_from_string(lt.lower(model).SerializeToString())
     masks = [
         numpy_helper.to_array(i) for i in lowered.graph.initializer if i.data_type == onnx.TensorProto.BOOL
     ]

@@ -2,33 +2,25 @@
 
 from __future__ import annotations
 
+import lowering_testing as lt
 import numpy as np
 from graph_testing import FLOAT, INT64
 from hypothesis import strategies as st
-from lowering_testing import (
-    assert_refused,
-    lower_and_compare,
-    one_node_model,
-    property_test,
-    random_array,
-    seeds,
-    shapes,
-)
 
 
 def test_wrap_mode_is_refused():
-    model = one_node_model(
+    model = lt.one_node_model(
         "Pad", [("x", FLOAT, (3,))], [("y", FLOAT, (5,))], {"pads": np.array([1, 1])}, opset=19, mode="wrap"
     )
-    assert_refused(model, "mode 'wrap'")
+    lt.assert_refused(model, "mode 'wrap'")
 
 
-@property_test(
-    shape=shapes(1, 4, 2, 4),
+@lt.property_test(
+    shape=lt.shapes(1, 4, 2, 4),
     data=st.data(),
     mode=st.sampled_from(["constant", "reflect", "edge"]),
     with_value=st.booleans(),
-    seed=seeds,
+    seed=lt.seeds,
 )
 def test_pad_with_axes_matches(shape, data, mode, with_value, seed):
     rank = len(shape)
@@ -50,12 +42,12 @@ def test_pad_with_axes_matches(shape, data, mode, with_value, seed):
     if use_axes:
         initializers["axes"] = np.array(axes_values, np.int64)
         node_inputs += ([""] if len(node_inputs) == 2 else []) + ["axes"]
-    model = one_node_model(
+    model = lt.one_node_model(
         "Pad", [("x", FLOAT, shape)], [("y", FLOAT, None)], initializers, node_inputs=node_inputs, mode=mode
     )
-    lower_and_compare(model, {"x": random_array(seed, shape, np.float32)})
+    lt.lower_and_compare(model, {"x": lt.random_array(seed, shape, np.float32)})
 
 
 def test_int64_pad_keeps_its_type():
-    model = one_node_model("Pad", [("x", INT64, (2,))], [("y", INT64, (4,))], {"pads": np.array([1, 1])})
-    lower_and_compare(model, {"x": np.array([5, -3], np.int64)})
+    model = lt.one_node_model("Pad", [("x", INT64, (2,))], [("y", INT64, (4,))], {"pads": np.array([1, 1])})
+    lt.lower_and_compare(model, {"x": np.array([5, -3], np.int64)})

@@ -6,11 +6,11 @@ which rounds like onnxruntime's Range loop (value += delta); start + i * delta w
 
 from __future__ import annotations
 
+import lowering_testing as lt
 import numpy as np
 from graph_testing import FLOAT, INT32, INT64
 from hypothesis import assume
 from hypothesis import strategies as st
-from lowering_testing import assert_refused, lower_and_compare, one_node_model, op_types, property_test
 
 from optimum_ipu_backend.compiler.passes.rewrites.range import range_values
 
@@ -27,27 +27,27 @@ def _constant_range(elem_type, start, limit, delta):
     # onnx's shape inference takes limit - start in float32 and can count one step more than onnxruntime
     # (e.g. -0.4f - -0.1f over -0.1f): declare onnxruntime's length and skip the checker on this input.
     length = len(range_values(operands["start"], operands["limit"], operands["delta"]))
-    return one_node_model("Range", [], [("y", elem_type, (length,))], operands, check=False)
+    return lt.one_node_model("Range", [], [("y", elem_type, (length,))], operands, check=False)
 
 
 def _runtime_range(elem_type, length):
     inputs = [(name, elem_type, ()) for name in ("start", "limit", "delta")]
-    return one_node_model("Range", inputs, [("y", elem_type, (length,))], check=False)
+    return lt.one_node_model("Range", inputs, [("y", elem_type, (length,))], check=False)
 
 
 def test_constant_operands_become_a_constant():
-    lowered = lower_and_compare(_constant_range(INT64, 2, 11, 3), {})
+    lowered = lt.lower_and_compare(_constant_range(INT64, 2, 11, 3), {})
     assert not lowered.graph.node
     assert [i.name for i in lowered.graph.initializer] == ["y"]
 
 
 def test_runtime_operands_without_a_static_length_are_refused():
     inputs = [(name, INT64, ()) for name in ("start", "limit", "delta")]
-    model = one_node_model("Range", inputs, [("y", INT64, None)], check=False)
-    assert_refused(model, "the_Range.*not constants.*not known statically")
+    model = lt.one_node_model("Range", inputs, [("y", INT64, None)], check=False)
+    lt.assert_refused(model, "the_Range.*not constants.*not known statically")
 
 
-@property_test(
+@lt.property_test(
     elem_type=st.sampled_from(sorted(_TYPES)),
     start=st.floats(-50, 50, width=32),
     delta=st.floats(0.125, 3, width=32),
@@ -67,7 +67,7 @@ def test_same_values_as_range(elem_type, start, delta, descending, steps, oversh
     if runtime:
         assume(length > 0)  # onnxruntime cannot feed the lowered graph an empty static output anyway
         model = _runtime_range(elem_type, length)
-        lowered = lower_and_compare(model, operands)
+        lowered = lt.lower_and_compare(model, operands)
     else:
-        lowered = lower_and_compare(_constant_range(elem_type, start, limit, delta), {})
-    assert "Range" not in op_types(lowered)
+        lowered = lt.lower_and_compare(_constant_range(elem_type, start, limit, delta), {})
+    assert "Range" not in lt.op_types(lowered)

@@ -6,21 +6,14 @@ compared at atol 1e-6 (bit-identical in practice).
 
 from __future__ import annotations
 
+import lowering_testing as lt
 import numpy as np
 from graph_testing import FLOAT
 from hypothesis import strategies as st
-from lowering_testing import (
-    assert_refused,
-    lower_and_compare,
-    one_node_model,
-    property_test,
-    random_array,
-    seeds,
-)
 
 
 def test_antialias_is_refused():
-    model = one_node_model(
+    model = lt.one_node_model(
         "Resize",
         [("x", FLOAT, (1, 1, 4, 4))],
         [("y", FLOAT, (1, 1, 2, 2))],
@@ -29,17 +22,17 @@ def test_antialias_is_refused():
         antialias=1,
         mode="linear",
     )
-    assert_refused(model, "antialias")
+    lt.assert_refused(model, "antialias")
 
 
-@property_test(
+@lt.property_test(
     mode=st.sampled_from(["nearest", "linear", "cubic"]),
     coordinates=st.sampled_from(["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"]),
     by_sizes=st.booleans(),
     with_axes=st.booleans(),
     factors=st.tuples(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]), st.sampled_from([0.5, 1.0, 2.0, 2.5])),
     opset=st.sampled_from([13, 18]),
-    seed=seeds,
+    seed=lt.seeds,
 )
 def test_resize_matches(mode, coordinates, by_sizes, with_axes, factors, opset, seed):
     shape = (1, 2, 4, 6)
@@ -56,7 +49,7 @@ def test_resize_matches(mode, coordinates, by_sizes, with_axes, factors, opset, 
     else:
         initializers["scales"] = scales[2:] if with_axes else scales
         node_inputs = ["x", "", "scales"]
-    model = one_node_model(
+    model = lt.one_node_model(
         "Resize",
         [("x", FLOAT, shape)],
         [("y", FLOAT, None)],
@@ -65,4 +58,4 @@ def test_resize_matches(mode, coordinates, by_sizes, with_axes, factors, opset, 
         node_inputs=node_inputs,
         **attributes,
     )
-    lower_and_compare(model, {"x": random_array(seed, shape, np.float32)})
+    lt.lower_and_compare(model, {"x": lt.random_array(seed, shape, np.float32)})

@@ -6,28 +6,19 @@ outputs agree to atol 1e-6 (in practice exactly).
 
 from __future__ import annotations
 
+import lowering_testing as lt
 import numpy as np
 from graph_testing import FLOAT
 from hypothesis import strategies as st
-from lowering_testing import (
-    lower,
-    lower_and_compare,
-    one_node_model,
-    op_types,
-    property_test,
-    random_array,
-    seeds,
-    shapes,
-)
 
 
 def _softmax(op_type, shape, axis, opset=18):
-    return one_node_model(op_type, [("x", FLOAT, shape)], [("y", FLOAT, shape)], opset=opset, axis=axis)
+    return lt.one_node_model(op_type, [("x", FLOAT, shape)], [("y", FLOAT, shape)], opset=opset, axis=axis)
 
 
 def test_inner_axis_is_transposed_to_the_end_and_back():
-    lowered = lower_and_compare(
-        _softmax("Softmax", (2, 3, 4), 1), {"x": random_array(0, (2, 3, 4), np.float32)}
+    lowered = lt.lower_and_compare(
+        _softmax("Softmax", (2, 3, 4), 1), {"x": lt.random_array(0, (2, 3, 4), np.float32)}
     )
     transposes = [n for n in lowered.graph.node if n.op_type == "Transpose"]
     assert len(transposes) == 2
@@ -35,23 +26,23 @@ def test_inner_axis_is_transposed_to_the_end_and_back():
 
 
 def test_last_axis_needs_no_transpose():
-    lowered = lower(_softmax("LogSoftmax", (2, 3, 4), 2))
-    assert op_types(lowered) == {"LogSoftmax"}
+    lowered = lt.lower(_softmax("LogSoftmax", (2, 3, 4), 2))
+    assert lt.op_types(lowered) == {"LogSoftmax"}
 
 
 def test_opset_11_softmax_keeps_its_flattening_semantics():
     model = _softmax("Softmax", (2, 3, 4), 1, opset=11)
-    lowered = lower_and_compare(model, {"x": random_array(1, (2, 3, 4), np.float32)})
-    assert op_types(lowered) == {"Softmax"}
+    lowered = lt.lower_and_compare(model, {"x": lt.random_array(1, (2, 3, 4), np.float32)})
+    assert lt.op_types(lowered) == {"Softmax"}
 
 
-@property_test(
+@lt.property_test(
     op_type=st.sampled_from(["Softmax", "LogSoftmax"]),
-    shape=shapes(1, 4),
+    shape=lt.shapes(1, 4),
     data=st.data(),
-    seed=seeds,
+    seed=lt.seeds,
 )
 def test_same_outputs_for_every_axis(op_type, shape, data, seed):
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
     model = _softmax(op_type, shape, axis, opset=data.draw(st.sampled_from([13, 18])))
-    lower_and_compare(model, {"x": random_array(seed, shape, np.float32, -30, 30)})
+    lt.lower_and_compare(model, {"x": lt.random_array(seed, shape, np.float32, -30, 30)})

@@ -6,16 +6,7 @@ import math
 
 import onnx
 
-from .common import (
-    CannotLower,
-    GraphScope,
-    Rewrite,
-    attribute,
-    copy_attributes,
-    input_at,
-    require_constant_ints,
-    require_rank,
-)
+from .common import CannotLower, GraphScope, Rewrite, attribute, copy_attributes, input_at
 
 REDUCE_OPS: frozenset[str] = frozenset(
     {
@@ -55,9 +46,9 @@ class AxesToAttributesRewrite(Rewrite):
         if since_version < _AXES_INPUT_SINCE[node.op_type]:
             return None  # axes are already an attribute
         if node.op_type == "Unsqueeze":
-            axes = require_constant_ints(scope, node, 1, "axes")
+            axes = scope.require_constant_ints(node, 1, "axes")
             return [_with_axes(node, scope, axes)]
-        axes = require_constant_ints(scope, node, 1, "axes") if input_at(node, 1) else []
+        axes = scope.require_constant_ints(node, 1, "axes") if input_at(node, 1) else []
         if node.op_type == "Squeeze":
             # No axes means "every dimension of size 1" in both versions.
             return [_with_axes(node, scope, axes or None)]
@@ -98,7 +89,7 @@ def _lower_split(node: onnx.NodeProto, since_version: int, scope: GraphScope) ->
     num_outputs = attribute(node, "num_outputs")
     attributes = copy_attributes(node, drop=("num_outputs",))
     if input_at(node, 1):
-        attributes["split"] = require_constant_ints(scope, node, 1, "split")
+        attributes["split"] = scope.require_constant_ints(node, 1, "split")
     elif num_outputs is not None:
         sizes = _split_sizes_for(node, scope, axis, int(num_outputs))
         if sizes is not None:
@@ -114,7 +105,7 @@ def _split_sizes_for(
     if num_outputs != len(node.output):
         raise CannotLower(f"num_outputs={num_outputs} but the node has {len(node.output)} outputs")
     dims = scope.shape(node.input[0])
-    rank = require_rank(scope, node.input[0])
+    rank = scope.require_rank(node.input[0])
     size = dims[axis + rank if axis < 0 else axis] if dims is not None else None
     if size is None:
         raise CannotLower(

@@ -150,6 +150,46 @@ class GraphScope:
             self._constant_cache[name] = value
         return value
 
+    # -- requiring: what a lowering cannot do without, refused with CannotLower when unknown --------
+
+    def require_constant(self, name: str, reason: str) -> np.ndarray:
+        """The value of a tensor the lowering needs at compile time; refused with ``reason`` if unknown."""
+        value = self.constant(name)
+        if value is None:
+            raise CannotLower(reason)
+        return value
+
+    def require_constant_ints(self, node: onnx.NodeProto, index: int, what: str) -> list[int]:
+        """The values of an integer input that opset 11 needs as an attribute; refuse if not constant."""
+        name = input_at(node, index)
+        value = self.require_constant(
+            name,
+            f"its {what} input '{name}' must be a constant to become an opset-11 attribute; "
+            "fix the input shapes and fold constants first so that it is computed at compile time",
+        )
+        return [int(v) for v in np.asarray(value).reshape(-1)]
+
+    def require_rank(self, name: str) -> int:
+        rank = self.rank(name)
+        if rank is None:
+            raise CannotLower(f"the rank of input '{name}' is unknown; fix the input shapes first")
+        return rank
+
+    def require_static_shape(self, name: str, why: str) -> tuple[int, ...]:
+        dims = self.static_shape(name)
+        if dims is None:
+            raise CannotLower(
+                f"tensor '{name}' has no static shape (inferred: {self.shape(name)}), which {why}; "
+                "fix every input dimension and fold constants first"
+            )
+        return dims
+
+    def require_elem_type(self, name: str) -> int:
+        elem_type = self.elem_type(name)
+        if elem_type is None:
+            raise CannotLower(f"the element type of '{name}' is unknown")
+        return elem_type
+
     # -- writing -------------------------------------------------------------------------------
 
     def add_constant(self, value: np.ndarray, hint: str, exact_name: str | None = None) -> str:
@@ -251,50 +291,6 @@ def copy_attributes(node: onnx.NodeProto, drop: Iterable[str] = ()) -> dict[str,
 def input_at(node: onnx.NodeProto, index: int) -> str:
     """The name of an optional input, or '' when it is absent."""
     return node.input[index] if index < len(node.input) else ""
-
-
-def require_constant(scope: GraphScope, name: str, reason: str) -> np.ndarray:
-    """The value of a tensor the lowering needs at compile time; refuse with ``reason`` if not constant."""
-    value = scope.constant(name)
-    if value is None:
-        raise CannotLower(reason)
-    return value
-
-
-def require_constant_ints(scope: GraphScope, node: onnx.NodeProto, index: int, what: str) -> list[int]:
-    """The values of an integer input that opset 11 needs as an attribute; refuse if not constant."""
-    name = input_at(node, index)
-    value = require_constant(
-        scope,
-        name,
-        f"its {what} input '{name}' must be a constant to become an opset-11 attribute; "
-        "fix the input shapes and fold constants first so that it is computed at compile time",
-    )
-    return [int(v) for v in np.asarray(value).reshape(-1)]
-
-
-def require_rank(scope: GraphScope, name: str) -> int:
-    rank = scope.rank(name)
-    if rank is None:
-        raise CannotLower(f"the rank of input '{name}' is unknown; fix the input shapes first")
-    return rank
-
-
-def require_static_shape(scope: GraphScope, name: str, why: str) -> tuple[int, ...]:
-    dims = scope.static_shape(name)
-    if dims is None:
-        raise CannotLower(
-            f"tensor '{name}' has no static shape (inferred: {scope.shape(name)}), which {why}; "
-            "fix every input dimension and fold constants first"
-        )
-    return dims
-
-
-def require_elem_type(scope: GraphScope, name: str) -> int:
-    elem_type = scope.elem_type(name)
-    if elem_type is None:
-        raise CannotLower(f"the element type of '{name}' is unknown")
-    return elem_type
 
 
 def numpy_dtype(elem_type: int) -> np.dtype:

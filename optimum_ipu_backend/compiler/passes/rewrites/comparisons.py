@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from .common import FLOAT_TYPES, GraphScope, Rewrite, require_elem_type
+from .common import FLOAT_TYPES, GraphScope, Rewrite
 
 _STRICT_OPPOSITE = {"LessOrEqual": "Greater", "GreaterOrEqual": "Less"}
 _STRICT_SAME = {"LessOrEqual": "Less", "GreaterOrEqual": "Greater"}
@@ -18,7 +18,7 @@ class ComparisonRewrite(Rewrite):
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
         a, b = node.input[0], node.input[1]
         hint = node.name or node.op_type
-        if require_elem_type(scope, a) in FLOAT_TYPES:
+        if scope.require_elem_type(a) in FLOAT_TYPES:
             # Not(a > b) would be true when either side is NaN; a<b or a==b is false then, as required.
             strict = scope.make_node(_STRICT_SAME[node.op_type], [a, b], 1, f"{hint}/strict")
             equal = scope.make_node("Equal", [a, b], 1, f"{hint}/equal")

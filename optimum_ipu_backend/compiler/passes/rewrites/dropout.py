@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .common import CannotLower, GraphScope, Rewrite, input_at, require_constant
+from .common import CannotLower, GraphScope, Rewrite, input_at
 
 
 class DropoutRewrite(Rewrite):
@@ -22,7 +22,7 @@ class DropoutRewrite(Rewrite):
         training_mode = input_at(node, 2)
         if training_mode:
             reason = f"training_mode input '{training_mode}' must be a constant false for inference"
-            value = require_constant(scope, training_mode, reason)
+            value = scope.require_constant(training_mode, reason)
             if bool(np.asarray(value).reshape(())):
                 raise CannotLower(
                     "training_mode is true; opset 11 (and PopART inference) run Dropout as identity"

@@ -10,16 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import (
-    CannotLower,
-    GraphScope,
-    Rewrite,
-    attribute,
-    numpy_dtype,
-    require_elem_type,
-    require_static_shape,
-    text_attribute,
-)
+from .common import CannotLower, GraphScope, Rewrite, attribute, numpy_dtype, text_attribute
 
 
 def row_major_strides(dims: tuple[int, ...] | list[int]) -> np.ndarray:
@@ -64,19 +55,22 @@ class _FlatIndexBuilder:
         return self.emit("Reshape", [tensor, self.constant(shape, f"{suffix}_shape")], suffix)
 
 
-def _static_dims(
+def _flat_index_builder(
     scope: GraphScope, node: onnx.NodeProto, addressed_as: str
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The static shapes of the data (input 0) and the indices (input 1) that the offsets come from."""
-    data_dims = require_static_shape(
-        scope, node.input[0], f"{node.op_type} needs to address its data as {addressed_as}"
+) -> tuple[_FlatIndexBuilder, tuple[int, ...], tuple[int, ...]]:
+    """A builder for the node's replacement, and the static shapes of its data (input 0) and indices (1).
+
+    The shapes are checked first, so a refusal leaves nothing emitted.
+    """
+    data_dims = scope.require_static_shape(
+        node.input[0], f"{node.op_type} needs to address its data as {addressed_as}"
     )
-    index_dims = require_static_shape(scope, node.input[1], f"{node.op_type} needs to build its offsets")
-    return data_dims, index_dims
+    index_dims = scope.require_static_shape(node.input[1], f"{node.op_type} needs to build its offsets")
+    return _FlatIndexBuilder(scope, node.name or node.op_type), data_dims, index_dims
 
 
 def _index_dtype(scope: GraphScope, indices: str) -> np.dtype:
-    return numpy_dtype(require_elem_type(scope, indices))
+    return numpy_dtype(scope.require_elem_type(indices))
 
 
 class GatherElementsRewrite(Rewrite):
@@ -86,8 +80,7 @@ class GatherElementsRewrite(Rewrite):
 
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
         data, indices = node.input[0], node.input[1]
-        hint = node.name or node.op_type
-        data_dims, index_dims = _static_dims(scope, node, addressed_as="flat")
+        builder, data_dims, index_dims = _flat_index_builder(scope, node, addressed_as="flat")
         rank = len(data_dims)
         axis = int(attribute(node, "axis", 0))
         axis = axis + rank if axis < 0 else axis
@@ -96,7 +89,6 @@ class GatherElementsRewrite(Rewrite):
         # The offset contributed by every dimension other than `axis` is its position times its stride.
         grid = np.meshgrid(*[np.arange(n, dtype=np.int64) for n in index_dims], indexing="ij")
         base = sum((grid[k] * strides[k] for k in range(rank) if k != axis), np.zeros(index_dims, np.int64))
-        builder = _FlatIndexBuilder(scope, hint)
         flat_data = builder.flatten(data, "flat_data")
         known = scope.constant(indices)
         if known is not None:
@@ -137,12 +129,10 @@ class GatherNDRewrite(Rewrite):
 
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
         data, indices = node.input[0], node.input[1]
-        hint = node.name or node.op_type
-        data_dims, index_dims = _static_dims(scope, node, addressed_as="rows")
+        builder, data_dims, index_dims = _flat_index_builder(scope, node, addressed_as="rows")
         batch_dims = int(attribute(node, "batch_dims", 0))
         depth = index_dims[-1]
         addressed = data_dims[: batch_dims + depth]
-        builder = _FlatIndexBuilder(scope, hint)
         rows_data = builder.flatten(
             data, "rows_data", int(np.prod(addressed)), tuple(data_dims[batch_dims + depth :])
         )
@@ -178,11 +168,9 @@ class ScatterNDRewrite(Rewrite):
                 f"reduction='{reduction}' has no opset-11 equivalent (ScatterElements-11 overwrites)"
             )
         data, indices, updates = node.input[0], node.input[1], node.input[2]
-        hint = node.name or node.op_type
-        data_dims, index_dims = _static_dims(scope, node, addressed_as="flat")
+        builder, data_dims, index_dims = _flat_index_builder(scope, node, addressed_as="flat")
         depth = index_dims[-1]
         slice_size = int(np.prod(data_dims[depth:], dtype=np.int64))
-        builder = _FlatIndexBuilder(scope, hint)
         name, rows = _row_offsets(builder, scope, indices, tuple(data_dims[:depth]), keepdims=1)
         within = np.arange(slice_size, dtype=np.int64)
         dtype = _index_dtype(scope, indices)

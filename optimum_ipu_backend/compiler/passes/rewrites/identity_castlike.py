@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from .common import CannotLower, GraphScope, Rewrite, attribute, require_elem_type
+from .common import CannotLower, GraphScope, Rewrite, attribute
 
 # Cast-19 added `saturate` (float8 targets only) and Cast-25 `round_mode` (float8/float4 targets only):
 # their values never matter for the targets opset 11 can express, which the final type check enforces.
@@ -26,7 +26,7 @@ class CastLikeRewrite(Rewrite):
             return [
                 scope.make_node("Cast", [node.input[0]], [node.output[0]], hint, to=attribute(node, "to"))
             ]
-        target = require_elem_type(scope, node.input[1])
+        target = scope.require_elem_type(node.input[1])
         return [scope.make_node("Cast", [node.input[0]], [node.output[0]], hint, to=target)]
 
 

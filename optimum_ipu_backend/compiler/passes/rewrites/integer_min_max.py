@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import FLOAT_TYPES, GraphScope, Rewrite, input_at, numpy_dtype, require_elem_type
+from .common import FLOAT_TYPES, GraphScope, Rewrite, input_at, numpy_dtype
 
 _COMPARISON = {"Min": "Less", "Max": "Greater"}
 # Min/Max-12, Clip-12 and Relu-14 added the integer types; earlier versions are float-only anyway.
@@ -31,7 +31,7 @@ class IntegerMinMaxRewrite(Rewrite):
     ) -> list[onnx.NodeProto] | None:
         if since_version < _INTEGER_SINCE[node.op_type]:
             return None
-        elem_type = require_elem_type(scope, node.input[0])
+        elem_type = scope.require_elem_type(node.input[0])
         if elem_type in FLOAT_TYPES:
             return None  # same semantics at opset 11 for float types
         hint = node.name or node.op_type

@@ -5,16 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import (
-    CannotLower,
-    GraphScope,
-    Rewrite,
-    attribute,
-    input_at,
-    numpy_dtype,
-    require_elem_type,
-    require_rank,
-)
+from .common import CannotLower, GraphScope, Rewrite, attribute, input_at, numpy_dtype
 
 _LOW_PRECISION = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 
@@ -30,10 +21,10 @@ class LayerNormalizationRewrite(Rewrite):
         epsilon = float(attribute(node, "epsilon", 1e-5))
         stash_type = int(attribute(node, "stash_type", onnx.TensorProto.FLOAT))
         # Negative axes need no rank: ReduceMean-11 accepts them, and they name the trailing dims.
-        axes = list(range(axis, 0)) if axis < 0 else list(range(axis, require_rank(scope, x)))
+        axes = list(range(axis, 0)) if axis < 0 else list(range(axis, scope.require_rank(x)))
         if not axes:
             raise CannotLower(f"axis {axis} leaves no dimension to normalize")
-        x_type = require_elem_type(scope, x)
+        x_type = scope.require_elem_type(x)
         # As in the operator's reference function, statistics are computed in stash_type; only
         # half-precision inputs are widened (PopART has no double, and widening float32 is a no-op).
         widen = stash_type == onnx.TensorProto.FLOAT and x_type in _LOW_PRECISION

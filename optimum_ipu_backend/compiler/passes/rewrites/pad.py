@@ -5,16 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import (
-    CannotLower,
-    GraphScope,
-    Rewrite,
-    copy_attributes,
-    input_at,
-    require_constant_ints,
-    require_rank,
-    text_attribute,
-)
+from .common import CannotLower, GraphScope, Rewrite, copy_attributes, input_at, text_attribute
 
 _OPSET11_MODES = frozenset({"constant", "reflect", "edge"})
 
@@ -35,9 +26,9 @@ class PadRewrite(Rewrite):
         hint = node.name or "Pad"
         inputs = [node.input[0], node.input[1], input_at(node, 2)]
         if input_at(node, 3):
-            rank = require_rank(scope, node.input[0])
-            axes = [a + rank if a < 0 else a for a in require_constant_ints(scope, node, 3, "axes")]
-            pads = require_constant_ints(scope, node, 1, "pads")
+            rank = scope.require_rank(node.input[0])
+            axes = [a + rank if a < 0 else a for a in scope.require_constant_ints(node, 3, "axes")]
+            pads = scope.require_constant_ints(node, 1, "pads")
             full = np.zeros(2 * rank, dtype=np.int64)
             for position, axis in enumerate(axes):
                 full[axis] = pads[position]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import FLOAT_TYPES, CannotLower, GraphScope, Rewrite, numpy_dtype, require_elem_type
+from .common import FLOAT_TYPES, CannotLower, GraphScope, Rewrite, numpy_dtype
 
 _LARGEST_UNROLLED_EXPONENT = 8
 
@@ -22,7 +22,7 @@ class PowRewrite(Rewrite):
         if since_version < 12:
             return None
         base, exponent = node.input[0], node.input[1]
-        base_type, exponent_type = require_elem_type(scope, base), require_elem_type(scope, exponent)
+        base_type, exponent_type = scope.require_elem_type(base), scope.require_elem_type(exponent)
         hint = node.name or "Pow"
         if base_type in FLOAT_TYPES:
             if exponent_type == base_type:
@@ -50,7 +50,7 @@ def _integer_power(node: onnx.NodeProto, scope: GraphScope, hint: str) -> list[o
         raise CannotLower(f"integer Pow with exponent {power} is outside 0..{_LARGEST_UNROLLED_EXPONENT}")
     if power == 0:
         # x ** 0 == 1 for every x; multiplying by zero keeps the broadcast shape of the inputs.
-        dtype = numpy_dtype(require_elem_type(scope, base))
+        dtype = numpy_dtype(scope.require_elem_type(base))
         zero = scope.add_constant(np.zeros((), dtype), f"{hint}/zero")
         one = scope.add_constant(np.ones((), dtype), f"{hint}/one")
         times_zero = scope.make_node("Mul", [base, zero], 1, f"{hint}/times_zero")

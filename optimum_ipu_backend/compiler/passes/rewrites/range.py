@@ -7,7 +7,7 @@ import math
 import numpy as np
 import onnx
 
-from .common import FLOAT_TYPES, CannotLower, GraphScope, Rewrite, numpy_dtype, require_elem_type
+from .common import FLOAT_TYPES, CannotLower, GraphScope, Rewrite, numpy_dtype
 
 
 def range_values(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> np.ndarray:
@@ -46,7 +46,7 @@ class RangeRewrite(Rewrite):
                 "shapes and fold constants first so that start/limit/delta are computed at compile time"
             )
         length = int(dims[0])
-        elem_type = require_elem_type(scope, start)
+        elem_type = scope.require_elem_type(start)
         dtype = numpy_dtype(elem_type)
         if length == 0:
             scope.add_constant(np.zeros((0,), dtype=dtype), hint, exact_name=node.output[0])

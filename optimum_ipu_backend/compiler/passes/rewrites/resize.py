@@ -5,18 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import (
-    CannotLower,
-    GraphScope,
-    Rewrite,
-    attribute,
-    copy_attributes,
-    input_at,
-    require_constant,
-    require_rank,
-    require_static_shape,
-    text_attribute,
-)
+from .common import CannotLower, GraphScope, Rewrite, attribute, copy_attributes, input_at, text_attribute
 
 _OPSET11_COORDINATE_MODES = frozenset(
     {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_crop_and_resize"}
@@ -68,22 +57,22 @@ def _expand_to_all_axes(
     hint: str,
 ) -> tuple[str, str, str]:
     """Scales/sizes/roi given for `axes` only, rewritten for every axis (the others left unchanged)."""
-    rank = require_rank(scope, node.input[0])
+    rank = scope.require_rank(node.input[0])
     axes = [a + rank if a < 0 else a for a in axes]
     if scales:
-        value = require_constant(scope, scales, "with the axes attribute, scales must be a constant")
+        value = scope.require_constant(scales, "with the axes attribute, scales must be a constant")
         full = np.ones(rank, dtype=np.float32)
         full[axes] = np.asarray(value, dtype=np.float32).reshape(-1)
         scales = scope.add_constant(full, f"{hint}/scales")
     if sizes:
-        value = require_constant(scope, sizes, "with the axes attribute, sizes must be a constant")
+        value = scope.require_constant(sizes, "with the axes attribute, sizes must be a constant")
         full_sizes = np.array(
-            require_static_shape(scope, node.input[0], "fills sizes of the other axes"), np.int64
+            scope.require_static_shape(node.input[0], "fills sizes of the other axes"), np.int64
         )
         full_sizes[axes] = np.asarray(value, dtype=np.int64).reshape(-1)
         sizes = scope.add_constant(full_sizes, f"{hint}/sizes")
     if roi:
-        value = require_constant(scope, roi, "with the axes attribute, roi must be a constant")
+        value = scope.require_constant(roi, "with the axes attribute, roi must be a constant")
         given = np.asarray(value).reshape(2, len(axes))
         full_roi = np.concatenate([np.zeros(rank), np.ones(rank)]).astype(given.dtype).reshape(2, rank)
         full_roi[:, axes] = given

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import GraphScope, Rewrite, require_static_shape
+from .common import GraphScope, Rewrite
 
 
 class SizeRewrite(Rewrite):
@@ -14,7 +14,7 @@ class SizeRewrite(Rewrite):
     op_types = frozenset({"Size"})
 
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
-        dims = require_static_shape(scope, node.input[0], "Size needs to count its elements")
+        dims = scope.require_static_shape(node.input[0], "Size needs to count its elements")
         scope.add_constant(
             np.array(int(np.prod(dims, dtype=np.int64)), np.int64), node.name, exact_name=node.output[0]
         )

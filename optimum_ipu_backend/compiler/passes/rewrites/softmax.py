@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from .common import GraphScope, Rewrite, attribute, require_rank
+from .common import GraphScope, Rewrite, attribute
 
 
 class SoftmaxRewrite(Rewrite):
@@ -22,7 +22,7 @@ class SoftmaxRewrite(Rewrite):
         if axis == -1:
             # Opset 11 coerces to [prod(leading dims), last dim]: exactly a softmax over the last axis.
             return [scope.make_node(node.op_type, [node.input[0]], [node.output[0]], hint, axis=-1)]
-        rank = require_rank(scope, node.input[0])
+        rank = scope.require_rank(node.input[0])
         axis = axis + rank if axis < 0 else axis
         if axis == rank - 1:
             return [scope.make_node(node.op_type, [node.input[0]], [node.output[0]], hint, axis=-1)]

@@ -5,16 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import (
-    CannotLower,
-    GraphScope,
-    Rewrite,
-    attribute,
-    input_at,
-    numpy_dtype,
-    require_elem_type,
-    require_static_shape,
-)
+from .common import CannotLower, GraphScope, Rewrite, attribute, input_at, numpy_dtype
 
 
 class TriluRewrite(Rewrite):
@@ -24,7 +15,7 @@ class TriluRewrite(Rewrite):
 
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
         x = node.input[0]
-        dims = require_static_shape(scope, x, "Trilu needs to build its mask")
+        dims = scope.require_static_shape(x, "Trilu needs to build its mask")
         if len(dims) < 2:
             raise CannotLower(f"Trilu needs an input of rank >= 2, got shape {dims}")
         upper = bool(attribute(node, "upper", 1))
@@ -47,7 +38,7 @@ class TriluRewrite(Rewrite):
             kept = scope.make_node("Not", [dropped.output[0]], 1, f"{hint}/kept")
             nodes += [dropped, kept]
             mask = kept.output[0]
-        elem_type = require_elem_type(scope, x)
+        elem_type = scope.require_elem_type(x)
         if elem_type == onnx.TensorProto.BOOL:
             # Zeroing a boolean is And with the mask (onnxruntime has no boolean Where-9 kernel).
             return [*nodes, scope.make_node("And", [mask, x], [node.output[0]], hint)]
