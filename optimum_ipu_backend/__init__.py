@@ -4,14 +4,12 @@ Importing this package is cheap on purpose: it runs from a ``.pth`` line at ever
 start, so nothing heavy (torch, onnx, onnxruntime, the Poplar SDK) is imported here.
 """
 
-from __future__ import annotations
-
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "install"]
 
 
-def install() -> bool:
+def install():
     """Activate the provider plugins for optimum-onnx in this process.
 
     Installing the package already does this through a ``.pth`` file; call it explicitly where

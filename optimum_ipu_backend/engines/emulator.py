@@ -11,7 +11,6 @@ import logging
 from collections.abc import Mapping
 
 import numpy as np
-import onnx
 
 from optimum_ipu_backend.engines.base import (
     CompileOptions,
@@ -24,55 +23,54 @@ from optimum_ipu_backend.engines.probe import EMULATION_NOTICE
 
 _logger = logging.getLogger(__name__)
 
-# Poplar device types (graphcore-sdk-api.md §2.3); INT64, DOUBLE and BFLOAT16 have no device type.
-IPU_DTYPES = {
-    onnx.TensorProto.FLOAT: np.dtype(np.float32),
-    onnx.TensorProto.FLOAT16: np.dtype(np.float16),
-    onnx.TensorProto.INT32: np.dtype(np.int32),
-    onnx.TensorProto.UINT32: np.dtype(np.uint32),
-    onnx.TensorProto.INT16: np.dtype(np.int16),
-    onnx.TensorProto.UINT16: np.dtype(np.uint16),
-    onnx.TensorProto.INT8: np.dtype(np.int8),
-    onnx.TensorProto.UINT8: np.dtype(np.uint8),
-    onnx.TensorProto.BOOL: np.dtype(np.bool_),
+# The dtypes Poplar has a device type for (graphcore-sdk-api.md §2.3; no INT64, DOUBLE, BFLOAT16), as
+# onnxruntime names them.
+_ORT_TYPES = {
+    f"tensor({name})": dtype
+    for name, dtype in (
+        ("float", np.float32),
+        ("float16", np.float16),
+        ("int32", np.int32),
+        ("uint32", np.uint32),
+        ("int16", np.int16),
+        ("uint16", np.uint16),
+        ("int8", np.int8),
+        ("uint8", np.uint8),
+        ("bool", np.bool_),
+    )
 }
 
 
 def _io_specs(values) -> tuple[TensorSpec, ...]:
+    """Specs from onnxruntime's NodeArgs, refusing what an IPU executable cannot have."""
     specs = []
     for value in values:
-        tensor_type = value.type.tensor_type
-        if tensor_type.elem_type not in IPU_DTYPES:
+        if value.type not in _ORT_TYPES:
             raise EngineContractError(
-                f"graph input/output {value.name!r} has dtype "
-                f"{onnx.TensorProto.DataType.Name(tensor_type.elem_type)}, which the IPU does not have; "
+                f"graph input/output {value.name!r} has type {value.type}, which the IPU does not have; "
                 "the compiler's int64_to_int32 / precision passes must run first"
             )
-        dims = []
-        for dim in tensor_type.shape.dim:
-            if not dim.HasField("dim_value"):
-                raise EngineContractError(
-                    f"graph input/output {value.name!r} has a dynamic dimension "
-                    f"({dim.dim_param or '?'}); an IPU executable has one fixed shape"
-                )
-            dims.append(dim.dim_value)
-        specs.append(TensorSpec(value.name, tuple(dims), IPU_DTYPES[tensor_type.elem_type]))
+        if not all(isinstance(dim, int) for dim in value.shape):
+            raise EngineContractError(
+                f"graph input/output {value.name!r} has a dynamic shape {value.shape}; an IPU executable "
+                "has one fixed shape"
+            )
+        specs.append(TensorSpec(value.name, tuple(value.shape), np.dtype(_ORT_TYPES[value.type])))
     return tuple(specs)
 
 
 class HostEmulatorExecutable(Executable):
-    def __init__(self, model: onnx.ModelProto, model_bytes: bytes, options: CompileOptions) -> None:
+    def __init__(self, model_bytes: bytes, options: CompileOptions) -> None:
         import onnxruntime as ort
 
-        initializer_names = {init.name for init in model.graph.initializer}
-        self.inputs = _io_specs([v for v in model.graph.input if v.name not in initializer_names])
-        self.outputs = _io_specs(model.graph.output)
         session_options = ort.SessionOptions()
         if options.threads:
             session_options.intra_op_num_threads = options.threads
         self._session = ort.InferenceSession(
             model_bytes, sess_options=session_options, providers=["CPUExecutionProvider"]
         )
+        self.inputs = _io_specs(self._session.get_inputs())
+        self.outputs = _io_specs(self._session.get_outputs())
         self._output_names = [spec.name for spec in self.outputs]
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -94,9 +92,8 @@ class HostEmulatorEngine(Engine):
     emulated = True
 
     def compile(self, model_bytes: bytes, options: CompileOptions) -> Executable:
-        model = onnx.load_from_string(model_bytes)
         _logger.info("compiling for the host emulator (%s)", EMULATION_NOTICE)
-        return HostEmulatorExecutable(model, model_bytes, options)
+        return HostEmulatorExecutable(model_bytes, options)
 
     def describe(self) -> str:
         return f"emulator ({EMULATION_NOTICE})"

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from optimum_ipu_backend.integration.errors import ProviderPluginError
+
 ENTRY_POINT_GROUP = "optimum.onnxruntime.providers"
 PLUGINS_ENV = "OPTIMUM_PROVIDER_PLUGINS"
 
@@ -50,10 +52,6 @@ NATIVE_PROVIDER_PREFIXES = (
 )
 
 _logger = logging.getLogger(__name__)
-
-
-class ProviderPluginError(RuntimeError):
-    """A provider plugin was asked for but cannot be used."""
 
 
 @dataclass(frozen=True)
@@ -292,10 +290,3 @@ def get_registry() -> ProviderRegistry:
             if _registry is None:
                 _registry = ProviderRegistry()
     return _registry
-
-
-def provider_name(entry: Any) -> str:
-    """The name in an ORT ``providers`` entry: a string or a ``(name, options)`` tuple."""
-    if isinstance(entry, (tuple, list)) and entry:
-        return str(entry[0])
-    return str(entry)

@@ -21,11 +21,31 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from optimum_ipu_backend.integration.discovery import (
-    ProviderPluginError,
-    get_registry,
-    provider_name,
-)
+from optimum_ipu_backend.integration.errors import IntegrationError, ProviderPluginError
+
+# Discovery (entry points, dataclasses) is imported on the first plugin lookup, not when optimum-onnx
+# loads: these patches run inside `import optimum.onnxruntime`, whose cost we must not add to.
+
+
+def _registry():
+    from optimum_ipu_backend.integration.discovery import get_registry
+
+    return get_registry()
+
+
+def _provider_name(entry: Any) -> str:
+    """The name in an ORT ``providers`` entry: a string or a ``(name, options)`` tuple."""
+    if isinstance(entry, (tuple, list)) and entry:
+        return str(entry[0])
+    return str(entry)
+
+
+def _is_native(name: str) -> bool:
+    """onnxruntime's own providers never go through the plugin registry."""
+    import onnxruntime  # already imported by optimum-onnx
+
+    return name in onnxruntime.get_available_providers()
+
 
 SUPPORTED_OPTIMUM_ONNX = ">=0.1,<0.2"
 
@@ -48,10 +68,6 @@ _logger = logging.getLogger(__name__)
 
 # module name -> names that were expected but missing when the module loaded
 _missing: dict[str, tuple[str, ...]] = {}
-
-
-class IntegrationError(ProviderPluginError):
-    """optimum-onnx's internals are not what the patches expect."""
 
 
 def _optimum_onnx_version() -> str:
@@ -160,7 +176,9 @@ def _check_dispatch_ready(provider: str) -> None:
 
 def _make_validate(original: Callable[[str], Any]) -> Callable[[str], Any]:
     def validate_provider_availability(provider: str) -> Any:
-        registry = get_registry()
+        if _is_native(provider):
+            return original(provider)
+        registry = _registry()
         if registry.lookup(provider) is not None:
             _check_dispatch_ready(provider)
             return None
@@ -184,9 +202,9 @@ def _make_session_factory(original: Callable[..., Any]) -> Callable[..., Any]:
         provider_options: Any = None,
         **kwargs: Any,
     ) -> Any:
-        if providers:
-            registry = get_registry()
-            first = registry.lookup(provider_name(providers[0]))
+        if providers and not all(_is_native(_provider_name(entry)) for entry in providers):
+            registry = _registry()
+            first = registry.lookup(_provider_name(providers[0]))
             if first is not None:
                 return first.create_session(
                     path_or_bytes,
@@ -196,7 +214,7 @@ def _make_session_factory(original: Callable[..., Any]) -> Callable[..., Any]:
                     **kwargs,
                 )
             for entry in providers[1:]:
-                later = registry.lookup(provider_name(entry))
+                later = registry.lookup(_provider_name(entry))
                 if later is not None:
                     # onnxruntime would drop the unknown name and run everything on the first provider.
                     raise ProviderPluginError(

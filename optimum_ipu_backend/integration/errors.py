@@ -1,0 +1,9 @@
+"""Errors of the integration layer; kept apart so the patches import nothing heavier at start-up."""
+
+
+class ProviderPluginError(RuntimeError):
+    """A provider plugin was asked for but cannot be used."""
+
+
+class IntegrationError(ProviderPluginError):
+    """optimum-onnx's internals are not what the patches expect."""
