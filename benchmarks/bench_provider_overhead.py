@@ -170,8 +170,9 @@ def main() -> None:
         f"| {import_us / 1e3:.2f} ms | - | {import_us / 1e3:.2f} ms | <= 5 ms |"
     )
     print(
-        f"| `import optimum.onnxruntime` + ORTModel class, wall, plugins on vs off | {import_on * 1e3:.0f} ms "
-        f"| {import_off * 1e3:.0f} ms | {(import_on - import_off) * 1e3:+.1f} ms (noise of the whole import) | - |"
+        "| `import optimum.onnxruntime` + ORTModel class, wall, plugins on vs off "
+        f"| {import_on * 1e3:.0f} ms | {import_off * 1e3:.0f} ms "
+        f"| {(import_on - import_off) * 1e3:+.1f} ms (noise of the whole import) | - |"
     )
     print(
         "| BERT-base b8 s128 per call: ipu session (emulator) vs raw ORT on the same graph "
