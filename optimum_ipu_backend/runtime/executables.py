@@ -11,15 +11,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from optimum_ipu_backend.compiler import legalize
-from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
 from optimum_ipu_backend.engines.base import CompileOptions, Engine, Executable
 from optimum_ipu_backend.runtime.boundary import to_device_dtype
 from optimum_ipu_backend.runtime.executable_cache import CacheKey, ExecutableCache
@@ -29,20 +27,6 @@ _logger = logging.getLogger(__name__)
 
 LEGALIZED_GRAPH_FILE = "legalized.onnx"
 ShapeKey = tuple[tuple[str, object], ...]
-
-
-def branch_inputs(model: onnx.ModelProto) -> frozenset[str]:
-    """Boolean graph inputs that are the condition of an ``If`` (optimum's ``use_cache_branch``).
-
-    The two branches of a merged decoder return tensors of different shapes, so no single static
-    graph serves both: each value gets its own executable, with the branch chosen at compile time.
-    """
-    bool_inputs = {
-        value.name for value in model.graph.input if value.type.tensor_type.elem_type == onnx.TensorProto.BOOL
-    }
-    return frozenset(
-        node.input[0] for node in model.graph.node if node.op_type == "If" and node.input[0] in bool_inputs
-    )
 
 
 @dataclass
@@ -61,27 +45,35 @@ class ExecutableTable:
 
     def __init__(
         self,
-        model: onnx.ModelProto,
+        load_model: Callable[[], onnx.ModelProto],
         engine: Engine,
         options: CompileOptions,
         *,
         graph_digest: str,
+        branch_inputs: Sequence[str] = (),
         cache: ExecutableCache | None = None,
         progress: bool = False,
     ) -> None:
-        self._model = model
+        # The graph is parsed only when an executable must be built (a warm start builds none).
+        self._load_model = load_model
         self._engine = engine
         self._options = options
         self._graph_digest = graph_digest
         self._cache = cache
         self._progress = progress
-        self.branch_inputs = branch_inputs(model)
+        self.branch_inputs = frozenset(branch_inputs)
         self._entries: dict[ShapeKey, CompiledEntry] = {}
         self._key_locks: dict[ShapeKey, threading.Lock] = {}
         self._lock = threading.Lock()
 
     def _legalized_bytes(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> bytes:
-        model = bind_constant_inputs(self._model, branches) if branches else self._model
+        # The compiler is imported on the first cache miss, keeping it off warm loads.
+        from optimum_ipu_backend.compiler import legalize
+        from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
+
+        model = self._load_model()
+        if branches:
+            model = bind_constant_inputs(model, branches)
         passes = 8  # an upper bound of the pipeline's length, for the bar
         with step_progress(f"legalizing for {shapes}", passes, self._progress) as advance:
             legalized = legalize(model, shapes, precision=self._options.precision, progress=advance)

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from optimum_ipu_backend.engines.base import CompileOptions, Engine
 from optimum_ipu_backend.runtime.buckets import (
@@ -22,8 +18,8 @@ from optimum_ipu_backend.runtime.buckets import (
 )
 from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
 from optimum_ipu_backend.runtime.executables import ExecutableTable
+from optimum_ipu_backend.runtime.graph_source import GraphSource
 from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
-from optimum_ipu_backend.runtime.padding import SymbolicShape
 from optimum_ipu_backend.runtime.progress import progress_enabled
 from optimum_ipu_backend.runtime.serving import BATCH_DIM, ServingConfig, StaticShapeRunner, bucketable_dims
 
@@ -31,54 +27,13 @@ _logger = logging.getLogger(__name__)
 
 # Micro-batch sizes compiled when the user sets none: a call of N rows pads to the next one.
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
-_HASH_CHUNK = 1 << 20
 
 
-def graph_digest(path_or_bytes: str | os.PathLike | bytes, model: onnx.ModelProto) -> str:
-    """sha256 of the exported graph and its external weights: the identity of the cache entries."""
-    digest = hashlib.sha256()
-    if isinstance(path_or_bytes, (bytes, bytearray)):
-        digest.update(path_or_bytes)
-        return digest.hexdigest()
-    path = Path(path_or_bytes)
-    files = [path]
-    locations = {
-        entry.value
-        for tensor in model.graph.initializer
-        for entry in tensor.external_data
-        if entry.key == "location"
-    }
-    files.extend(path.parent / location for location in sorted(locations))
-    for file in files:
-        digest.update(file.name.encode())
-        with open(file, "rb") as handle:
-            while chunk := handle.read(_HASH_CHUNK):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _symbolic_shapes(values) -> dict[str, SymbolicShape]:
-    shapes = {}
-    for value in values:
-        dims: list[Any] = []
-        for dim in value.type.tensor_type.shape.dim:
-            dims.append(dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None))
-        shapes[value.name] = tuple(dims)
-    return shapes
-
-
-def _past_padding(model: onnx.ModelProto):
-    """The graph rewrite that lets a decoder's past be padded, when the graph needs one."""
-    try:
-        from optimum_ipu_backend.compiler.passes.mask_padded_past import add_past_padding_mask
-    except ModuleNotFoundError:
+def open_cache(runtime: IPURuntimeConfig) -> ExecutableCache | None:
+    """The executable cache the settings ask for, or None when it is disabled."""
+    if not runtime.cache_enabled:
         return None
-    try:
-        return add_past_padding_mask(model)
-    except ValueError as exc:
-        # Not provably safe to pad (e.g. a merged decoder): compile the past at the size it comes in.
-        _logger.info("the decoder's past is compiled per length: %s", exc)
-        return None
+    return ExecutableCache(runtime.executable_cache_dir, runtime.cache_size_limit)
 
 
 def _max_position_id(config: Mapping[str, Any]) -> int | None:
@@ -138,8 +93,8 @@ class RuntimeRunner:
 
 
 def build_runner(
-    model: onnx.ModelProto,
-    digest: str,
+    source: GraphSource,
+    cache: ExecutableCache | None,
     engine: Engine,
     device: str,
     runtime: IPURuntimeConfig,
@@ -151,17 +106,11 @@ def build_runner(
     config: Mapping[str, Any],
     output_dtypes: Mapping[str, np.dtype],
 ) -> RuntimeRunner:
-    rewrite = _past_padding(model)
-    served = rewrite.model if rewrite is not None else model
-    input_shapes = _symbolic_shapes(
-        v for v in served.graph.input if v.name not in {i.name for i in served.graph.initializer}
-    )
-    output_shapes = _symbolic_shapes(served.graph.output)
-    extra_masked = [rewrite.past_dim] if rewrite is not None else []
+    description = source.description
+    input_shapes = {name: tuple(dims) for name, dims in description.served_inputs.items()}
+    output_shapes = {name: tuple(dims) for name, dims in description.served_outputs.items()}
+    extra_masked = [description.past_dim] if description.past_dim else []
     plan = build_plan(config, bucketable_dims(input_shapes, extra_masked), runtime)
-    cache = None
-    if runtime.cache_enabled:
-        cache = ExecutableCache(runtime.executable_cache_dir, runtime.cache_size_limit)
     options = CompileOptions(
         device=device,
         precision=precision,
@@ -170,8 +119,15 @@ def build_runner(
         replicas=runtime.replication_factor,
     )
     table = ExecutableTable(
-        served, engine, options, graph_digest=digest, cache=cache, progress=progress_enabled(progress)
+        source.served_model,
+        engine,
+        options,
+        graph_digest=description.digest,
+        branch_inputs=description.branch_inputs,
+        cache=cache,
+        progress=progress_enabled(progress),
     )
+    mask = description.past_mask_input
     serving = ServingConfig(
         plan=plan,
         pad_token_id=config.get("pad_token_id") if isinstance(config.get("pad_token_id"), int) else None,
@@ -179,7 +135,7 @@ def build_runner(
         device_iterations=runtime.device_iterations,
         replicas=runtime.replication_factor,
         left_padded_dims=tuple(extra_masked),
-        generated_masks=((rewrite.mask_input, rewrite.past_dim),) if rewrite is not None else (),
+        generated_masks=((mask, description.past_dim),) if mask else (),
         trim_padding=trim_padding,
     )
     runner = StaticShapeRunner(table, input_shapes, output_shapes, output_dtypes, serving)

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from optimum_ipu_backend.engines import load_engine
 from optimum_ipu_backend.engines.probe import EMULATION_NOTICE, resolve_device
 from optimum_ipu_backend.runtime.buckets import option_name
-from optimum_ipu_backend.runtime.factory import build_runner, graph_digest
+from optimum_ipu_backend.runtime.factory import build_runner, open_cache
+from optimum_ipu_backend.runtime.graph_source import GraphSource
 from optimum_ipu_backend.session.io_binding import HostIOBinding
-from optimum_ipu_backend.session.node_arg import NodeArg, graph_inputs, graph_outputs
+from optimum_ipu_backend.session.node_arg import NodeArg, node_arg
 from optimum_ipu_backend.session.options import IPUProviderOptions
 
 PROVIDER_NAME = "IPUExecutionProvider"
@@ -66,15 +66,6 @@ class ModelMetadata:
     custom_metadata_map: dict[str, str] = field(default_factory=dict)
 
 
-def _load_model(path_or_bytes: str | os.PathLike | bytes) -> tuple[onnx.ModelProto, str | None]:
-    if isinstance(path_or_bytes, (bytes, bytearray)):
-        return onnx.load_from_string(bytes(path_or_bytes)), None
-    path = Path(path_or_bytes)
-    if not path.is_file():
-        raise FileNotFoundError(f"ONNX model {str(path)!r} does not exist")
-    return onnx.load(str(path)), str(path)
-
-
 class IPUInferenceSession:
     """An ``onnxruntime.InferenceSession`` look-alike that runs on an IPU engine."""
 
@@ -86,20 +77,24 @@ class IPUInferenceSession:
         sess_options: Any = None,
         options: IPUProviderOptions | None = None,
     ) -> None:
-        self._model, self._model_path = _load_model(path_or_bytes)
-        model_dir = Path(self._model_path).parent if self._model_path else None
+        is_path = not isinstance(path_or_bytes, (bytes, bytearray))
+        self._model_path = str(path_or_bytes) if is_path else None
+        model_dir = Path(path_or_bytes).parent if is_path else None
         self._options = options or IPUProviderOptions.parse(None, model_dir)
         self._resolution = resolve_device(self._options.device, self._options.engine)
+        cache = open_cache(self._options.runtime)
+        self._source = GraphSource(path_or_bytes, None if cache is None else cache.root)
         self._check_graph()
         self._sess_options = sess_options
         self._engine = load_engine(self._resolution.engine)
-        self._inputs = graph_inputs(self._model)
-        self._outputs = graph_outputs(self._model)
+        description = self._source.description
+        self._inputs = [node_arg(*spec) for spec in description.inputs]
+        self._outputs = [node_arg(*spec) for spec in description.outputs]
         self._input_by_name = {arg.name: arg for arg in self._inputs}
         self._output_names = [arg.name for arg in self._outputs]
         self._runner = build_runner(
-            self._model,
-            graph_digest(path_or_bytes, self._model),
+            self._source,
+            cache,
             self._engine,
             self._resolution.device,
             self._options.runtime,
@@ -118,10 +113,9 @@ class IPUInferenceSession:
 
     def _check_graph(self) -> None:
         """Fail at creation, not on the first call, for a graph the compiler cannot take."""
-        from optimum_ipu_backend.compiler.errors import LegalizationError
-        from optimum_ipu_backend.compiler.precheck import precheck_operators
+        from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
 
-        offending = precheck_operators(self._model)
+        offending = [UnsupportedNode(*entry) for entry in self._source.description.unsupported]
         if offending:
             raise LegalizationError(
                 f"{self._model_path or 'the model'} contains operators the IPU compiler cannot legalize",
@@ -168,7 +162,7 @@ class IPUInferenceSession:
         return self._sess_options
 
     def get_modelmeta(self) -> ModelMetadata:
-        model = self._model
+        model = self._source.model()
         return ModelMetadata(
             producer_name=model.producer_name,
             graph_name=model.graph.name,

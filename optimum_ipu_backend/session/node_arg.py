@@ -45,24 +45,7 @@ class NodeArg:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
 
 
-def node_arg(value: onnx.ValueInfoProto) -> NodeArg:
-    tensor_type = value.type.tensor_type
-    shape: list[int | str | None] = []
-    for dim in tensor_type.shape.dim:
-        if dim.HasField("dim_value"):
-            shape.append(dim.dim_value)
-        elif dim.HasField("dim_param"):
-            shape.append(dim.dim_param)
-        else:
-            shape.append(None)
-    type_name = ORT_TYPE_NAMES.get(tensor_type.elem_type, "undefined")
-    return NodeArg(value.name, shape, f"tensor({type_name})", tensor_type.elem_type)
-
-
-def graph_inputs(model: onnx.ModelProto) -> list[NodeArg]:
-    initializers = {init.name for init in model.graph.initializer}
-    return [node_arg(v) for v in model.graph.input if v.name not in initializers]
-
-
-def graph_outputs(model: onnx.ModelProto) -> list[NodeArg]:
-    return [node_arg(v) for v in model.graph.output]
+def node_arg(name: str, shape: list[int | str | None], elem_type: int) -> NodeArg:
+    """A NodeArg from a graph input's or output's name, symbolic shape and ONNX element type."""
+    type_name = ORT_TYPE_NAMES.get(elem_type, "undefined")
+    return NodeArg(name, list(shape), f"tensor({type_name})", elem_type)
