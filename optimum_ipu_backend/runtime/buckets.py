@@ -27,6 +27,11 @@ Default plan (``BucketPlan.default_for``)
   whose spacing is currently the coarsest. Executables are compiled lazily, only for the buckets calls
   actually touch.
 
+The session's runtime (``runtime.factory.build_plan``) applies ``default_for`` to each dimension on its
+own rather than to all of them together, because executables are compiled only for the shapes calls
+need: each dimension gets up to ``max_executables`` sizes, a past dimension powers of two (a generation
+crosses few of them), and batch the sizes 1, 2, 4, 8 unless ``batch_size`` says otherwise.
+
 Users choose sizes with provider options (``sequence_lengths="64,128,256,512"``, ``batch_size=8``,
 ``past_sequence_lengths=...``; see ``option_name``) or the same keys in ``ipu_config.json``.
 """

@@ -86,6 +86,13 @@ class IPUProviderOptions:
             runtime = load_runtime_config(model_dir, raw, other_options=SESSION_OPTION_HELP)
         except (IPUConfigError, BucketOptionError) as exc:
             raise ProviderOptionError(str(exc)) from exc
+        if runtime.ipus_per_replica != 1:
+            raise ProviderOptionError(
+                f"ipus_per_replica={runtime.ipus_per_replica} "
+                f"({runtime.sources.get('ipus_per_replica', 'set')}): "
+                "splitting one model over several IPUs is not supported yet; every replica runs on one IPU. "
+                "Set ipus_per_replica to 1 (replication_factor still spreads copies over several IPUs)."
+            )
         return cls(
             device=device,
             engine=None if engine is None else str(engine),

@@ -52,7 +52,9 @@ def test_a_corrupt_description_is_not_served(t5_dir, tmp_path, caplog):
     path = _copy(t5_dir, tmp_path / "model", "decoder_with_past_model.onnx")
     expected = GraphSource(path, tmp_path / "cache").description
     (stored,) = (tmp_path / "cache" / graph_source.DESCRIPTIONS_DIR).glob("*.json")
-    stored.write_text(stored.read_text().replace("past_decoder_sequence_length", "past_decoder_sequence_lengtx"))
+    stored.write_text(
+        stored.read_text().replace("past_decoder_sequence_length", "past_decoder_sequence_lengtx")
+    )
     with caplog.at_level(logging.WARNING):
         again = GraphSource(path, tmp_path / "cache").description
     assert again == expected

@@ -198,3 +198,9 @@ def test_trim_padding_regroups_rows_and_keeps_every_real_position(bert, tmp_path
     assert not got[~mask].any()  # masked positions are zeros, as documented
     computed = sum(np.prod(s["shapes"]["input_ids"]) * s["calls"] for s in session.compiled_executables())
     assert computed < 6 * 32  # less than padding the whole call to its bucket
+
+
+def test_sharding_over_several_ipus_is_refused_not_ignored(bert, tmp_path):
+    model_dir, onnx_dir = bert
+    with pytest.raises(ProviderOptionError, match="ipus_per_replica=4.*not supported yet"):
+        _session(onnx_dir, tmp_path, ipus_per_replica=4)
