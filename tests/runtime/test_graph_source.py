@@ -8,8 +8,8 @@ import os
 
 import onnx
 import pytest
-
 from model_zoo import session_zoo
+
 from optimum_ipu_backend.runtime import graph_source
 from optimum_ipu_backend.runtime.graph_source import GraphSource
 
