@@ -1,21 +1,31 @@
 """The IPU graph compiler: legalize exported ONNX graphs into what PopART (opset 11, static, int32) accepts.
 
-onnxslim is imported only when a folding pass runs, so importing this package stays cheap.
+The names below load on first use (PEP 562), so that ``compiler.errors`` or ``compiler.precheck`` can be
+imported without the passes: a warm session start needs the former and never the latter. onnxslim is
+imported only when a folding pass runs.
 """
 
-from .errors import LegalizationError, UnsupportedNode
-from .memory import MemoryEstimate, estimate_memory
-from .passes.fold_constants import bind_constant_inputs
-from .passes.verify import find_unsupported_nodes
-from .pipeline import LegalizedGraph, legalize
+from __future__ import annotations
 
-__all__ = [
-    "LegalizationError",
-    "LegalizedGraph",
-    "MemoryEstimate",
-    "UnsupportedNode",
-    "bind_constant_inputs",
-    "estimate_memory",
-    "find_unsupported_nodes",
-    "legalize",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LegalizationError": ".errors",
+    "UnsupportedNode": ".errors",
+    "MemoryEstimate": ".memory",
+    "estimate_memory": ".memory",
+    "bind_constant_inputs": ".passes.fold_constants",
+    "find_unsupported_nodes": ".passes.verify",
+    "LegalizedGraph": ".pipeline",
+    "legalize": ".pipeline",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -90,9 +91,10 @@ class Engine(ABC):
         """Engine artifacts worth caching beside the legalized graph (PopART: the ``.popef``)."""
         return {}
 
-    def load(self, model_bytes: bytes, artifacts: Mapping[str, bytes], options: CompileOptions) -> Executable:
-        """Rebuild an executable from the legalized graph and the artifacts ``export`` returned."""
-        return self.compile(model_bytes, options)
+    def load(self, graph_path: Path, artifacts: Mapping[str, Path], options: CompileOptions) -> Executable:
+        """Rebuild an executable from a cached legalized graph and the artifacts ``export`` returned
+        (files, so that an engine can hand them to its runtime without a copy through Python)."""
+        return self.compile(graph_path.read_bytes(), options)
 
     def describe(self) -> str:
         return self.name

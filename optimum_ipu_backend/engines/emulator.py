@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
@@ -60,14 +61,14 @@ def _io_specs(values) -> tuple[TensorSpec, ...]:
 
 
 class HostEmulatorExecutable(Executable):
-    def __init__(self, model_bytes: bytes, options: CompileOptions) -> None:
+    def __init__(self, model: bytes | str, options: CompileOptions) -> None:
         import onnxruntime as ort
 
         session_options = ort.SessionOptions()
         if options.threads:
             session_options.intra_op_num_threads = options.threads
         self._session = ort.InferenceSession(
-            model_bytes, sess_options=session_options, providers=["CPUExecutionProvider"]
+            model, sess_options=session_options, providers=["CPUExecutionProvider"]
         )
         self.inputs = _io_specs(self._session.get_inputs())
         self.outputs = _io_specs(self._session.get_outputs())
@@ -94,6 +95,10 @@ class HostEmulatorEngine(Engine):
     def compile(self, model_bytes: bytes, options: CompileOptions) -> Executable:
         _logger.info("compiling for the host emulator (%s)", EMULATION_NOTICE)
         return HostEmulatorExecutable(model_bytes, options)
+
+    def load(self, graph_path: Path, artifacts: Mapping[str, Path], options: CompileOptions) -> Executable:
+        # onnxruntime reads the cached file itself: no copy of the weights through Python.
+        return HostEmulatorExecutable(str(graph_path), options)
 
     def describe(self) -> str:
         return f"emulator ({EMULATION_NOTICE})"

@@ -36,9 +36,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from filelock import FileLock, Timeout
+if TYPE_CHECKING:
+    from filelock import FileLock
+
 
 _logger = logging.getLogger(__name__)
 
@@ -54,6 +56,14 @@ STALE_BUILD_SECONDS = 24 * 3600
 
 _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _HASH_CHUNK = 1 << 20
+
+
+def _lock_timeout() -> type[Exception]:
+    """filelock's Timeout, imported when an ``except`` clause is evaluated, i.e. only if something was
+    raised: the import is deferred off the warm path (see ``ExecutableCache._lock``)."""
+    from filelock import Timeout
+
+    return Timeout
 
 
 class CacheError(RuntimeError):
@@ -288,6 +298,9 @@ class ExecutableCache:
         return self.root / digest[:2] / digest
 
     def _lock(self, digest: str) -> FileLock:
+        # filelock costs ~10 ms to import; a warm cache hit never takes a lock, so it waits until needed.
+        from filelock import FileLock
+
         locks = self.root / ".locks"
         locks.mkdir(parents=True, exist_ok=True)
         return FileLock(str(locks / f"{digest}.lock"))
@@ -310,7 +323,7 @@ class ExecutableCache:
         lock = self._lock(digest)
         try:
             lock.acquire(timeout=0)
-        except Timeout:
+        except _lock_timeout():
             return None
         try:
             self._verified(digest, remove_corrupt=True)
@@ -354,7 +367,7 @@ class ExecutableCache:
         lock = self._lock(digest)
         try:
             lock.acquire(timeout=0)
-        except Timeout:
+        except _lock_timeout():
             _logger.info("waiting for another process that is building cache entry %s", digest)
             timeout = -1 if self.lock_timeout is None else self.lock_timeout
             lock.acquire(timeout=timeout)
@@ -505,7 +518,7 @@ class ExecutableCache:
         lock = self._lock(digest)
         try:
             lock.acquire(timeout=0)
-        except Timeout:
+        except _lock_timeout():
             return False
         try:
             path = self.root / digest[:2] / digest

@@ -118,12 +118,8 @@ class ExecutableTable:
             if "executable" in built:
                 executable, source = built["executable"], "compiled"
             else:
-                artifacts = {
-                    name: entry.read_bytes(name) for name in entry.files if name != LEGALIZED_GRAPH_FILE
-                }
-                executable = self._engine.load(
-                    entry.read_bytes(LEGALIZED_GRAPH_FILE), artifacts, self._options
-                )
+                artifacts = {name: path for name, path in entry.files.items() if name != LEGALIZED_GRAPH_FILE}
+                executable = self._engine.load(entry.file(LEGALIZED_GRAPH_FILE), artifacts, self._options)
                 source = "cache"
         seconds = time.perf_counter() - started
         _logger.info("%s %s for %s in %.2f s", source, self._engine.describe(), shapes, seconds)
