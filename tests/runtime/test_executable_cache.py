@@ -14,6 +14,7 @@ from pathlib import Path
 
 import platformdirs
 import pytest
+import xxhash
 from filelock import FileLock
 
 import optimum_ipu_backend.runtime.executable_cache as cache_module
@@ -138,7 +139,7 @@ def test_get_or_create_builds_once_and_reads_after(tmp_path: Path) -> None:
     manifest = json.loads((first.path / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["files"]["executable.popef"] == {
         "size": len(PAYLOAD),
-        "sha256": hashlib.sha256(PAYLOAD).hexdigest(),
+        "xxh3_128": xxhash.xxh3_128_hexdigest(PAYLOAD),
     }
     assert manifest["engine"] == "emulator" and manifest["key_inputs"] == key.inputs
     assert manifest["meta"] == {"model": "bert", "shapes": "1x128"}
