@@ -8,8 +8,6 @@ and dtype equal the compiled ones. It is not a cycle or memory simulator.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -62,40 +60,19 @@ def _io_specs(values) -> tuple[TensorSpec, ...]:
     return tuple(specs)
 
 
-OPTIMIZED_GRAPH_FILE = "emulator-optimized.onnx"
-
-
 class HostEmulatorExecutable(Executable):
-    """An onnxruntime CPU session over the legalized graph.
-
-    ``optimized`` says whether ``model`` is onnxruntime's own optimized form of the graph (the
-    emulator's "compiled executable", cached beside the legalized graph): then it is loaded with graph
-    optimizations off, which is what makes a warm load as fast as a plain onnxruntime one.
-    """
-
-    def __init__(
-        self, model: bytes | str, options: CompileOptions, optimized: bool = False, save_to: str | None = None
-    ) -> None:
+    def __init__(self, model: bytes | str, options: CompileOptions) -> None:
         import onnxruntime as ort
 
         session_options = ort.SessionOptions()
         if options.threads:
             session_options.intra_op_num_threads = options.threads
-        # EXTENDED, not ALL: ALL adds layout rewrites for this very CPU that must not be cached.
-        session_options.graph_optimization_level = (
-            ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            if optimized
-            else ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        )
-        if save_to is not None:
-            session_options.optimized_model_filepath = save_to
         self._session = ort.InferenceSession(
             model, sess_options=session_options, providers=["CPUExecutionProvider"]
         )
         self.inputs = _io_specs(self._session.get_inputs())
         self.outputs = _io_specs(self._session.get_outputs())
         self._output_names = [spec.name for spec in self.outputs]
-        self.optimized_graph: bytes | None = None
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         for spec in self.inputs:
@@ -117,25 +94,10 @@ class HostEmulatorEngine(Engine):
 
     def compile(self, model_bytes: bytes, options: CompileOptions) -> Executable:
         _logger.info("compiling for the host emulator (%s)", EMULATION_NOTICE)
-        with tempfile.TemporaryDirectory(prefix="optimum-ipu-emulator-") as scratch:
-            target = os.path.join(scratch, OPTIMIZED_GRAPH_FILE)
-            executable = HostEmulatorExecutable(model_bytes, options, save_to=target)
-            if os.path.exists(target) and not any(
-                name != OPTIMIZED_GRAPH_FILE for name in os.listdir(scratch)
-            ):
-                # a single self-contained file (graphs over 2 GB spill weights beside it: not cached)
-                with open(target, "rb") as handle:
-                    executable.optimized_graph = handle.read()
-        return executable
-
-    def export(self, executable: Executable) -> dict[str, bytes]:
-        optimized = getattr(executable, "optimized_graph", None)
-        return {} if optimized is None else {OPTIMIZED_GRAPH_FILE: optimized}
+        return HostEmulatorExecutable(model_bytes, options)
 
     def load(self, graph_path: Path, artifacts: Mapping[str, Path], options: CompileOptions) -> Executable:
         # onnxruntime reads the cached file itself: no copy of the weights through Python.
-        if OPTIMIZED_GRAPH_FILE in artifacts:
-            return HostEmulatorExecutable(str(artifacts[OPTIMIZED_GRAPH_FILE]), options, optimized=True)
         return HostEmulatorExecutable(str(graph_path), options)
 
     def describe(self) -> str:
