@@ -1,7 +1,8 @@
 """On-disk cache of legalized graphs and compiled executables, safe across processes.
 
 Layout: ``<root>/<key[:2]>/<key>/`` holds an entry's payload files (``model.onnx``,
-``executable.popef``, ...) and ``manifest.json`` (size and XXH3-128 checksum of every payload file, creation time,
+``executable.popef``, ...) and ``manifest.json`` (size and XXH3-128 checksum of every payload file, creation
+time,
 engine, key inputs, free-form metadata). ``<root>/.locks/`` holds one lock file per key and
 ``<root>/.tmp/`` the entries being built.
 
