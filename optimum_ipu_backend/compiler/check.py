@@ -19,6 +19,7 @@ import onnx
 
 from .errors import LegalizationError, UnsupportedNode
 from .memory import MemoryEstimate, estimate_memory
+from .op_table import branch_inputs
 from .passes.base import PassReport
 from .passes.fold_constants import bind_constant_inputs
 from .pipeline import PRECISIONS, legalize
@@ -276,16 +277,7 @@ def check_file(
 
 def _branch_bindings(model: onnx.ModelProto) -> list[dict[str, bool] | None]:
     """Both values of each boolean input that picks a top-level If branch; [None] when there is none."""
-    graph_inputs = {i.name: i for i in model.graph.input}
-    names = sorted(
-        {
-            node.input[0]
-            for node in model.graph.node
-            if node.op_type == "If"
-            and node.input[0] in graph_inputs
-            and graph_inputs[node.input[0]].type.tensor_type.elem_type == onnx.TensorProto.BOOL
-        }
-    )
+    names = branch_inputs(model)
     if not names:
         return [None]
     combos: list[dict[str, bool] | None] = [{}]

@@ -132,3 +132,17 @@ def count_ops(graph: onnx.GraphProto) -> dict[str, int]:
         key = node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}::{node.op_type}"
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def branch_inputs(model: onnx.ModelProto) -> list[str]:
+    """Boolean graph inputs that are the condition of a top-level ``If`` (optimum's ``use_cache_branch``).
+
+    The two branches of a merged decoder return tensors of different shapes, so no single static graph
+    serves both: each value is bound and legalized on its own.
+    """
+    bool_inputs = {
+        value.name for value in model.graph.input if value.type.tensor_type.elem_type == onnx.TensorProto.BOOL
+    }
+    return sorted(
+        {node.input[0] for node in model.graph.node if node.op_type == "If" and node.input[0] in bool_inputs}
+    )

@@ -158,6 +158,10 @@ class ExecutableTable:
         entry.calls += 1  # a statistic; an occasional lost increment under threads is acceptable
         return outputs
 
+    @property
+    def cache_description(self) -> str:
+        return "disabled" if self._cache is None else str(self._cache.root)
+
     def statistics(self) -> list[dict[str, object]]:
         """Each executable with its shapes, where it came from, its load time and the calls it served."""
         return [

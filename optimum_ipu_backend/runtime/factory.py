@@ -67,31 +67,6 @@ def build_plan(config: Mapping[str, Any], dims: list[str], runtime: IPURuntimeCo
     return BucketPlan(sizes, limits, sources)
 
 
-class RuntimeRunner:
-    """What the session holds: the serving runner plus what it reports."""
-
-    def __init__(
-        self, runner: StaticShapeRunner, table: ExecutableTable, cache: ExecutableCache | None
-    ) -> None:
-        self._runner = runner
-        self._table = table
-        self._cache = cache
-
-    @property
-    def plan(self) -> BucketPlan:
-        return self._runner.plan
-
-    @property
-    def cache_description(self) -> str:
-        return "disabled" if self._cache is None else str(self._cache.root)
-
-    def run(self, feed: Mapping[str, np.ndarray], output_names: list[str]) -> list[np.ndarray]:
-        return self._runner.run(feed, output_names)
-
-    def statistics(self) -> list[dict[str, object]]:
-        return self._table.statistics()
-
-
 def build_runner(
     source: GraphSource,
     cache: ExecutableCache | None,
@@ -105,7 +80,7 @@ def build_runner(
     trim_padding: bool = False,
     config: Mapping[str, Any],
     output_dtypes: Mapping[str, np.dtype],
-) -> RuntimeRunner:
+) -> StaticShapeRunner:
     description = source.description
     input_shapes = {name: tuple(dims) for name, dims in description.served_inputs.items()}
     output_shapes = {name: tuple(dims) for name, dims in description.served_outputs.items()}
@@ -138,6 +113,5 @@ def build_runner(
         generated_masks=((mask, description.past_dim),) if mask else (),
         trim_padding=trim_padding,
     )
-    runner = StaticShapeRunner(table, input_shapes, output_shapes, output_dtypes, serving)
     _logger.info("compiled sizes: %s", plan.describe())
-    return RuntimeRunner(runner, table, cache)
+    return StaticShapeRunner(table, input_shapes, output_shapes, output_dtypes, serving)

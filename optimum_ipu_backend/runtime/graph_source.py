@@ -64,20 +64,6 @@ def _io(values, initializers: set[str]) -> list[IOSpec]:
     return specs
 
 
-def branch_inputs(model: onnx.ModelProto) -> list[str]:
-    """Boolean graph inputs that are the condition of an ``If`` (optimum's ``use_cache_branch``).
-
-    The two branches of a merged decoder return tensors of different shapes, so no single static
-    graph serves both: each value gets its own executable, with the branch chosen at compile time.
-    """
-    bool_inputs = {
-        value.name for value in model.graph.input if value.type.tensor_type.elem_type == onnx.TensorProto.BOOL
-    }
-    return sorted(
-        {node.input[0] for node in model.graph.node if node.op_type == "If" and node.input[0] in bool_inputs}
-    )
-
-
 def past_padding(model: onnx.ModelProto):
     """The rewrite that lets a decoder's past be padded, or None when the graph needs none or it is not
     provably safe (then the past is compiled at the length it comes in)."""
@@ -91,6 +77,7 @@ def past_padding(model: onnx.ModelProto):
 
 
 def _describe(model: onnx.ModelProto, digest: str) -> GraphDescription:
+    from optimum_ipu_backend.compiler.op_table import branch_inputs
     from optimum_ipu_backend.compiler.precheck import precheck_operators
 
     initializers = {init.name for init in model.graph.initializer}

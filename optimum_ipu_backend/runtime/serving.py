@@ -103,10 +103,23 @@ class StaticShapeRunner:
         input_dims = set().union(*(_symbols(shape) for shape in self._input_shapes.values()))
         output_dims = set().union(*(_symbols(shape) for shape in self._output_shapes.values()))
         self._output_only_past_dims = sorted(d for d in output_dims - input_dims if d.startswith("past_"))
+        # trim_padding applies to encoders whose mask is [batch, sequence] and that take no past
+        self._trimmable = tuple(self._input_shapes.get("attention_mask", ())) == (
+            BATCH_DIM,
+            "sequence_length",
+        ) and (not any(dim.startswith("past_") for dim in input_dims))
 
     @property
     def plan(self) -> BucketPlan:
         return self._config.plan
+
+    @property
+    def cache_description(self) -> str:
+        return self._table.cache_description
+
+    def statistics(self) -> list[dict[str, object]]:
+        """Each compiled executable with its shapes, origin, load time and the calls it served."""
+        return self._table.statistics()
 
     def _placeholder_past(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """optimum's merged decoder without its cache gets placeholder (often empty) past tensors that the
@@ -139,15 +152,16 @@ class StaticShapeRunner:
 
     def _row_lengths(self, feed: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """Real lengths of right-padded rows of an encoder call, or None when trimming does not apply."""
-        shape = self._input_shapes.get("attention_mask")
-        if shape is None or tuple(shape) != (BATCH_DIM, "sequence_length") or "attention_mask" not in feed:
-            return None
-        if any("past" in str(dim) for shape in self._input_shapes.values() for dim in shape):
+        if not self._trimmable or "attention_mask" not in feed:
             return None
         mask = np.asarray(feed["attention_mask"]) != 0
         lengths = mask.sum(axis=1)
         right_padded = (mask == (np.arange(mask.shape[1])[None, :] < lengths[:, None])).all()
         return lengths if right_padded and lengths.min() > 0 else None
+
+    def _has_sequence_axis(self, output_name: str) -> bool:
+        shape = self._output_shapes[output_name]
+        return len(shape) > 1 and shape[1] == "sequence_length"
 
     def _run_regrouped(
         self, feed: Mapping[str, np.ndarray], output_names: Sequence[str], lengths: np.ndarray
@@ -172,20 +186,17 @@ class StaticShapeRunner:
                 if results[index] is None:
                     full = list(output.shape)
                     full[0] = len(lengths)
-                    if (
-                        len(self._output_shapes[name]) > 1
-                        and self._output_shapes[name][1] == "sequence_length"
-                    ):
+                    if self._has_sequence_axis(name):
                         full[1] = feed["attention_mask"].shape[1]
                     results[index] = np.zeros(full, dtype=output.dtype)
                 target = results[index]
-                if target.ndim > 1 and self._output_shapes[name][1] == "sequence_length":
+                if self._has_sequence_axis(name):
                     target[rows, :width] = output
                 else:
                     target[rows] = output
         masked = np.asarray(feed["attention_mask"]) == 0
         for name, result in zip(output_names, results, strict=True):
-            if result is not None and result.ndim > 1 and self._output_shapes[name][1] == "sequence_length":
+            if result is not None and self._has_sequence_axis(name):
                 result[masked] = 0  # one rule for every masked position, whichever group it ran in
         return results  # type: ignore[return-value]
 
@@ -193,7 +204,9 @@ class StaticShapeRunner:
         config = self._config
         branches = {name: bool(np.asarray(feed[name]).reshape(-1)[0]) for name in self._table.branch_inputs}
         feed = {name: array for name, array in feed.items() if name not in branches}
-        if branches and not all(branches.values()):
+        # a merged decoder called without its cache (its first step)
+        uncached = bool(branches) and not all(branches.values())
+        if uncached:
             feed = self._placeholder_past(feed)
         actual = infer_dims(feed, self._input_shapes)
         self._with_generated_masks(feed, actual)
@@ -218,7 +231,7 @@ class StaticShapeRunner:
         }
         # A decoder without a cache still names its present outputs "past_... + ..."; that past is empty.
         empty = dict.fromkeys(self._output_only_past_dims, 0)
-        if branches and not all(branches.values()):
+        if uncached:
             empty.update({dim: 0 for dim in actual if dim.startswith("past_")})
         # Empty placeholders (a merged decoder's unused cache outputs) have nothing to cut.
         placeholders = {name: array for name, array in outputs.items() if array.size == 0}

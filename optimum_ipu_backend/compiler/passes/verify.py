@@ -12,6 +12,7 @@ from ..op_table import (
     POPART_MAX_OPSET,
     POPART_MISSING_OPSET11_OPS,
     POPART_OPSET11_OPS,
+    branch_inputs,
     dtype_name,
     iter_graphs,
 )
@@ -161,13 +162,6 @@ def _node_problems(
     return found
 
 
-def _inputs_choosing_a_branch(model: onnx.ModelProto) -> list[str]:
-    graph_inputs = {graph_input.name for graph_input in model.graph.input}
-    return sorted(
-        {node.input[0] for node in model.graph.node if node.op_type == "If" and node.input[0] in graph_inputs}
-    )
-
-
 class VerifyPopartReady(GraphPass):
     """Check the graph against everything PopART needs; raise LegalizationError listing each problem."""
 
@@ -179,10 +173,10 @@ class VerifyPopartReady(GraphPass):
         problems, inferred = _verify(model)
         if problems:
             hints = None
-            branch_inputs = _inputs_choosing_a_branch(model)
-            if branch_inputs:
+            choosing = branch_inputs(model)
+            if choosing:
                 hints = [
-                    f"this graph picks an If branch from the input(s) {branch_inputs}: the branches of a "
+                    f"this graph picks an If branch from the input(s) {choosing}: the branches of a "
                     "merged decoder return outputs of different shapes, so bind the input first, e.g. "
                     "bind_constant_inputs(model, {'use_cache_branch': True}), and legalize each binding",
                     *DEFAULT_HINTS,
