@@ -94,7 +94,10 @@ def test_run_matches_cpu_and_keeps_declared_dtypes(session, model_path):
     # one executable per compiled shape (batch 1 or 2, sequence 8), reused for repeated shapes.
     calls = sorted((tuple(s["shapes"]["input_ids"]), s["calls"]) for s in session.compiled_executables())
     assert calls == [((1, 8), 1), ((2, 8), 2)]
-    assert session.padding_verdicts() == {"batch_size": "padded (proven)", "sequence_length": "padded (proven)"}
+    assert session.padding_verdicts() == {
+        "batch_size": "padded (proven)",
+        "sequence_length": "padded (proven)",
+    }
     assert session.run(["ids_plus_one"], _feed())[0].shape == (2, 5)
 
 
