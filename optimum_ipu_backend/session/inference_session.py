@@ -223,6 +223,10 @@ class IPUInferenceSession:
         """Per dimension tried so far: ``"padded (proven)"``, or ``"exact sizes: <node and reason>"``."""
         return self._runner.padding_verdicts()
 
+    def graph_notes(self) -> list[str]:
+        """What serving changed in the exported graph and what it costs (e.g. experts computed densely)."""
+        return list(self._source.description.notes)
+
     def bucket_sizes(self) -> dict[str, list[int]]:
         """The compiled sizes of every padded dimension."""
         return self._runner.plan.to_dict()
