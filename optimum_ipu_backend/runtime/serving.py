@@ -293,3 +293,45 @@ class StaticShapeRunner:
             axis = self._output_batch_axes.get(name)
             result[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
         return result
+
+    def compiled_shapes(
+        self, fixed_dims: Mapping[str, int] | None = None
+    ) -> list[tuple[dict[str, tuple[int, ...]], dict[str, bool]]]:
+        """Every static signature ``(input shapes, branches)`` a call can compile: each combination of
+        bucket sizes, merged-decoder branch and micro-batch, computed as ``_run_exact`` computes shapes.
+        Dimensions no bucket plans (image sizes, audio frames) take their size from ``fixed_dims``;
+        ``ValueError`` names those missing. For ahead-of-time compiles (``runtime.precompile``)."""
+        import itertools
+
+        fixed = dict(fixed_dims or {})
+        planned = [dim for dim in self.plan.dims if not is_batch_dim(dim)]
+        symbols = set().union(*(_symbols(shape) for shape in self._input_shapes.values()))
+        unplanned = sorted(symbols - set(self.plan.dims) - set(fixed) - {BATCH_DIM})
+        if unplanned:
+            raise ValueError(
+                f"dimension(s) {', '.join(unplanned)} have no compiled sizes (they are compiled at the size "
+                "they come in); give each one a size to compile for"
+            )
+        branch_names = sorted(self._table.branch_inputs)
+        branch_sets = [dict.fromkeys(branch_names, value) for value in (True, False)] if branch_names else [{}]
+        signatures: dict[tuple, tuple[dict[str, tuple[int, ...]], dict[str, bool]]] = {}
+        for branches in branch_sets:
+            uncached = bool(branches) and not all(branches.values())
+            for sizes in itertools.product(*(self.plan.sizes[dim] for dim in planned)):
+                actual = {**fixed, **dict(zip(planned, sizes, strict=True))}
+                if uncached:
+                    actual.update({dim: 1 for dim in actual if dim.startswith("past_")})
+                padded = {**actual, **self.plan.padded_dims(actual, self._carriers)}
+                for micro in self.plan.sizes.get(BATCH_DIM, (1,)):
+                    values = {**padded, BATCH_DIM: micro}
+                    shapes = {
+                        name: tuple(
+                            dim if isinstance(dim, int) else DimExpression.parse(dim).evaluate(values)
+                            for dim in shape
+                        )
+                        for name, shape in self._input_shapes.items()
+                        if name not in branches
+                    }
+                    key = (tuple(sorted(shapes.items())), tuple(sorted(branches.items())))
+                    signatures.setdefault(key, (shapes, dict(branches)))
+        return list(signatures.values())
