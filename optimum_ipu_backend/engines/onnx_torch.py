@@ -198,7 +198,9 @@ def _conv(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     pads = attrs.get("pads", [0] * 2 * spatial)
     begin, end = pads[:spatial], pads[spatial:]
     if begin != end:
-        data = torch.nn.functional.pad(data, [p for pair in zip(reversed(begin), reversed(end)) for p in pair])
+        data = torch.nn.functional.pad(
+            data, [p for pair in zip(reversed(begin), reversed(end)) for p in pair]
+        )
         begin = [0] * spatial
     conv = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[spatial - 1]
     return conv(
@@ -299,7 +301,9 @@ def _pool(kind: str) -> Op:
         kernel = attrs["kernel_shape"]
         pads = attrs.get("pads", [0] * 2 * spatial)
         if pads[:spatial] != pads[spatial:]:
-            raise EngineContractError(f"{kind} with asymmetric pads is not supported by the PopTorch converter")
+            raise EngineContractError(
+                f"{kind} with asymmetric pads is not supported by the PopTorch converter"
+            )
         strides = attrs.get("strides", [1] * spatial)
         functional = torch.nn.functional
         if kind == "MaxPool":
@@ -394,8 +398,12 @@ OPS: dict[str, Op] = {
     "Floor": _unary(torch.floor),
     "Gather": _gather,
     "Gemm": _gemm,
-    "GlobalAveragePool": lambda inputs, attrs: inputs[0].mean(dim=list(range(2, inputs[0].dim())), keepdim=True),
-    "GlobalMaxPool": lambda inputs, attrs: torch.amax(inputs[0], dim=list(range(2, inputs[0].dim())), keepdim=True),
+    "GlobalAveragePool": lambda inputs, attrs: inputs[0].mean(
+        dim=list(range(2, inputs[0].dim())), keepdim=True
+    ),
+    "GlobalMaxPool": lambda inputs, attrs: torch.amax(
+        inputs[0], dim=list(range(2, inputs[0].dim())), keepdim=True
+    ),
     "Greater": _binary(torch.gt),
     "HardSigmoid": lambda inputs, attrs: torch.clamp(
         attrs.get("alpha", 0.2) * inputs[0] + attrs.get("beta", 0.5), 0, 1
@@ -436,8 +444,9 @@ OPS: dict[str, Op] = {
     "Reshape": _reshape,
     "Round": _unary(torch.round),
     "ScatterElements": _scatter_elements,
-    "Selu": lambda inputs, attrs: attrs.get("gamma", 1.0507) * torch.where(
-        inputs[0] > 0, inputs[0], attrs.get("alpha", 1.67326) * (torch.exp(inputs[0]) - 1)
+    "Selu": lambda inputs, attrs: (
+        attrs.get("gamma", 1.0507)
+        * torch.where(inputs[0] > 0, inputs[0], attrs.get("alpha", 1.67326) * (torch.exp(inputs[0]) - 1))
     ),
     "Shape": _shape,
     "Sigmoid": _unary(torch.sigmoid),
@@ -500,7 +509,11 @@ class OnnxGraphModule(torch.nn.Module):
         super().__init__()
         graph = model.graph
         unsupported = sorted(
-            {node.op_type for node in graph.node if node.op_type not in OPS or node.domain not in ("", "ai.onnx")}
+            {
+                node.op_type
+                for node in graph.node
+                if node.op_type not in OPS or node.domain not in ("", "ai.onnx")
+            }
         )
         if unsupported:
             raise EngineContractError(

@@ -130,7 +130,7 @@ class PopARTBackend:
     def close_device(self, device: Any) -> None:
         device.detach()
 
-    def _session_options(self, options: dict, artifacts: str | None) -> Any:
+    def _session_options(self, options: dict, artifacts: str | None, hardware: bool) -> Any:
         popart = self.popart
         session_options = popart.SessionOptions()  # new every time, never the default argument object
         replicas = options["replicas"]
@@ -148,7 +148,7 @@ class PopARTBackend:
                 session_options.globalReplicationFactor = distributed["total"]
                 session_options.globalReplicaOffset = distributed["offset"]
         session_options.partialsTypeMatMuls = "half" if options["precision"] == "fp16" else "float"
-        if artifacts is not None:
+        if artifacts is not None and hardware:  # PopART caches for IPU and offline targets only
             os.makedirs(artifacts, exist_ok=True)
             session_options.enableEngineCaching = True
             session_options.cachePath = artifacts
@@ -172,7 +172,7 @@ class PopARTBackend:
                 fnModel=transformer.getModelProto(),
                 dataFlow=data_flow,
                 deviceInfo=device,
-                userOptions=self._session_options(options, artifacts),
+                userOptions=self._session_options(options, artifacts, offline or device_name == "ipu"),
             )
         finally:
             os.chdir(here)
@@ -224,7 +224,9 @@ class PopARTBackend:
         if isinstance(exc, popart.poplar_unrecoverable_runtime_error | popart.poplar_unknown_runtime_error):
             return {"kind": "unrecoverable"}
         message = str(exc)
-        if isinstance(exc, popart.popart_exception) and ("Failed to acquire" in message or "attach" in message):
+        if isinstance(exc, popart.popart_exception) and (
+            "Failed to acquire" in message or "attach" in message
+        ):
             return {"kind": "acquisition"}
         if isinstance(exc, popart.popart_exception | popart.poplar_exception | popart.poplibs_exception):
             return {"kind": "sdk"}

@@ -79,7 +79,9 @@ def read_popdist(environ: Mapping[str, str] | None = None) -> PopDistShare | Non
         offset = int(environ.get("POPDIST_REPLICA_INDEX_OFFSET", "0"))
         ipus = int(environ.get("POPDIST_NUM_IPUS_PER_REPLICA", "1"))
     except ValueError as exc:
-        raise ValueError(f"a POPDIST_* variable is not an integer ({exc}); check the poprun command") from None
+        raise ValueError(
+            f"a POPDIST_* variable is not an integer ({exc}); check the poprun command"
+        ) from None
     if local < 1 or total % local or not 0 <= offset < total or offset % local or ipus < 1:
         raise ValueError(
             f"inconsistent PopDist variables: {total} total replicas, {local} local, offset {offset}, "

@@ -108,7 +108,9 @@ class PopTorchBackend:
     def close_device(self, share: _DeviceShare) -> None:
         self._booked -= share.ipus
 
-    def _options(self, options: dict, artifacts: str | None, device: str, offline: bool, ipu_version: str) -> Any:
+    def _options(
+        self, options: dict, artifacts: str | None, device: str, offline: bool, ipu_version: str
+    ) -> Any:
         poptorch, torch = self.poptorch, self.torch
         opts = poptorch.Options()
         opts.deviceIterations(options["device_iterations"])
@@ -159,7 +161,10 @@ class PopTorchBackend:
         opts = self._options(options, artifacts, device_name, offline, options.get("ipu_version") or "ipu2")
         executor = self.poptorch.inferenceModel(module, opts)
         examples = [
-            torch.zeros((spec["shape"][0] * steps, *spec["shape"][1:]) if spec["shape"] else (), dtype=_torch_dtype(torch, spec["dtype"]))
+            torch.zeros(
+                (spec["shape"][0] * steps, *spec["shape"][1:]) if spec["shape"] else (),
+                dtype=_torch_dtype(torch, spec["dtype"]),
+            )
             for spec in inputs
         ]
         executor.compile(*examples)
@@ -171,7 +176,11 @@ class PopTorchBackend:
         for spec in built.inputs:
             array = inputs[spec["name"]]
             shape = spec["shape"]
-            args.append(torch.from_numpy(array.reshape((shape[0] * built.steps, *shape[1:])) if shape else array.reshape(())))
+            args.append(
+                torch.from_numpy(
+                    array.reshape((shape[0] * built.steps, *shape[1:])) if shape else array.reshape(())
+                )
+            )
         results = built.executor(*args)
         if isinstance(results, torch.Tensor):
             results = (results,)

@@ -55,9 +55,7 @@ _logger = logging.getLogger(__name__)
 
 # The code a worker starts with: the SDK first, before anything could import onnx.
 _BOOTSTRAP = (
-    "import {sdk}\n"
-    "from optimum_ipu_backend.engines.worker_server import serve\n"
-    "serve({fd}, {backend!r})\n"
+    "import {sdk}\nfrom optimum_ipu_backend.engines.worker_server import serve\nserve({fd}, {backend!r})\n"
 )
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 _STARTUP_TIMEOUT = float(os.environ.get("OPTIMUM_IPU_WORKER_START_TIMEOUT", "600"))
@@ -118,6 +116,7 @@ class Worker:
             line = raw.decode(errors="replace").rstrip()
             self._output.append(line)
             print(f"[{self.sdk} worker] {line}", file=sys.stderr)
+        process.stdout.close()
 
     def _mark_dead(self) -> str:
         """Stop what is left of the process; describe how it ended."""
@@ -169,7 +168,9 @@ class Worker:
         if "error" in reply:
             error = reply["error"]
             if error.get("kind") == "internal":
-                raise RuntimeError(f"{self.sdk} worker: {error['type']}: {error['message']}\n{error['traceback']}")
+                raise RuntimeError(
+                    f"{self.sdk} worker: {error['type']}: {error['message']}\n{error['traceback']}"
+                )
             if error.get("kind") == "contract":
                 raise EngineContractError(error["message"])
             raise _RemoteFault(error)
@@ -244,8 +245,13 @@ def _release_worker(worker: Worker) -> None:
 
 
 @atexit.register
-def _shutdown_all() -> None:
-    for worker in list(_workers.values()):
+def shutdown_workers() -> None:
+    """Stop every worker of this process (at exit; tests that change the SDK's environment)."""
+    with _registry_lock:
+        workers = list(_workers.values())
+        _workers.clear()
+        _users.clear()
+    for worker in workers:
         worker.shutdown()
 
 
@@ -303,9 +309,12 @@ class RemoteExecutable(Executable):
     def _build(self) -> None:
         timeout = self._request["options"].get("compile_timeout")
         try:
-            reply = self._worker.call("build", timeout=timeout, what=f"compiling {self._what}", **self._request)
+            reply = self._worker.call(
+                "build", timeout=timeout, what=f"compiling {self._what}", **self._request
+            )
         except _RemoteFault as fault:
-            raise device_fault(fault.error, self._what, self._ipus) from None
+            error = device_fault(fault.error, self._what, self._ipus)
+            raise error from error.__cause__
         self._id, self._generation = reply["executable"], self._worker.generation
         self.inputs = tuple(_spec(entry) for entry in reply["inputs"])
         self.outputs = tuple(_spec(entry) for entry in reply["outputs"])
@@ -316,7 +325,10 @@ class RemoteExecutable(Executable):
         mappings = []
         self._input_buffers: dict[str, np.ndarray] = {}
         self._output_buffers: dict[str, np.ndarray] = {}
-        for kind, target in (("input_buffers", self._input_buffers), ("output_buffers", self._output_buffers)):
+        for kind, target in (
+            ("input_buffers", self._input_buffers),
+            ("output_buffers", self._output_buffers),
+        ):
             for entry in reply[kind]:
                 mapping, array = map_buffer(entry["path"], tuple(entry["shape"]), np.dtype(entry["dtype"]))
                 os.unlink(entry["path"])  # both sides have it mapped: nothing is left behind if one dies
@@ -362,7 +374,11 @@ class RemoteExecutable(Executable):
             )
         for attempt in (1, 2):
             if self._generation != self._worker.generation or not self._worker.alive:
-                _logger.warning("rebuilding %s in a new %s worker", self._what, self._worker.sdk)
+                _logger.warning(
+                    "rebuilding %s: its %s worker restarted or its device was released",
+                    self._what,
+                    self._worker.sdk,
+                )
                 self._build()
             for name, buffer in self._input_buffers.items():
                 array = feed[name]
@@ -378,7 +394,8 @@ class RemoteExecutable(Executable):
                 if fault.error.get("kind") == "lost" and attempt == 1:
                     self._generation = -1  # unloaded with a lost device: build again and run once more
                     continue
-                raise device_fault(fault.error, self._what, self._ipus) from None
+                error = device_fault(fault.error, self._what, self._ipus)
+                raise error from error.__cause__
             break
         self.switches += int(reply["switched"])
         self.last_run_seconds = reply["seconds"]
@@ -448,7 +465,7 @@ class WorkerEngine(Engine):
             "ipu_version": self._target_ipu_version(options),
             "options": asdict(options),
         }
-        return self._track(RemoteExecutable(self, request, f"the executable compiled from {graph}"))
+        return self._track(RemoteExecutable(self, request, f"the graph {graph}"))
 
     def describe(self) -> str:
         return f"{self.name} ({self.sdk_version}, device {self.device}{', offline' if self.offline else ''})"

@@ -161,7 +161,9 @@ class Server:
                 mapping, array = map_buffer(path, shape, np.dtype(spec["dtype"]))
                 mappings.append(mapping)
                 arrays[kind][spec["name"]] = array
-                reply[kind].append({"name": spec["name"], "path": path, "shape": shape, "dtype": spec["dtype"]})
+                reply[kind].append(
+                    {"name": spec["name"], "path": path, "shape": shape, "dtype": spec["dtype"]}
+                )
         self.executables[executable_id] = _Executable(
             built, slot, arrays["input_buffers"], arrays["output_buffers"], mappings
         )

@@ -90,6 +90,11 @@ class ExecutableTable:
     def _save_legalized(
         self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool], directory: Path
     ) -> Path:
+        key = self._legalized_key(shapes, branches)
+        earlier = _legalized_files.get(key)
+        if earlier is not None and earlier.is_file():
+            # Legalization does not depend on the engine or device: reuse this process's earlier result.
+            return _copy_graph(earlier, directory / LEGALIZED_GRAPH_FILE)
         # The compiler is imported on the first cache miss, keeping it off warm loads.
         from optimum_ipu_backend.compiler import legalize
         from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
@@ -100,7 +105,17 @@ class ExecutableTable:
         passes = 8  # an upper bound of the pipeline's length, for the bar
         with step_progress(f"legalizing for {shapes}", passes, self._progress) as advance:
             legalized = legalize(model, shapes, precision=self._options.precision, progress=advance)
-        return save_graph(legalized.model, directory / LEGALIZED_GRAPH_FILE)
+        path = save_graph(legalized.model, directory / LEGALIZED_GRAPH_FILE)
+        _legalized_files[key] = path
+        return path
+
+    def _legalized_key(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> tuple:
+        return (
+            self._graph_digest,
+            tuple(sorted(shapes.items())),
+            tuple(sorted(branches.items())),
+            self._options.precision,
+        )
 
     def _cache_key(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> CacheKey:
         return CacheKey.build(
@@ -152,6 +167,7 @@ class ExecutableTable:
             key = self._cache_key(shapes, branches)
             entry = self._cache.get_or_create(key, build, meta=self._manifest_meta(shapes, branches))
             graph, artifacts = entry.file(LEGALIZED_GRAPH_FILE), entry.path / ARTIFACTS_DIR
+            _legalized_files[self._legalized_key(shapes, branches)] = graph
             if "executable" in built:
                 executable, source = built["executable"], "compiled"
                 executable.relocated(graph, artifacts)
@@ -235,6 +251,19 @@ class ExecutableTable:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+# (graph digest, shapes, branches, precision) -> a legalized graph this process wrote (in a cache entry or
+# a table's scratch directory); checked for existence before use.
+_legalized_files: dict[tuple, Path] = {}
+
+
+def _copy_graph(source: Path, target: Path) -> Path:
+    shutil.copyfile(source, target)
+    data = source.with_name(f"{source.name}.data")
+    if data.is_file():
+        shutil.copyfile(data, target.with_name(f"{target.name}.data"))
+    return target
 
 
 def _remove_scratch(directories: list[Path]) -> None:

@@ -27,7 +27,7 @@ def compile_buckets(
     """Build the executable of every bucket signature (the first ``limit`` of them, smallest first);
     returns one record per signature: shapes, branches, ``source`` ("compiled" or "cache"), seconds."""
     table = runner._table  # the runner's own table: its cache keys are the ones calls look up
-    signatures = runner.compiled_shapes(fixed_dims)
+    signatures = runner.compiled_shapes(fixed_dims)  # ValueError names dimensions without sizes
     signatures.sort(key=lambda signature: sorted(signature[0].items()))
     if limit is not None:
         signatures = signatures[:limit]

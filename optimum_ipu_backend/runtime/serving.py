@@ -313,7 +313,9 @@ class StaticShapeRunner:
                 "they come in); give each one a size to compile for"
             )
         branch_names = sorted(self._table.branch_inputs)
-        branch_sets = [dict.fromkeys(branch_names, value) for value in (True, False)] if branch_names else [{}]
+        branch_sets = (
+            [dict.fromkeys(branch_names, value) for value in (True, False)] if branch_names else [{}]
+        )
         signatures: dict[tuple, tuple[dict[str, tuple[int, ...]], dict[str, bool]]] = {}
         for branches in branch_sets:
             uncached = bool(branches) and not all(branches.values())

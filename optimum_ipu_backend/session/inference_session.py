@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -89,8 +90,11 @@ class IPUInferenceSession:
         self._check_graph()
         self._sess_options = sess_options
         runtime, compile_settings = self._engine_settings()
+        self._runtime = runtime  # with PopRun's share of the replicas
         # Engines with a worker process start it here and ask the SDK which IPUs exist.
-        self._engine = load_engine(self._resolution.engine, self._resolution.device, offline=self._options.offline)
+        self._engine = load_engine(
+            self._resolution.engine, self._resolution.device, offline=self._options.offline
+        )
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_engine, self._engine)
         description = self._source.description
@@ -117,10 +121,17 @@ class IPUInferenceSession:
             from optimum_ipu_backend.runtime.precompile import compile_buckets
 
             try:
-                compile_buckets(self._runner, limit=1)
-            except BaseException:
-                self.close()
-                raise
+                self._runner.compiled_shapes()
+            except ValueError as exc:  # a dimension compiled at the size it comes in: no shape is known yet
+                warnings.warn(
+                    f"compile='eager' compiled nothing at creation: {exc}", RuntimeWarning, stacklevel=2
+                )
+            else:
+                try:
+                    compile_buckets(self._runner, limit=1)
+                except BaseException:
+                    self.close()
+                    raise
         if self._resolution.emulated:
             if not _emulation_announced.is_set():
                 _emulation_announced.set()
@@ -192,7 +203,7 @@ class IPUInferenceSession:
         return [ProviderName(self._resolution.device)]
 
     def get_provider_options(self) -> dict[str, dict[str, str]]:
-        runtime = self._options.runtime
+        runtime = self._runtime
         options = {
             "device": self._resolution.device,
             "engine": self._resolution.engine,

@@ -85,7 +85,9 @@ class IPUProviderOptions:
             raise ProviderOptionError(f"option 'engine'={engine!r}: {SESSION_OPTION_HELP['engine']}")
         compile_mode = str(raw.get("compile", "lazy")).strip().lower()
         if compile_mode not in COMPILE_MODES:
-            raise ProviderOptionError(f"option 'compile'={raw['compile']!r}: {SESSION_OPTION_HELP['compile']}")
+            raise ProviderOptionError(
+                f"option 'compile'={raw['compile']!r}: {SESSION_OPTION_HELP['compile']}"
+            )
         compile_timeout = raw.get("compile_timeout")
         if compile_timeout is not None:
             try:

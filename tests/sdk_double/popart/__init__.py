@@ -574,7 +574,9 @@ class DeviceManager:
         allowed = {"numIPUs", "tilesPerIPU", "compileIPUCode", "ipuVersion"}
         for key in options:
             if key not in allowed:
-                raise popart_exception(f"Invalid option '{key}' for IPUModelDevice. Valid options are {sorted(allowed)}")
+                raise popart_exception(
+                    f"Invalid option '{key}' for IPUModelDevice. Valid options are {sorted(allowed)}"
+                )
         _log("DeviceManager.createIpuModelDevice", options=options,
              types={k: type(v).__name__ for k, v in options.items()})  # fmt: skip
         device = DeviceInfo(DeviceType.IpuModel, int(str(options.get("numIPUs", 1))),
@@ -586,7 +588,9 @@ class DeviceManager:
         allowed = {"numIPUs", "tilesPerIPU", "ipuVersion", "syncPattern", "gatewayMode"}
         for key in opts:
             if key not in allowed:
-                raise popart_exception(f"Invalid option '{key}' for OfflineIPUDevice. Valid options are {sorted(allowed)}")
+                raise popart_exception(
+                    f"Invalid option '{key}' for OfflineIPUDevice. Valid options are {sorted(allowed)}"
+                )
         _log("DeviceManager.createOfflineIPUDevice", options=opts)
         return DeviceInfo(DeviceType.OfflineIpu, int(str(opts.get("numIPUs", 1))), FULL_TILES,
                           version=str(opts.get("ipuVersion", "ipu2")), connectionType=DeviceConnectionType.Never)  # fmt: skip
@@ -598,6 +602,54 @@ class DeviceManager:
 # ---------------------------------------------------------------------------------------------------------
 # Graphs
 # ---------------------------------------------------------------------------------------------------------
+
+
+# Inputs that ONNX (and so onnxruntime) requires to be int64, where PopART takes the int32 that
+# convertINT64ToINT32 leaves: (op type, input positions).
+_INT64_INPUTS = {
+    "Reshape": (1,),
+    "Expand": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Tile": (1,),
+    "ConstantOfShape": (0,),
+    "Pad": (1,),
+    "TopK": (1,),
+    "Resize": (),
+    "Upsample": (),
+}
+
+
+def _executable_by_onnxruntime(model):
+    """The graph as the double executes it: int32 shape operands go back to int64 for onnxruntime."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = type(model).FromString(model.SerializeToString())
+    for graph in _graphs(model.graph):
+        initializers = {tensor.name: tensor for tensor in graph.initializer}
+        nodes = []
+        for node in graph.node:
+            for position in _INT64_INPUTS.get(node.op_type, ()):
+                if position >= len(node.input) or not node.input[position]:
+                    continue
+                name = node.input[position]
+                tensor = initializers.get(name)
+                if tensor is not None and tensor.data_type == onnx.TensorProto.INT32:
+                    wide = f"{name}__int64"
+                    if wide not in initializers:
+                        initializers[wide] = numpy_helper.from_array(
+                            numpy_helper.to_array(tensor).astype(np.int64), wide
+                        )
+                        graph.initializer.append(initializers[wide])
+                    node.input[position] = wide
+                elif tensor is None:
+                    wide = f"{name}__int64_{len(nodes)}"
+                    nodes.append(helper.make_node("Cast", [name], [wide], to=onnx.TensorProto.INT64))
+                    node.input[position] = wide
+            nodes.append(node)
+        graph.ClearField("node")
+        graph.node.extend(nodes)
+    return model
 
 
 def _load_model(fnModel):  # noqa: N803
@@ -660,7 +712,10 @@ class GraphTransformer:
                     value.type.tensor_type.elem_type = onnx.TensorProto.INT32
             for node in graph.node:  # Cast's `to` is not rewritten (§2.3)
                 for attribute in node.attribute:
-                    if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == onnx.TensorProto.INT64:
+                    if (
+                        attribute.type == onnx.AttributeProto.TENSOR
+                        and attribute.t.data_type == onnx.TensorProto.INT64
+                    ):
                         attribute.t.CopyFrom(narrow(attribute.t))
 
     def getModelProto(self) -> bytes:  # noqa: N802
@@ -715,7 +770,7 @@ class InferenceSession:
         if not isinstance(dataFlow, DataFlow) or not isinstance(userOptions, SessionOptions):
             raise TypeError("InferenceSession(): incompatible function arguments")
         self._model = _load_model(fnModel)
-        self._raw = self._model.SerializeToString()
+        self._raw = _executable_by_onnxruntime(self._model).SerializeToString()
         self.dataFlow, self._device, self._options = dataFlow, deviceInfo, userOptions
         self._shape_info = inputShapeInfo or InputShapeInfo()
         self._check_graph()
@@ -727,13 +782,17 @@ class InferenceSession:
         if opts.enableReplicatedGraphs and local == 1:
             raise popart_exception("Local replicated graphs enabled but replication factor is 1")
         if deviceInfo.numIpus % local:
-            raise popart_exception("For replicated graphs, the number of IPUs must be divisible by the replication factor.")
+            raise popart_exception(
+                "For replicated graphs, the number of IPUs must be divisible by the replication factor."
+            )
         if opts.virtualGraphMode is VirtualGraphMode.Off and local != deviceInfo.numIpus:
             raise popart_exception(f"If virtual graphs are disabled, the replicated graph count ({local}) needs to be "
                                    f"equal to the number of IPUs ({deviceInfo.numIpus})")  # fmt: skip
         if opts.enableDistributedReplicatedGraphs:
             if deviceInfo.type is not DeviceType.Ipu and deviceInfo.type is not DeviceType.OfflineIpu:
-                raise popart_exception("Only IPU Hardware devices supported with distributed replicated graphs.")
+                raise popart_exception(
+                    "Only IPU Hardware devices supported with distributed replicated graphs."
+                )
             if opts.globalReplicaOffset >= opts.globalReplicationFactor:
                 raise popart_exception(f"Global replica offset: {opts.globalReplicaOffset}, is larger than global "
                                        f"replication factor: {opts.globalReplicationFactor}")  # fmt: skip
@@ -776,7 +835,9 @@ class InferenceSession:
                             f"{[d.dim_value or d.dim_param for d in dims]}, which uses an unknown value "
                             f"'{dim.dim_param}'"
                         )
-                info = TensorInfo(_ONNX_TO_POPART[value.type.tensor_type.elem_type], [d.dim_value for d in dims])
+                info = TensorInfo(
+                    _ONNX_TO_POPART[value.type.tensor_type.elem_type], [d.dim_value for d in dims]
+                )
             self._inputs[value.name] = info
         for value in model.graph.output:
             dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
@@ -813,7 +874,9 @@ class InferenceSession:
         _log("InferenceSession.prepareDevice", loadEngine=loadEngine)
         for name, info in {**self._inputs, **self._outputs}.items():
             if info.data_type() not in _DEVICE_TYPES:
-                raise popart_exception(f"The data type {info.data_type()} is not supported in Poplar (tensor {name})")
+                raise popart_exception(
+                    f"The data type {info.data_type()} is not supported in Poplar (tensor {name})"
+                )
         _fault("prepareDevice")
         cache_file = self._cache_file()
         model_bytes = self._raw
@@ -953,7 +1016,9 @@ class InferenceSession:
                 continue
             array = stepio.outputs[name]
             if array.size != info.nelms() * bps * replicas or array.dtype != info.numpy_dtype():
-                raise popart_runtime_error(f"Unexpected output buffer for anchor {name}: {array.shape} {array.dtype}")
+                raise popart_runtime_error(
+                    f"Unexpected output buffer for anchor {name}: {array.shape} {array.dtype}"
+                )
             outputs[name] = array.reshape(bps, replicas, *info.shape())
         names = list(outputs)
         for step in range(bps):

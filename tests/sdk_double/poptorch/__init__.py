@@ -46,7 +46,9 @@ def _log(call: str, **fields) -> None:
     path = os.environ.get("POPART_DOUBLE_LOG")
     if path:
         with open(path, "a", encoding="utf-8") as stream:
-            stream.write(json.dumps({"call": f"poptorch.{call}", "pid": os.getpid(), **fields}, default=str) + "\n")
+            stream.write(
+                json.dumps({"call": f"poptorch.{call}", "pid": os.getpid(), **fields}, default=str) + "\n"
+            )
 
 
 class Error(RuntimeError):
@@ -85,9 +87,13 @@ def _fault(at: str) -> None:
         elif kind == "unrecoverable":
             raise UnrecoverableError("The IPU is lost")
         elif kind == "OutOfMemoryException":
-            raise Error("Out of memory: provoked by the test configuration", "poplar_graph_memory_allocation_error")
+            raise Error(
+                "Out of memory: provoked by the test configuration", "poplar_graph_memory_allocation_error"
+            )
         else:
-            raise Error(fault.get("message", f"{kind} provoked by the test configuration"), "popart_exception")
+            raise Error(
+                fault.get("message", f"{kind} provoked by the test configuration"), "popart_exception"
+            )
 
 
 class OutputMode(enum.Enum):
@@ -275,7 +281,10 @@ class PoplarExecutor:
         limit = _config().get("memory_bytes_per_ipu")
         weights = sum(t.numel() * t.element_size() for t in self._model.state_dict().values())
         if limit is not None and weights > float(limit):
-            raise Error(f"Out of memory on tile 0: {weights} bytes of weights per IPU", "poplar_graph_memory_allocation_error")
+            raise Error(
+                f"Out of memory on tile 0: {weights} bytes of weights per IPU",
+                "poplar_graph_memory_allocation_error",
+            )
         if opts.cache_path and not opts.ipu_model:
             digest = hashlib.sha256(repr((shapes, opts.device_iterations, opts.replication_factor)).encode())
             path = os.path.join(opts.cache_path, f"{digest.hexdigest()[:32]}.popef")
