@@ -408,7 +408,11 @@ class RemoteExecutable(Executable):
         return {name: buffer.copy() for name, buffer in self._output_buffers.items()}
 
     def residency(self) -> dict[str, object]:
-        return {"switches": self.switches, "device": self.device_label}
+        return {
+            "switches": self.switches,
+            "device": self.device_label,
+            "last_run_seconds": getattr(self, "last_run_seconds", None),  # inside the worker, SDK run only
+        }
 
 
 class WorkerEngine(Engine):
