@@ -73,7 +73,8 @@ def run_compile(args: argparse.Namespace) -> int:
         compiled = sum(record["source"] == "compiled" for record in graph["executables"])
         where = "offline IPU target" if graph["offline"] else f"device {graph['device']}"
         print(
-            f"{graph['graph']}: {len(graph['executables'])} executable(s) on {where}, engine {graph['engine']} "
+            f"{graph['graph']}: {len(graph['executables'])} executable(s) on {where}, "
+            f"engine {graph['engine']} "
             f"({compiled} compiled, {len(graph['executables']) - compiled} already cached) in "
             f"{graph['executable_cache']}"
         )

@@ -199,7 +199,7 @@ def _conv(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     begin, end = pads[:spatial], pads[spatial:]
     if begin != end:
         data = torch.nn.functional.pad(
-            data, [p for pair in zip(reversed(begin), reversed(end)) for p in pair]
+            data, [p for pair in zip(reversed(begin), reversed(end), strict=True) for p in pair]
         )
         begin = [0] * spatial
     conv = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[spatial - 1]

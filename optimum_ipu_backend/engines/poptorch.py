@@ -50,7 +50,8 @@ class PopTorchEngine(WorkerEngine):
         if origin is None:
             return Availability(
                 False,
-                "the Python module poptorch of Graphcore's Poplar SDK was not found; enable the SDK and install "
+                "the Python module poptorch of Graphcore's Poplar SDK was not found; enable the SDK and "
+                "install "
                 "its PopTorch wheel (pip install optimum-ipu-backend[poptorch] for the host side)",
             )
         return Availability(True, f"PopTorch found ({origin}); the SDK lists the IPUs when a session starts")
@@ -151,7 +152,8 @@ class PopTorchBackend:
                 dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
                 if steps > 1 and not shape:
                     raise EngineContractError(
-                        f"{value.name!r} is a scalar; PopTorch concatenates device iterations and replicas on "
+                        f"{value.name!r} is a scalar; PopTorch concatenates device iterations and "
+                        "replicas on "
                         "dim 0, so scalars need device_iterations = replication_factor = 1"
                     )
                 result.append({"name": value.name, "shape": shape, "dtype": np.dtype(dtype).name})

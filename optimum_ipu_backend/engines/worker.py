@@ -154,7 +154,8 @@ class Worker:
                 description = self._mark_dead()
                 raise CompileTimeoutError(
                     f"{what} took longer than {timeout:g} s (the compile_timeout provider option); the "
-                    f"{self.sdk} worker ({description.split(';')[0]}) was stopped and starts again on the next "
+                    f"{self.sdk} worker ({description.split(';')[0]}) was stopped and starts again on "
+                    "the next "
                     "call. Raise compile_timeout, serve smaller buckets, or compile ahead of time with "
                     "`optimum-ipu compile MODEL`."
                 )
@@ -384,7 +385,8 @@ class RemoteExecutable(Executable):
                 array = feed[name]
                 if array.shape != buffer.shape or array.dtype != buffer.dtype:
                     raise EngineContractError(
-                        f"executable input {name!r} takes {buffer.dtype}{list(buffer.shape)} per step and got "
+                        f"executable input {name!r} takes {buffer.dtype}{list(buffer.shape)} per step "
+                        f"and got "
                         f"{array.dtype}{list(array.shape)}; the runtime must pad or split to compiled shapes"
                     )
                 np.copyto(buffer, array)
@@ -443,7 +445,8 @@ class WorkerEngine(Engine):
             raise DeviceUnavailableError(
                 f"device 'ipu': the Poplar SDK ({self.sdk_version}) found no IPUs "
                 "(DeviceManager().enumerateDevices() is empty). On an IPU-POD, set IPUOF_VIPU_API_HOST and "
-                "IPUOF_VIPU_API_PARTITION_ID (or IPUOF_CONFIG_PATH) for your partition; use device 'ipu-model' "
+                "IPUOF_VIPU_API_PARTITION_ID (or IPUOF_CONFIG_PATH) for your partition; use device "
+                "'ipu-model' "
                 f"for Graphcore's simulator. {OPT_IN_HINT}"
             )
 

@@ -162,7 +162,8 @@ class IPUInferenceSession:
         given = runtime.sources.get("replication_factor")
         if given is not None and runtime.replication_factor != share.local_replicas:
             raise ProviderOptionError(
-                f"replication_factor={runtime.replication_factor} ({given}) conflicts with PopRun, which gives "
+                f"replication_factor={runtime.replication_factor} ({given}) conflicts with PopRun, "
+                f"which gives "
                 f"this instance {share.local_replicas} of {share.total_replicas} replicas (poprun "
                 "--num-replicas / --num-instances); remove the setting"
             )
@@ -255,7 +256,8 @@ class IPUInferenceSession:
     ) -> list[np.ndarray]:
         if self._closed:
             raise EngineClosedError(
-                "this IPUInferenceSession was closed, which released its IPUs; create a new session (load the "
+                "this IPUInferenceSession was closed, which released its IPUs; create a new session "
+                "(load the "
                 "model again) to run"
             )
         names = list(output_names) if output_names else self._output_names

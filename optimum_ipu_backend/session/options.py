@@ -23,13 +23,15 @@ COMPILE_MODES = ("lazy", "eager")
 SESSION_OPTION_HELP = {
     "device": f"one of {', '.join(DEVICES)}; default from OPTIMUM_IPU_DEVICE, else 'ipu'",
     "engine": (
-        f"one of {', '.join(engine_names())}; default: the available engine of highest priority for the device"
+        f"one of {', '.join(engine_names())}; default: the available engine of highest priority "
+        "for the device"
     ),
     "compile": (
         "'lazy' (compile each shape on its first call) or 'eager' (also compile the smallest shape while the "
         "session is created, so that a failure there lets providers listed after ipu take over); default lazy"
     ),
-    "compile_timeout": "seconds one compile may take before it is stopped (positive number); default: no limit",
+    "compile_timeout": "seconds one compile may take before it is stopped (positive number); "
+    "default: no limit",
     "threads": "host threads the emulator may use (positive integer); default: onnxruntime's choice",
     "progress": (
         "1 or 0: progress bars for legalization and compilation; default: on when stderr is a terminal"
@@ -96,7 +98,8 @@ class IPUProviderOptions:
                 compile_timeout = 0.0
             if not compile_timeout > 0:
                 raise ProviderOptionError(
-                    f"option 'compile_timeout'={raw['compile_timeout']!r}: {SESSION_OPTION_HELP['compile_timeout']}"
+                    f"option 'compile_timeout'={raw['compile_timeout']!r}: "
+                    f"{SESSION_OPTION_HELP['compile_timeout']}"
                 )
         threads = raw.get("threads")
         if threads is not None:

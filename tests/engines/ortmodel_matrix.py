@@ -1,4 +1,5 @@
-"""Run in a fresh interpreter by test_ortmodels_on_engines.py: the cases of tests/integration/ortmodel_checks.py
+"""Run in a fresh interpreter by test_ortmodels_on_engines.py: the cases of
+tests/integration/ortmodel_checks.py
 with provider="ipu" on the Poplar SDK engines (the SDK double on the path) instead of the emulator.
 Argument: a JSON file of {"combos": [[device, engine], ...], "cases": {...}}; prints one JSON object."""
 

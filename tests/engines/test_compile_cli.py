@@ -38,7 +38,8 @@ def test_offline_compile_fills_the_cache_and_a_later_process_serves_without_comp
     arguments = [f"--provider-option={key}={value}" for key, value in options.items()]
     completed = python(
         "import sys\nfrom optimum_ipu_backend.cli.main import main\n"
-        f"sys.exit(main(['compile', {str(model.parent)!r}, '--offline', '--json', '--dim', 'sequence_length=5', "
+        f"sys.exit(main(['compile', {str(model.parent)!r}, '--offline', '--json', "
+        "'--dim', 'sequence_length=5', "
         f"*{arguments!r}]))",
         env=environment,
     )

@@ -50,7 +50,8 @@ def _run(tmp_path_factory, engine: str) -> tuple[dict, list[dict]]:
     spec.write_text(json.dumps({"combos": [[device, engine] for device in DEVICES], "cases": _cases(zoo)}))
     script = Path(__file__).with_name("ortmodel_matrix.py")
     completed = python(
-        f"import runpy, sys; sys.argv = ['matrix', {str(spec)!r}]; runpy.run_path({str(script)!r}, run_name='__main__')",
+        f"import runpy, sys; sys.argv = ['matrix', {str(spec)!r}]; "
+        f"runpy.run_path({str(script)!r}, run_name='__main__')",
         env={**environment, "OPTIMUM_IPU_CACHE": str(scratch / "cache")},
     )
     assert completed.returncode == 0, completed.stderr[-5000:]
@@ -116,8 +117,12 @@ def test_popart_call_log_follows_the_documented_order(popart_results):
         assert before[-2:] == ["GraphTransformer.__init__", "GraphTransformer.convertINT64ToINT32"], before
         assert calls[index + 1 : index + 2] == ["InferenceSession.prepareDevice"]
         after = [c for c in calls[index + 1 : index + 8] if c.startswith("InferenceSession.")]
-        order = [c for c in after if c in ("InferenceSession.prepareDevice", "InferenceSession.weightsFromHost",
-                                           "InferenceSession.initAnchorArrays")]  # fmt: skip
+        wanted = (
+            "InferenceSession.prepareDevice",
+            "InferenceSession.weightsFromHost",
+            "InferenceSession.initAnchorArrays",
+        )
+        order = [c for c in after if c in wanted]
         assert order[:3] == [
             "InferenceSession.prepareDevice",
             "InferenceSession.weightsFromHost",

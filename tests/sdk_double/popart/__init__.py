@@ -1024,7 +1024,7 @@ class InferenceSession:
         for step in range(bps):
             for replica in range(replicas):
                 results = self._executable.run(names, {k: v[step, replica] for k, v in feeds.items()})
-                for name, value in zip(names, results):
+                for name, value in zip(names, results, strict=True):
                     outputs[name][step, replica] = value
 
 
