@@ -234,15 +234,33 @@ def _shared_worker(sdk: str, backend: str) -> Worker:
         return worker
 
 
+def _idle_seconds() -> float:
+    """How long a worker without engines waits for a new one before it stops (its IPUs are already
+    released with its executables); saves re-importing the SDK when sessions are recreated."""
+    return float(os.environ.get("OPTIMUM_IPU_WORKER_IDLE_SECONDS", "5"))
+
+
 def _release_worker(worker: Worker) -> None:
-    """Drop one user; the last one shuts the worker down, releasing its IPUs."""
+    """Drop one user; when none is left, the worker stops after ``_idle_seconds``."""
     with _registry_lock:
         _users[worker.sdk] = _users.get(worker.sdk, 1) - 1
-        last = _users[worker.sdk] <= 0 and _workers.get(worker.sdk) is worker
-        if last:
-            del _workers[worker.sdk]
-    if last:
-        worker.shutdown()
+        if _users[worker.sdk] > 0 or _workers.get(worker.sdk) is not worker:
+            return
+    idle = _idle_seconds()
+    if idle <= 0:
+        _stop_if_unused(worker)
+    else:
+        timer = threading.Timer(idle, _stop_if_unused, args=(worker,))
+        timer.daemon = True
+        timer.start()
+
+
+def _stop_if_unused(worker: Worker) -> None:
+    with _registry_lock:
+        if _users.get(worker.sdk, 0) > 0 or _workers.get(worker.sdk) is not worker:
+            return
+        del _workers[worker.sdk]
+    worker.shutdown()
 
 
 @atexit.register

@@ -26,6 +26,8 @@ def sdk_environment(directory: Path, **config) -> dict[str, str]:
         "POPLAR_SDK_ENABLED": str(DOUBLE_DIR),
         "POPART_DOUBLE_CONFIG": str(config_path),
         "POPART_DOUBLE_LOG": str(directory / "double-calls.jsonl"),
+        # A worker without sessions stops at once, so tests see IPUs and processes released.
+        "OPTIMUM_IPU_WORKER_IDLE_SECONDS": "0",
     }
 
 
