@@ -183,6 +183,21 @@ class Worker:
             self._flush_releases()
             return self._request({"op": op, **args}, timeout, what or op)
 
+    def release_now(self, generation: int, executable_id: int) -> None:
+        """Release at once when the worker is free (an explicit close); otherwise queue it, since this may
+        run inside a garbage collection that interrupted a call holding the lock."""
+        if not self._lock.acquire(blocking=False):
+            self.release_later(generation, executable_id)
+            return
+        try:
+            if self.alive and generation == self.generation:
+                self._flush_releases()
+                self._request({"op": "release", "executable": executable_id}, None, "release")
+        except Exception as exc:  # a dead worker holds nothing any more
+            _logger.info("release in the %s worker failed: %s", self.sdk, exc)
+        finally:
+            self._lock.release()
+
     def release_later(self, generation: int, executable_id: int) -> None:
         """Called from finalizers, which may run inside ``call``: queue, never send from here."""
         self._pending_releases.append((generation, executable_id))
@@ -303,6 +318,10 @@ def _spec(entry: Mapping[str, Any]) -> TensorSpec:
 
 def _release_remote(worker: Worker, generation: int, executable_id: int, mappings: list[mmap.mmap]) -> None:
     worker.release_later(generation, executable_id)
+    _unmap(mappings)
+
+
+def _unmap(mappings: list[mmap.mmap]) -> None:
     for mapping in mappings:
         try:
             mapping.close()
@@ -356,16 +375,19 @@ class RemoteExecutable(Executable):
         old = self._mappings
         self._mappings = mappings
         self._on_close(_release_remote, self._worker, self._generation, self._id, self._mappings)
-        for mapping in old:
-            try:
-                mapping.close()
-            except BufferError:
-                pass
+        _unmap(old)
 
     @property
     def _ipus(self) -> int:
         options = self._request["options"]
         return int(options.get("replicas", 1))
+
+    def close(self) -> None:
+        """Release the executable (and its IPUs, when it was their last) in the worker now."""
+        if self._finalizer is not None and self._finalizer.detach() is not None:
+            self._worker.release_now(self._generation, self._id)
+            _unmap(self._mappings)
+        super().close()
 
     def relocated(self, graph: Path, artifacts: Path | None) -> None:
         self._request["graph"] = str(graph)
