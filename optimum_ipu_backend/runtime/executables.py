@@ -179,11 +179,20 @@ class ExecutableTable:
         device_dtypes = {spec.name: spec.dtype for spec in executable.inputs}
         return CompiledEntry(shapes, branches, executable, seconds, source, device_input_dtypes=device_dtypes)
 
+    @property
+    def count(self) -> int:
+        """How many executables this table holds."""
+        return len(self._entries)
+
+    def has(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> bool:
+        """Whether the executable for these shapes is already loaded or compiled."""
+        return _shape_key(shapes, branches) in self._entries
+
     def entry_for(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> CompiledEntry:
         """The executable of these static shapes: in memory, from the cache, or compiled now."""
         if self._closed:
             raise EngineClosedError("this executable table was closed; create a new session to run again")
-        key: ShapeKey = tuple(sorted(shapes.items())) + tuple(sorted(branches.items()))
+        key = _shape_key(shapes, branches)
         entry = self._entries.get(key)
         if entry is not None:
             return entry
@@ -287,3 +296,7 @@ def save_graph(model: onnx.ModelProto, path: Path) -> Path:
     else:
         onnx.save_model(model, str(path))
     return path
+
+
+def _shape_key(shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> ShapeKey:
+    return tuple(sorted(shapes.items())) + tuple(sorted(branches.items()))

@@ -308,9 +308,16 @@ class IPUInferenceSession:
         return self._resolution.emulated
 
     def compiled_executables(self) -> list[dict[str, object]]:
-        """Every executable compiled so far: input shapes, where it came from, the calls it served, and
-        the engine reloads (``switches``) its runs caused on a device shared with other executables."""
-        return self._runner.statistics()
+        """Every executable compiled so far, with its input shapes, where it came from, the calls it
+        served, the engine reloads (``switches``) its runs caused on a device shared with other
+        executables, and the padding verdict of each dimension (padded because the padding proof holds,
+        or compiled at exact sizes and the node that breaks the proof)."""
+        verdicts = self._runner.padding_verdicts()
+        return [{**entry, "padding": verdicts} for entry in self._runner.statistics()]
+
+    def padding_verdicts(self) -> dict[str, str]:
+        """Per dimension tried so far: ``"padded (proven)"``, or ``"exact sizes: <node and reason>"``."""
+        return self._runner.padding_verdicts()
 
     def bucket_sizes(self) -> dict[str, list[int]]:
         """The compiled sizes of every padded dimension."""
