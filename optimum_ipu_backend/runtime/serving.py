@@ -323,7 +323,8 @@ class StaticShapeRunner:
         """Every static signature ``(input shapes, branches)`` a call can compile: each combination of
         bucket sizes, merged-decoder branch and micro-batch (a call whose sizes equal buckets needs no
         padding, so its shapes are the symbolic shapes evaluated there). Dimensions no bucket plans, or
-        compiled at exact sizes, take their size from ``fixed_dims``; ``ValueError`` names those missing.
+        compiled at exact sizes, take their size from ``fixed_dims`` (a size given for a bucketed dimension
+        selects the bucket holding it); ``ValueError`` names those missing.
         For ahead-of-time compiles (``runtime.precompile``)."""
         import itertools
 
@@ -332,8 +333,13 @@ class StaticShapeRunner:
         def evaluate(dim: int | str, values: Mapping[str, int]) -> int:
             return dim if isinstance(dim, int) else DimExpression.parse(dim).evaluate(values)
 
-        fixed = dict(fixed_dims or {})
-        planned = [d for d in self.plan.sizes if not self._decisions.is_exact(d) and d not in fixed]
+        padded = [d for d in self.plan.sizes if not self._decisions.is_exact(d)]
+        # a size given for a padded dimension means "calls of that size": its bucket is what compiles
+        fixed = {
+            dim: self.plan.choose(dim, size) if dim in padded else size
+            for dim, size in (fixed_dims or {}).items()
+        }
+        planned = [d for d in padded if d not in fixed]
         symbols: set[str] = set()
         for shape in self._input_shapes.values():
             for dim in shape:
