@@ -52,6 +52,7 @@ def _run(tmp_path_factory, engine: str) -> tuple[dict, list[dict]]:
         f"import runpy, sys; sys.argv = ['matrix', {str(spec)!r}]; "
         f"runpy.run_path({str(script)!r}, run_name='__main__')",
         # one worker serves every model in turn (it waits for the next session instead of stopping)
+        timeout=1800,  # 28 model loads and their compiles; a shared 2-core machine can take long
         env={
             **environment,
             "OPTIMUM_IPU_CACHE": str(scratch / "cache"),
