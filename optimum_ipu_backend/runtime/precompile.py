@@ -26,7 +26,7 @@ def compile_buckets(
 ) -> list[dict[str, Any]]:
     """Build the executable of every bucket signature (the first ``limit`` of them, smallest first);
     returns one record per signature: shapes, branches, ``source`` ("compiled" or "cache"), seconds."""
-    table = runner._table  # the runner's own table: its cache keys are the ones calls look up
+    table = runner.executables
     signatures = runner.compiled_shapes(fixed_dims)  # ValueError names dimensions without sizes
     signatures.sort(key=lambda signature: sorted(signature[0].items()))
     if limit is not None:

@@ -91,6 +91,11 @@ class StaticShapeRunner:
     def cache_description(self) -> str:
         return self._table.cache_description
 
+    @property
+    def executables(self) -> ExecutableTable:
+        """The runner's table: its cache keys are the ones calls look up (ahead-of-time compiles use it)."""
+        return self._table
+
     def statistics(self) -> list[dict[str, object]]:
         """Each compiled executable with its shapes, origin, load time and the calls it served."""
         return self._table.statistics()

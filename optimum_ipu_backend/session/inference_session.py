@@ -319,6 +319,19 @@ class IPUInferenceSession:
         """Per dimension tried so far: ``"padded (proven)"``, or ``"exact sizes: <node and reason>"``."""
         return self._runner.padding_verdicts()
 
+    def precompile(
+        self,
+        fixed_dims: Mapping[str, int] | None = None,
+        *,
+        progress: bool = False,
+        parallel: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Compile every bucket signature into the executable cache now (``optimum-ipu compile``); one
+        record per signature: shapes, branches, ``source`` ("compiled" or "cache"), seconds."""
+        from optimum_ipu_backend.runtime.precompile import compile_buckets
+
+        return compile_buckets(self._runner, fixed_dims=fixed_dims, progress=progress, parallel=parallel)
+
     def graph_notes(self) -> list[str]:
         """What serving changed in the exported graph and what it costs (e.g. experts computed densely)."""
         return list(self._source.description.notes)

@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from optimum_ipu_backend.runtime.precompile import compile_buckets
 from optimum_ipu_backend.session.inference_session import IPUInferenceSession
 from optimum_ipu_backend.session.options import IPUProviderOptions
 
@@ -49,9 +48,7 @@ def fill_cache(
     report = []
     for graph in graphs:
         with IPUInferenceSession(str(graph), options=options) as session:
-            records = compile_buckets(
-                session._runner, fixed_dims=fixed_dims, progress=bool(progress), parallel=parallel
-            )
+            records = session.precompile(fixed_dims, progress=bool(progress), parallel=parallel)
             provider = session.get_provider_options()["IPUExecutionProvider"]
             report.append(
                 {
