@@ -1,7 +1,8 @@
 """Run in a fresh interpreter by test_ortmodels_on_engines.py: the cases of
 tests/integration/ortmodel_checks.py
 with provider="ipu" on the Poplar SDK engines (the SDK double on the path) instead of the emulator.
-Argument: a JSON file of {"combos": [[device, engine], ...], "cases": {...}}; prints one JSON object."""
+Argument: a JSON file of {"runs": [[device, engine, case name], ...], "cases": {...}}; prints one JSON
+object keyed "device/engine/name"."""
 
 from __future__ import annotations
 
@@ -19,19 +20,19 @@ import ortmodel_checks as checks  # noqa: E402
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     results = {}
-    for device, engine in spec["combos"]:
+    for device, engine, name in spec["runs"]:
         checks.IPU = {"provider": "ipu", "provider_options": {"device": device, "engine": engine}}
-        for name, case in spec["cases"].items():
-            key = f"{device}/{engine}/{name}"
-            try:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    results[key] = checks.KINDS[case["kind"]](case)
-                results[key]["fallback_warnings"] = [
-                    str(w.message) for w in caught if "Falling back" in str(w.message)
-                ]
-            except Exception:
-                results[key] = {"error": traceback.format_exc()}
+        case = spec["cases"][name]
+        key = f"{device}/{engine}/{name}"
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                results[key] = checks.KINDS[case["kind"]](case)
+            results[key]["fallback_warnings"] = [
+                str(w.message) for w in caught if "Falling back" in str(w.message)
+            ]
+        except Exception:
+            results[key] = {"error": traceback.format_exc()}
     print(json.dumps(results))
 
 
