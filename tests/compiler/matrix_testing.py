@@ -16,12 +16,11 @@ from graph_testing import run_ort
 from model_zoo import ModelZoo, export_onnx
 
 from optimum_ipu_backend.compiler import find_unsupported_nodes
+from optimum_ipu_backend.compiler.graphs import iter_graphs, iter_nodes
 from optimum_ipu_backend.compiler.op_table import (
     FORBIDDEN_DTYPES,
     INT64_COMPILE_TIME_OPERANDS,
     POPART_OPSET11_OPS,
-    iter_graphs,
-    iter_nodes,
 )
 
 #: (zoo model, export task) for every model of the matrix.

@@ -14,7 +14,7 @@ from graph_testing import FLOAT, INT64, make_model, run_ort, tensor_info
 from model_zoo import session_zoo
 from onnx import helper
 
-from optimum_ipu_backend.compiler.check import (
+from optimum_ipu_backend.cli.check import (
     UsageError,
     add_check_parser,
     default_dims,
@@ -167,7 +167,7 @@ def test_subcommand_registration():
 def test_runs_as_a_module(tmp_path):
     path = _custom_op_model(tmp_path / "custom.onnx")
     completed = subprocess.run(
-        [sys.executable, "-m", "optimum_ipu_backend.compiler.check", str(path)],
+        [sys.executable, "-m", "optimum_ipu_backend.cli.check", str(path)],
         capture_output=True,
         text=True,
         timeout=120,

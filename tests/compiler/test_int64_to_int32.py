@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from optimum_ipu_backend.compiler import LegalizationError, find_unsupported_nodes
-from optimum_ipu_backend.compiler.op_table import iter_graphs
+from optimum_ipu_backend.compiler.graphs import iter_graphs
 from optimum_ipu_backend.compiler.passes.base import PassContext
 from optimum_ipu_backend.compiler.passes.int64_to_int32 import Int64ToInt32
 
@@ -117,7 +117,8 @@ def test_reshape_shape_constant_stays_int64_and_verify_accepts_it():
 
 
 def test_shared_shape_constant_used_as_data_too():
-    """A constant read both as a Reshape shape and as data: converted, with a Cast back that verify flags."""
+    """A constant read both as a Reshape shape and as data (onnxslim merges equal constants): the data reader
+    gets int32 values and the shape operand an int64 constant of its own, so nothing is left to run time."""
     model = make_model(
         [
             helper.make_node("Reshape", ["x", "shape"], ["y"]),
@@ -131,7 +132,26 @@ def test_shared_shape_constant_used_as_data_too():
     converted = _convert(model)
     feeds = {"x": np.arange(12, dtype=np.float32).reshape(2, 6), "offset": np.array([5, -5])}
     assert_pass_preserves(model, converted, feeds, atol=0.0)
-    problems = find_unsupported_nodes(converted)
+    assert find_unsupported_nodes(converted) == []
+    reshape = next(n for n in converted.graph.node if n.op_type == "Reshape")
+    shape = next(i for i in converted.graph.initializer if i.name == reshape.input[1])
+    assert shape.data_type == INT64 and numpy_helper.to_array(shape).tolist() == [3, 4]
+    assert "Cast" not in {n.op_type for n in converted.graph.node}
+
+
+def test_computed_shape_operand_is_cast_back_and_reported():
+    """A shape computed at run time stays a run-time value: verify names it rather than guessing."""
+    model = make_model(
+        [
+            helper.make_node("Add", ["base", "offset"], ["shape"]),
+            helper.make_node("Reshape", ["x", "shape"], ["y"]),
+        ],
+        [tensor_info("x", FLOAT, [2, 6]), tensor_info("offset", INT64, [2])],
+        [tensor_info("y", FLOAT, [3, 4])],
+        {"base": np.array([3, 4], np.int64)},
+        opset=11,
+    )
+    problems = find_unsupported_nodes(_convert(model))
     assert any("computed at run time" in p.reason for p in problems)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from ..errors import LegalizationError, UnsupportedNode
-from ..op_table import iter_graphs
+from ..graphs import has_subgraphs, iter_graphs
 from .base import GraphPass, PassContext
 
 _SHAPE_HINTS = (
@@ -79,11 +79,6 @@ def _forget_inferred_shapes(model: onnx.ModelProto) -> None:
             for graph_input in graph.input:
                 if graph_input.type.HasField("tensor_type") and not is_static(graph_input):
                     graph_input.type.tensor_type.ClearField("shape")
-
-
-def has_subgraphs(graph: onnx.GraphProto) -> bool:
-    """Whether any node holds a subgraph (If, Loop, Scan)."""
-    return any(sub is not graph for sub in iter_graphs(graph))
 
 
 def infer_shapes(model: onnx.ModelProto, *, strict: bool = False) -> onnx.ModelProto:

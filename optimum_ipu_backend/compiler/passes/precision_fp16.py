@@ -22,10 +22,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..op_table import FLOAT32_ONLY_OPERANDS, iter_graphs
+from ..graphs import TensorIndex, iter_graphs
+from ..op_table import FLOAT32_ONLY_OPERANDS
 from .base import GraphPass, PassContext
 from .fix_shapes import refresh_shapes
-from .int64_to_int32 import TensorConsumers
 
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504
 FP16_TINY = float(np.finfo(np.float16).smallest_subnormal)
@@ -169,7 +169,7 @@ class ToFloat16(GraphPass):
             keep_fp32 |= constants
             island_casts |= casts
             counts["variance reductions kept in float32"] += len(islands)
-        consumers = TensorConsumers(model)
+        consumers = TensorIndex(model.graph)
         for graph in iter_graphs(model.graph):
             self._convert_graph(graph, consumers, keep_fp32, island_casts, counts)
         self.notes.extend(f"{what}: {count}" for what, count in sorted(counts.items()) if count)
@@ -184,7 +184,7 @@ class ToFloat16(GraphPass):
     def _convert_graph(
         self,
         graph: onnx.GraphProto,
-        consumers: TensorConsumers,
+        consumers: TensorIndex,
         keep_fp32: set[str],
         island_casts: set[str],
         counts: dict[str, int],

@@ -5,20 +5,21 @@ from __future__ import annotations
 import onnx
 
 from ..errors import DEFAULT_HINTS, LegalizationError, UnsupportedNode
+from ..graphs import TensorIndex, has_subgraphs, iter_graphs, iter_nodes
 from ..op_table import (
     COMPILE_TIME_OPERANDS,
     DEFAULT_DOMAINS,
     FORBIDDEN_DTYPES,
+    INT64_ONLY_OPERANDS,
+    POPART_INT32_OUTPUTS,
     POPART_MAX_OPSET,
     POPART_MISSING_OPSET11_OPS,
     POPART_OPSET11_OPS,
     branch_inputs,
     dtype_name,
-    iter_graphs,
 )
 from .base import GraphPass, PassContext
-from .fix_shapes import dim_labels, has_subgraphs, is_static
-from .int64_to_int32 import TensorConsumers
+from .fix_shapes import dim_labels, is_static
 
 _MAX_PROTO_BYTES = 2**31 - 1
 
@@ -80,6 +81,31 @@ def _tensor_problems(value_info: onnx.ValueInfoProto | None, name: str, allowed_
     return problems
 
 
+def _narrowed_where_produced(graph: onnx.GraphProto, consumers: TensorIndex) -> set[str]:
+    """int64-typed outputs PopART computes as INT32 whose every reader is a Cast to int32: no int64 value
+    exists on the device (``op_table.POPART_INT32_OUTPUTS``)."""
+    narrowed = set()
+    for node in iter_nodes(graph):
+        for index, name in enumerate(node.output):
+            if (
+                not name
+                or (node.op_type, index) not in POPART_INT32_OUTPUTS
+                or name in consumers.graph_outputs
+            ):
+                continue
+            readers = consumers.consumers.get(name, [])
+            if readers and all(
+                reader.op_type == "Cast" and _cast_target(reader) == onnx.TensorProto.INT32
+                for reader, _ in readers
+            ):
+                narrowed.add(name)
+    return narrowed
+
+
+def _cast_target(node: onnx.NodeProto) -> int | None:
+    return next((attr.i for attr in node.attribute if attr.name == "to"), None)
+
+
 def find_unsupported_nodes(model: onnx.ModelProto) -> list[UnsupportedNode]:
     """Everything that keeps ``model`` from being PopART-ready; an empty list means it is ready."""
     return _verify(model)[0]
@@ -91,7 +117,7 @@ def _verify(model: onnx.ModelProto) -> tuple[list[UnsupportedNode], onnx.ModelPr
     inferred, inference_ok = _strict_inference(model, problems)
     _check(model, problems)
 
-    consumers = TensorConsumers(inferred)
+    consumers = TensorIndex(inferred.graph)
     constants: set[str] = set()
     types: dict[str, onnx.ValueInfoProto] = {}
     for graph in iter_graphs(inferred.graph):
@@ -99,7 +125,8 @@ def _verify(model: onnx.ModelProto) -> tuple[list[UnsupportedNode], onnx.ModelPr
         constants.update(node.output[0] for node in graph.node if node.op_type == "Constant" and node.output)
         for value_info in list(graph.input) + list(graph.value_info) + list(graph.output):
             types.setdefault(value_info.name, value_info)
-    allowed_int64 = {name for name in constants if consumers.only_compile_time_int64(name)}
+    allowed_int64 = {name for name in constants if consumers.only_feeds(name, INT64_ONLY_OPERANDS)}
+    allowed_int64 |= _narrowed_where_produced(inferred.graph, consumers)
 
     untyped: set[str] = set()  # outputs with no type, reported once at the node that lost it
     for graph in iter_graphs(inferred.graph):

@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ...graphs import NameAllocator
+
 FLOAT_TYPES: frozenset[int] = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 )
@@ -28,23 +30,6 @@ class CannotLower(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-class NameAllocator:
-    """Hands out tensor and node names that clash with nothing in the model (all scopes)."""
-
-    def __init__(self, taken: Iterable[str]) -> None:
-        self._taken = set(taken)
-        self._counter = 0
-
-    def fresh(self, hint: str) -> str:
-        base = hint or "lowered"
-        name = base
-        while name in self._taken:
-            self._counter += 1
-            name = f"{base}__{self._counter}"
-        self._taken.add(name)
-        return name
 
 
 class GraphScope:

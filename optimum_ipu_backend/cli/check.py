@@ -17,12 +17,12 @@ from typing import Any
 
 import onnx
 
-from .errors import LegalizationError, UnsupportedNode
-from .memory import MemoryEstimate, estimate_memory
-from .op_table import branch_inputs
-from .passes.base import PassReport
-from .passes.fold_constants import bind_constant_inputs
-from .pipeline import PRECISIONS, legalize
+from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
+from optimum_ipu_backend.compiler.memory import MemoryEstimate, estimate_memory
+from optimum_ipu_backend.compiler.op_table import branch_inputs
+from optimum_ipu_backend.compiler.passes.base import PassReport
+from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
+from optimum_ipu_backend.compiler.pipeline import PRECISIONS, legalize
 
 DEFAULT_BATCH = 1
 DEFAULT_SEQUENCE = 128
