@@ -1,33 +1,48 @@
 """`optimum-ipu check PATH`: legalize every ONNX graph of a model and say whether PopART can take it.
 
-PATH is a model directory (its ``*.onnx`` files, sizes from its ``config.json``) or one ``.onnx`` file.
+PATH is a model directory (its ``*.onnx`` files, sizes from its ``config.json``), one ``.onnx`` file, or
+a transformers checkpoint without ONNX files, which is exported first as ``optimum-cli export onnx``
+would (the task inferred from the config, ``--task`` to choose another).
+
+Sizes not given with ``--dim``/``--shape`` are those the runtime compiles by default: one sample, the
+bucket plan's largest size of each other dimension, one new token for a decoder that takes a past, and
+a past that leaves room for that token within the model's positions. A size over the model's limit is
+reported as such.
+
 Exit status 0 means every graph is PopART-ready; 1 means at least one is not; 2 is a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
+import shutil
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
+from optimum_ipu_backend.compiler.graphs import TensorIndex, iter_graphs, shape_view
 from optimum_ipu_backend.compiler.memory import MemoryEstimate, estimate_memory
-from optimum_ipu_backend.compiler.op_table import branch_inputs
-from optimum_ipu_backend.compiler.passes.base import PassReport
+from optimum_ipu_backend.compiler.op_table import branch_inputs, dtype_name
+from optimum_ipu_backend.compiler.passes.base import PassContext, PassReport
+from optimum_ipu_backend.compiler.passes.fix_shapes import FixShapes, dim_labels
 from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
 from optimum_ipu_backend.compiler.pipeline import PRECISIONS, legalize
 
-DEFAULT_BATCH = 1
-DEFAULT_SEQUENCE = 128
-_MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_target_positions", "n_ctx")
 _TWO_GIB = 2**31 - 1
+#: Files a reproduction carries besides the graphs: what sizes and exports are read from, no weights.
+_REPRO_FILES = ("config.json", "generation_config.json")
+#: Number of choices of a multiple-choice graph when none is given (the runtime feeds it as it comes).
+_DEFAULT_CHOICES = 2
 
 
 class UsageError(Exception):
@@ -49,6 +64,8 @@ class FileResult:
     failed_pass: str | None = None
     memory: MemoryEstimate | None = None
     saved_to: Path | None = None
+    #: The graph as the failing pass received it, for --explain.
+    failed_model: onnx.ModelProto | None = None
 
     @property
     def ready(self) -> bool:
@@ -86,7 +103,14 @@ class FileResult:
             ],
             "failed_pass": self.failed_pass,
             "unsupported": [
-                {"name": p.name, "op_type": p.op_type, "domain": p.domain, "reason": p.reason}
+                {
+                    "name": p.name,
+                    "op_type": p.op_type,
+                    "domain": p.domain,
+                    "reason": p.reason,
+                    "pattern": p.pattern,
+                    "origin": p.origin,
+                }
                 for p in self.problems
             ],
             "error": self.error,
@@ -96,7 +120,7 @@ class FileResult:
 
 
 # ------------------------------------------------------------------------------------------------------
-# Shapes: the command line, then defaults from config.json
+# The command line
 # ------------------------------------------------------------------------------------------------------
 
 
@@ -129,31 +153,37 @@ def load_config(path: Path) -> dict[str, Any]:
     return json.loads(config_file.read_text(encoding="utf-8"))
 
 
-def default_dims(
-    config: Mapping[str, Any], sequence: int | None = None, batch: int | None = None
-) -> dict[str, int]:
-    """Sizes for optimum's symbolic dim names, from the model config."""
-    max_positions = next((int(config[k]) for k in _MAX_POSITION_KEYS if isinstance(config.get(k), int)), None)
-    seq = sequence if sequence is not None else DEFAULT_SEQUENCE
-    if max_positions is not None and sequence is None:
-        seq = min(seq, max_positions)
-    dims = {
-        "batch_size": batch if batch is not None else DEFAULT_BATCH,
-        "sequence_length": seq,
-        "decoder_sequence_length": seq,
-        "encoder_sequence_length": seq,
-        "past_sequence_length": seq,
-        "past_decoder_sequence_length": seq,
-        "past_encoder_sequence_length": seq,
-        "num_choices": 2,
-    }
-    image_size = config.get("image_size")
+# ------------------------------------------------------------------------------------------------------
+# Sizes: what the runtime would compile, within what the model allows
+# ------------------------------------------------------------------------------------------------------
+
+
+def runtime_plan(config: Mapping[str, Any], dims: Sequence[str]) -> Any:
+    """The compiled sizes the runtime plans by default for ``dims`` (a ``runtime.buckets.BucketPlan``).
+
+    The one place `check` asks the runtime, so that its defaults follow whatever sessions compile.
+    """
+    from optimum_ipu_backend.runtime.factory import build_plan
+    from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
+
+    return build_plan(config, list(dims), IPURuntimeConfig())
+
+
+def config_dims(config: Mapping[str, Any]) -> dict[str, int]:
+    """Sizes the model config fixes (image sides, channels, mel bins, Whisper's encoder length): the
+    runtime compiles these at the size the preprocessor produces, so they are not bucketed."""
+    dims: dict[str, int] = {"num_choices": _DEFAULT_CHOICES}
+    vision = config.get("vision_config")
+    vision = (
+        {**vision, **config} if isinstance(vision, Mapping) else config
+    )  # CLIP-style: a vision sub-config
+    image_size = vision.get("image_size")
     if isinstance(image_size, int):
         dims["height"] = dims["width"] = image_size
     elif isinstance(image_size, (list, tuple)) and len(image_size) == 2:
         dims["height"], dims["width"] = int(image_size[0]), int(image_size[1])
-    if isinstance(config.get("num_channels"), int):
-        dims["num_channels"] = config["num_channels"]
+    if isinstance(vision.get("num_channels"), int):
+        dims["num_channels"] = vision["num_channels"]
     if config.get("model_type") == "whisper":
         # The encoder reads exactly 2 * max_source_positions mel frames (a static input in the export);
         # optimum's "encoder_sequence_length" on the decoder side is the encoder's output length.
@@ -164,20 +194,104 @@ def default_dims(
     return dims
 
 
-def _evaluate_dim(label: str, dims: Mapping[str, int]) -> int | None:
-    """A symbolic dim such as ``past_sequence_length + sequence_length`` from known sizes."""
-    if label in dims:
-        return dims[label]
-    expression = label
-    for name in sorted(dims, key=len, reverse=True):
-        expression = re.sub(rf"\b{re.escape(name)}\b", str(dims[name]), expression)
-    if not re.fullmatch(r"[\d\s+\-*/()]+", expression):
-        return None
+def _dim_expression(label: str) -> Any:
+    from optimum_ipu_backend.runtime.padding import DimExpression, DimExpressionError
+
     try:
-        value = eval(expression, {"__builtins__": {}}, {})  # digits and arithmetic only, checked above
-    except (SyntaxError, ZeroDivisionError):
+        return DimExpression.parse(label)
+    except DimExpressionError:
         return None
-    return int(value)
+
+
+def symbolic_dims(model: onnx.ModelProto) -> list[str]:
+    """The dimension names the graph inputs use, in order (``past + sequence`` counts both names)."""
+    names: list[str] = []
+    initializers = {init.name for init in model.graph.initializer}
+    for graph_input in model.graph.input:
+        if graph_input.name in initializers:
+            continue
+        for dim in graph_input.type.tensor_type.shape.dim:
+            expression = _dim_expression(dim.dim_param) if dim.dim_param else None
+            if expression is not None:
+                names.extend(name for name in sorted(expression.symbols) if name not in names)
+    return names
+
+
+@dataclass
+class GraphSizes:
+    """The size of every dimension of one graph, and each size the model does not allow."""
+
+    dims: dict[str, int]
+    over_limit: list[str] = field(default_factory=list)
+
+
+def graph_sizes(
+    model: onnx.ModelProto,
+    config: Mapping[str, Any],
+    explicit: Mapping[str, int],
+    bindings: Mapping[str, bool] | None = None,
+) -> GraphSizes:
+    """Sizes for the graph's dimensions: ``explicit`` ones, those the config fixes, else the runtime's
+    default plan: its smallest batch, its largest compiled size of other dimensions, one new token beside
+    a past and the largest planned past that leaves room for it. A merged decoder bound to its no-cache
+    branch reads no past: the prompt gets the largest size and the past a placeholder.
+    """
+    from optimum_ipu_backend.runtime.buckets import is_batch_dim, model_limit
+
+    names = symbolic_dims(model)
+    fixed = config_dims(config)
+    plan = runtime_plan(config, [name for name in names if name not in explicit and name not in fixed])
+    reads_past = not bindings or all(bindings.values())
+    sizes: dict[str, int] = {}
+
+    def planned(name: str) -> tuple[int, ...]:
+        return plan.sizes.get(name, (1,))
+
+    for name in sorted(names, key=lambda n: n.startswith("past_")):  # a past's sizes depend on the new tokens
+        if name in explicit:
+            sizes[name] = explicit[name]
+        elif name in fixed:
+            sizes[name] = fixed[name]
+        elif name.startswith("past_") and name.removeprefix("past_") in sizes:
+            new = sizes[name.removeprefix("past_")]
+            limit, _ = model_limit(config, name.removeprefix("past_"))
+            fitting = [size for size in planned(name) if limit is None or size + new <= limit]
+            if not reads_past:
+                sizes[name] = planned(name)[0]  # a placeholder the branch never reads
+            else:
+                sizes[name] = fitting[-1] if fitting else max(planned(name)[0], (limit or 0) - new)
+        elif is_batch_dim(name):
+            sizes[name] = planned(name)[0]  # one call's worth; --dim batch_size=N checks a larger one
+        elif f"past_{name}" in names and reads_past:
+            sizes[name] = 1  # one generated token per step
+        elif name.endswith("_length"):
+            sizes[name] = planned(name)[-1]
+        # Any other name (an image side without a config, a custom dimension) is left unsized, and
+        # legalize() names the input that needs --dim.
+    return GraphSizes(sizes, _over_limit(config, sizes, reads_past))
+
+
+def _over_limit(config: Mapping[str, Any], sizes: Mapping[str, int], reads_past: bool) -> list[str]:
+    from optimum_ipu_backend.runtime.buckets import model_limit
+
+    problems = []
+    for name, size in sizes.items():
+        if not name.endswith("_length"):
+            continue  # positions bound lengths only (not image sides, channels or batch)
+        limit, source = model_limit(config, name.removeprefix("past_"))
+        if limit is None:
+            continue
+        where = f"the model's {limit} positions ({source} in config.json)"
+        if not name.startswith("past_") and size > limit:
+            problems.append(f"{name} {size} is over {where}; lower --dim {name}")
+        elif name.startswith("past_") and reads_past and name.removeprefix("past_") in sizes:
+            new = sizes[name.removeprefix("past_")]
+            if size + new > limit:
+                problems.append(
+                    f"{name} {size} + {name.removeprefix('past_')} {new} = {size + new} positions is over "
+                    f"{where}; lower --dim {name}"
+                )
+    return problems
 
 
 def resolve_input_shapes(
@@ -197,13 +311,19 @@ def resolve_input_shapes(
             if dim.HasField("dim_value"):
                 sizes.append(dim.dim_value)
                 continue
-            value = _evaluate_dim(dim.dim_param, dims) if dim.dim_param else None
-            if value is None:
+            expression = _dim_expression(dim.dim_param) if dim.dim_param else None
+            try:
+                sizes.append(expression.evaluate(dims))
+            except (AttributeError, KeyError):
                 break
-            sizes.append(value)
         else:
             resolved[graph_input.name] = sizes
     return resolved
+
+
+# ------------------------------------------------------------------------------------------------------
+# Which graphs: ONNX files, or a checkpoint exported first
+# ------------------------------------------------------------------------------------------------------
 
 
 def find_onnx_files(path: Path) -> list[Path]:
@@ -214,13 +334,57 @@ def find_onnx_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(path.glob("*.onnx"))
         if not files:
-            raise UsageError(f"{path} holds no .onnx file")
+            raise UsageError(
+                f"{path} holds no .onnx file and no transformers checkpoint (config.json) to export"
+            )
         return files
     raise UsageError(f"{path} does not exist")
 
 
+def is_checkpoint(path: Path) -> bool:
+    """A directory with a transformers config and no ONNX graph: something to export first."""
+    return path.is_dir() and (path / "config.json").is_file() and not any(path.glob("*.onnx"))
+
+
+def infer_export_task(config: Mapping[str, Any]) -> str:
+    """The task ``optimum-cli export onnx`` picks for a model of this config: the one of its architecture
+    class, with past key/values when the exporter supports them for the model type (its default)."""
+    import transformers
+    from optimum.exporters.tasks import TasksManager
+
+    model_type = str(config.get("model_type", "")).replace("_", "-")
+    for architecture in config.get("architectures") or ():
+        model_class = getattr(transformers, architecture, None)
+        if model_class is None:
+            continue
+        try:
+            task = TasksManager.infer_task_from_model(model_class)
+            supported = TasksManager.get_supported_tasks_for_model_type(
+                model_type, "onnx", library_name="transformers"
+            )
+        except (ValueError, KeyError):
+            continue
+        return f"{task}-with-past" if f"{task}-with-past" in supported else task
+    raise UsageError(
+        f"cannot infer the export task from config.json (architectures {config.get('architectures')}, "
+        f"model_type {model_type!r}); pass --task, e.g. --task text-classification"
+    )
+
+
+def export_checkpoint(checkpoint: Path, output: Path, task: str | None) -> Path:
+    """Export a local checkpoint as ``optimum-cli export onnx --model CHECKPOINT [--task TASK] OUTPUT``."""
+    from optimum.exporters.onnx import main_export  # heavy (torch, transformers): only when exporting
+
+    task = task or infer_export_task(load_config(checkpoint))
+    try:
+        main_export(model_name_or_path=str(checkpoint), output=output, task=task, local_files_only=True)
+    except (ValueError, KeyError, OSError, RuntimeError) as error:
+        raise UsageError(f"could not export {checkpoint} to ONNX for task {task!r}: {error}") from error
+    return output
+
+
 # ------------------------------------------------------------------------------------------------------
-# Checking
+# Checking one graph
 # ------------------------------------------------------------------------------------------------------
 
 
@@ -232,9 +396,18 @@ def _save(model: onnx.ModelProto, target: Path) -> None:
         onnx.save(model, target)
 
 
+def _bound(path: Path, bindings: Mapping[str, bool] | None) -> tuple[onnx.ModelProto, str]:
+    model = onnx.load(path)
+    label = path.name
+    if bindings:
+        model = bind_constant_inputs(model, {name: [value] for name, value in bindings.items()})
+        label += " [" + ", ".join(f"{name}={value}" for name, value in bindings.items()) + "]"
+    return model, label
+
+
 def check_file(
     path: Path,
-    dims: Mapping[str, int],
+    sizes: GraphSizes,
     shapes: Mapping[str, Sequence[int]],
     precision: str = "fp32",
     save_dir: Path | None = None,
@@ -245,24 +418,26 @@ def check_file(
 
     ``bindings`` fixes boolean inputs (a merged decoder's ``use_cache_branch``) before legalizing.
     """
-    model = onnx.load(path)
-    label = path.name
-    if bindings:
-        model = bind_constant_inputs(model, {name: [value] for name, value in bindings.items()})
-        label += " [" + ", ".join(f"{name}={value}" for name, value in bindings.items()) + "]"
-    input_shapes = resolve_input_shapes(model, dims, shapes)
+    model, label = _bound(path, bindings)
+    input_shapes = resolve_input_shapes(model, sizes.dims, shapes)
     result = FileResult(path=path, label=label, bindings=dict(bindings or {}), input_shapes=input_shapes)
+    if sizes.over_limit:
+        result.error = "sizes over the model's limit: " + "; ".join(sizes.over_limit)
+        return result
 
     def show(pass_name: str) -> None:
         print(f"[{label}] {pass_name} ...", file=sys.stderr, flush=True)
 
     try:
-        legalized = legalize(model, input_shapes, precision=precision, progress=show if progress else None)
+        legalized = legalize(
+            model, input_shapes, precision=precision, progress=show if progress else None, source=str(path)
+        )
     except LegalizationError as error:
         result.reports = list(error.reports)
         result.problems = list(error.nodes)
         result.failed_pass = error.failed_pass
         result.error = error.summary
+        result.failed_model = error.model
         if error.model is not None and error.failed_pass not in (None, "fix_shapes"):
             result.memory = _estimate_or_none(error.model)
         return result
@@ -275,7 +450,7 @@ def check_file(
     return result
 
 
-def _branch_bindings(model: onnx.ModelProto) -> list[dict[str, bool] | None]:
+def branch_bindings(model: onnx.ModelProto) -> list[dict[str, bool] | None]:
     """Both values of each boolean input that picks a top-level If branch; [None] when there is none."""
     names = branch_inputs(model)
     if not names:
@@ -307,6 +482,8 @@ def format_result(result: FileResult) -> str:
         )
     if result.failed_pass is not None:
         lines.append(f"  {result.failed_pass:<26} FAILED: {result.error}")
+    elif result.error is not None:
+        lines.append(f"  not checked: {result.error}")
     if result.problems:
         lines.append(f"  unsupported ({len(result.problems)}):")
         lines.extend(f"    - {problem.describe()}" for problem in result.problems)
@@ -324,6 +501,150 @@ def format_result(result: FileResult) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------------
+# --explain NODE: the node's neighbourhood, with the shapes the fixed sizes give
+# ------------------------------------------------------------------------------------------------------
+
+
+def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    types: dict[str, onnx.TypeProto] = {}
+    for graph in iter_graphs(model.graph):
+        for init in graph.initializer:
+            types[init.name] = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
+        for value in (*graph.input, *graph.value_info, *graph.output):
+            types[value.name] = value.type
+    return types
+
+
+def _describe_tensor(name: str, types: Mapping[str, onnx.TypeProto]) -> str:
+    found = types.get(name)
+    if found is None or not found.HasField("tensor_type"):
+        return "type unknown"
+    value = onnx.ValueInfoProto(name=name, type=found)
+    shape = (
+        "x".join(str(label) for label in dim_labels(value)) if found.tensor_type.HasField("shape") else "?"
+    )
+    return f"{dtype_name(found.tensor_type.elem_type)}[{shape or 'scalar'}]"
+
+
+def explain_node(model: onnx.ModelProto, node_name: str, where: str) -> str | None:
+    """The node's operator, attributes, inputs (shape, producer) and outputs (shape, readers), or None
+    when ``model`` has no node of that name."""
+    index = TensorIndex(model.graph)
+    node = next((n for graph in iter_graphs(model.graph) for n in graph.node if n.name == node_name), None)
+    if node is None:
+        return None
+    types = _types(model)
+    inputs = {vi.name for vi in model.graph.input}
+    constants = {init.name for graph in iter_graphs(model.graph) for init in graph.initializer}
+    lines = [f"node {node.name} ({node.op_type}) in {where}"]
+    for attr in node.attribute:
+        if attr.type not in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+            lines.append(f"  attribute {attr.name} = {onnx.helper.get_attribute_value(attr)!r}")
+    lines.append("  inputs:")
+    for position, name in enumerate(node.input):
+        if not name:
+            lines.append(f"    {position}: (omitted)")
+            continue
+        producer = index.producer.get(name)
+        if producer is not None:
+            source = f"from {producer.op_type} {producer.name or '<unnamed>'}"
+        elif name in constants:
+            source = "a constant (initializer)"
+        elif name in inputs:
+            source = "a graph input"
+        else:
+            source = "from an enclosing graph"
+        lines.append(f"    {position}: {name}  {_describe_tensor(name, types)}  {source}")
+    lines.append("  outputs:")
+    for position, name in enumerate(node.output):
+        readers = ", ".join(
+            f"{reader.op_type} {reader.name or '<unnamed>'}" for reader, _ in index.consumers[name]
+        )
+        read = (
+            f"read by {readers}" if readers else "a graph output" if name in index.graph_outputs else "unused"
+        )
+        lines.append(f"    {position}: {name}  {_describe_tensor(name, types)}  {read}")
+    return "\n".join(lines)
+
+
+def explain(
+    result: FileResult, sizes: GraphSizes, shapes: Mapping[str, Sequence[int]], node_name: str
+) -> str:
+    """--explain for one checked graph: the node in the export at the fixed sizes, else in the graph the
+    failing pass received (a node a pass made), else the closest names."""
+    model, label = _bound(result.path, result.bindings)
+    context = PassContext(resolve_input_shapes(model, sizes.dims, shapes))
+    try:
+        fixed = FixShapes().run(shape_view(model), context)
+        where = f"{label} (shapes after fixing the input sizes)"
+    except LegalizationError:
+        fixed, where = shape_view(model), f"{label} (input sizes could not be fixed)"
+    text = explain_node(fixed, node_name, where)
+    if text is None and result.failed_model is not None:
+        text = explain_node(
+            result.failed_model, node_name, f"{label} (as the {result.failed_pass} pass received it)"
+        )
+    if text is None:
+        names = [n.name for graph in iter_graphs(fixed.graph) for n in graph.node if n.name]
+        close = difflib.get_close_matches(node_name, names, n=5, cutoff=0.5)
+        suggestion = f"; close names: {', '.join(close)}" if close else ""
+        return f"{label}: no node named {node_name!r}{suggestion}"
+    found = [p.describe() for p in result.problems if node_name in (p.name, p.origin)]
+    if found:
+        text += "\n  unsupported:\n" + "\n".join(f"    - {line}" for line in found)
+    return text
+
+
+# ------------------------------------------------------------------------------------------------------
+# --repro DIR: the graphs with random weights, to attach to an issue
+# ------------------------------------------------------------------------------------------------------
+
+
+def _random_like(tensor: onnx.TensorProto, rng: np.random.Generator) -> onnx.TensorProto | None:
+    """Random values of the tensor's shape and float type; None for what is not a weight (integer and
+    boolean tensors hold shapes, indices and masks, and single values are constants of the computation)."""
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    if not np.issubdtype(dtype, np.floating) or int(np.prod(tensor.dims)) <= 1:
+        return None
+    values = (rng.standard_normal(tuple(tensor.dims)) * 0.02).astype(dtype)
+    return onnx.numpy_helper.from_array(values, tensor.name)
+
+
+def _float_constants(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    for graph in iter_graphs(model.graph):
+        yield from graph.initializer
+        for node in graph.node:
+            if node.op_type == "Constant":
+                yield from (attr.t for attr in node.attribute if attr.name == "value")
+
+
+def write_repro(files: Sequence[Path], source_dir: Path, target: Path, seed: int = 0) -> list[Path]:
+    """Each graph with every float weight replaced by random values of the same shape and type, plus the
+    config files, in ``target``: the structure of the model without its weights."""
+    rng = np.random.default_rng(seed)
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in files:
+        model = onnx.load(path)
+        for tensor in _float_constants(model):
+            replacement = _random_like(tensor, rng)
+            if replacement is not None:
+                tensor.CopyFrom(replacement)
+        _save(model, target / path.name)
+        written.append(target / path.name)
+    for name in _REPRO_FILES:
+        if (source_dir / name).is_file():
+            shutil.copyfile(source_dir / name, target / name)
+            written.append(target / name)
+    return written
+
+
+# ------------------------------------------------------------------------------------------------------
+# The subcommand
+# ------------------------------------------------------------------------------------------------------
+
+
 def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``check`` on an ``optimum-ipu`` subcommand parser."""
     parser = subparsers.add_parser(
@@ -339,7 +660,9 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "path", type=Path, help="a model directory with .onnx files and config.json, or one .onnx"
+        "path",
+        type=Path,
+        help="a model directory with .onnx files and config.json, one .onnx, or a transformers checkpoint",
     )
     parser.add_argument(
         "--shape",
@@ -358,34 +681,85 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--save", type=Path, metavar="DIR", help="write the legalized graph(s) into DIR")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    parser.add_argument(
+        "--task", help="export task for a checkpoint without .onnx files (default: inferred from its config)"
+    )
+    parser.add_argument(
+        "--export-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the export of a checkpoint in DIR (default: discarded)",
+    )
+    parser.add_argument(
+        "--explain",
+        metavar="NODE",
+        help="print the node's inputs, producers, readers and shapes after fixing the sizes, in each graph",
+    )
+    parser.add_argument(
+        "--repro",
+        type=Path,
+        metavar="DIR",
+        help="write the graphs with random weights of the same shapes into DIR, to attach to an issue",
+    )
+
+
+def _graphs_to_check(args: argparse.Namespace, scratch: Path) -> tuple[list[Path], Path]:
+    """The ONNX files and the directory their config.json is in, exporting a checkpoint first."""
+    path = args.path
+    if is_checkpoint(path):
+        output = args.export_dir or scratch / "export"
+        print(f"exporting {path} to ONNX in {output} (as optimum-cli export onnx) ...", file=sys.stderr)
+        export_checkpoint(path, output, args.task)
+        return find_onnx_files(output), output
+    if args.task or args.export_dir:
+        raise UsageError("--task and --export-dir apply to a checkpoint without .onnx files")
+    files = find_onnx_files(path)
+    return files, path if path.is_dir() else path.parent
 
 
 def run_check(args: argparse.Namespace) -> int:
     """Run `check` for parsed arguments; return the exit status."""
-    try:
-        files = find_onnx_files(args.path)
-        shapes = dict(parse_shape(text) for text in args.shape)
-        explicit_dims = dict(parse_dim(text) for text in args.dim)
-    except UsageError as error:
-        print(f"optimum-ipu check: {error}", file=sys.stderr)
-        return 2
-    config = load_config(args.path)
-    dims = default_dims(
-        config, sequence=explicit_dims.get("sequence_length"), batch=explicit_dims.get("batch_size")
-    )
-    dims.update(explicit_dims)
+    with tempfile.TemporaryDirectory(prefix="optimum-ipu-check-") as scratch:
+        try:
+            shapes = dict(parse_shape(text) for text in args.shape)
+            explicit_dims = dict(parse_dim(text) for text in args.dim)
+            files, model_dir = _graphs_to_check(args, Path(scratch))
+        except UsageError as error:
+            print(f"optimum-ipu check: {error}", file=sys.stderr)
+            return 2
+        return _check_all(args, files, model_dir, shapes, explicit_dims)
+
+
+def _check_all(
+    args: argparse.Namespace,
+    files: list[Path],
+    model_dir: Path,
+    shapes: dict[str, list[int]],
+    explicit_dims: dict[str, int],
+) -> int:
+    config = load_config(model_dir)
     progress = sys.stderr.isatty() and not args.json
+    if args.repro is not None:
+        written = write_repro(files, model_dir, args.repro)
+        print(
+            f"wrote {len(written)} file(s) with random weights to {args.repro}: attach them to an issue",
+            file=sys.stderr,
+        )
     results = []
+    explanations = []
     for path in files:
         skeleton = onnx.load(path, load_external_data=False)
         file_inputs = {i.name for i in skeleton.graph.input}
         file_shapes = {name: dims_ for name, dims_ in shapes.items() if name in file_inputs}
         # A merged decoder is static only once its branch is chosen: check each choice.
-        for bindings in _branch_bindings(skeleton):
-            result = check_file(path, dims, file_shapes, args.precision, args.save, progress, bindings)
+        for bindings in branch_bindings(skeleton):
+            sizes = graph_sizes(skeleton, config, explicit_dims, bindings)
+            result = check_file(path, sizes, file_shapes, args.precision, args.save, progress, bindings)
             results.append(result)
             if not args.json:
                 print(format_result(result), flush=True)
+            if args.explain:
+                explanations.append(explain(result, sizes, file_shapes, args.explain))
     unused = set(shapes) - {name for r in results for name in r.input_shapes}
     ready = all(result.ready for result in results)
     if args.json:
@@ -396,10 +770,14 @@ def run_check(args: argparse.Namespace) -> int:
             "unused_shapes": sorted(unused),
             "files": [result.as_json() for result in results],
         }
+        if args.explain:
+            document["explain"] = explanations
         print(json.dumps(document, indent=2))
     else:
         if unused:
             print(f"note: --shape for {sorted(unused)} matched no graph input", file=sys.stderr)
+        for text in explanations:
+            print(text)
         verdict = "every graph is PopART-ready" if ready else "some graphs are not PopART-ready"
         print(f"{len(results)} graph(s) checked: {verdict}")
     return 0 if ready else 1

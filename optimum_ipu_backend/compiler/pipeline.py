@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
-from .errors import LegalizationError, UnsupportedNode
-from .graphs import WeightFreeCopy, count_ops, names_read, weight_free_copy
+from .errors import PATTERN_PASS_FAILURE, LegalizationError, UnsupportedNode
+from .graphs import WeightFreeCopy, count_ops, iter_graphs, names_read, weight_free_copy
 from .op_table import dtype_name
 from .passes.base import GraphPass, PassContext, PassReport
 from .passes.fix_shapes import FixShapes, dim_labels
@@ -83,7 +83,11 @@ def _run_pass(
             f"The {graph_pass.name} pass failed: {type(error).__name__}: {error}",
             [
                 UnsupportedNode(
-                    "<graph>", graph_pass.name, "", str(error).splitlines()[0] if str(error) else ""
+                    "<graph>",
+                    graph_pass.name,
+                    "",
+                    str(error).splitlines()[0] if str(error) else "",
+                    PATTERN_PASS_FAILURE,
                 )
             ],
         )
@@ -126,7 +130,8 @@ def _converted_weight(tensor: onnx.TensorProto, elem_type: int) -> onnx.TensorPr
     else:
         reason = f"no conversion from {dtype_name(tensor.data_type)} to {dtype_name(elem_type)}"
         raise LegalizationError(
-            "A weight changed type.", [UnsupportedNode(tensor.name, "initializer", "", reason)]
+            "A weight changed type.",
+            [UnsupportedNode(tensor.name, "initializer", "", reason, PATTERN_PASS_FAILURE)],
         )
     return onnx.numpy_helper.from_array(converted, tensor.name)
 
@@ -153,17 +158,48 @@ def _boundary(values: Sequence[onnx.ValueInfoProto]) -> tuple[dict[str, int], di
     return types, shapes
 
 
+def origin_of(name: str, exported: set[str]) -> str:
+    """The exported node (or tensor) a name made by a pass comes from, or '' when none matches.
+
+    Passes name what they make after what they replace (``<node>/<step>``, ``<node>__<n>``), so the
+    origin is the longest prefix of ``name``, cut at one of those separators, that the export holds.
+    """
+    candidate = name
+    while candidate:
+        if candidate in exported:
+            return candidate
+        cut = max(candidate.rfind("/"), candidate.rfind("__"))
+        if cut <= 0:
+            return ""
+        candidate = candidate[:cut]
+    return ""
+
+
+def _name_origins(error: LegalizationError, exported_model: onnx.ModelProto, source: str | None) -> None:
+    exported = set()
+    for graph in iter_graphs(exported_model.graph):
+        exported.update(node.name for node in graph.node if node.name)
+        exported.update(value.name for value in (*graph.input, *graph.initializer))
+    error.nodes = [
+        node if node.origin else replace(node, origin=origin_of(node.name, exported)) for node in error.nodes
+    ]
+    error.model_file = source
+    error.refresh()
+
+
 def legalize(
     model: onnx.ModelProto,
     input_shapes: Mapping[str, Sequence[int]],
     *,
     precision: str = "fp32",
     progress: Callable[[str], None] | None = None,
+    source: str | None = None,
 ) -> LegalizedGraph:
     """Return a PopART-ready copy of ``model`` at the given static input shapes.
 
-    Raises LegalizationError (listing every offending node and what to do) when it cannot.
-    ``model`` itself is not modified.
+    Raises LegalizationError (listing every offending node and what to do) when it cannot; each node
+    names the exported node it came from, and the message names ``source`` (the ONNX file the model was
+    read from) when given. ``model`` itself is not modified.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
@@ -179,6 +215,7 @@ def legalize(
                 progress(graph_pass.name)
             working = _run_pass(graph_pass, working, ctx, reports)
     except LegalizationError as error:
+        _name_origins(error, model, source)
         if error.model is not None:
             try:
                 error.model = _attach_weights(error.model, weights)

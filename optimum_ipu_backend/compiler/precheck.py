@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import onnx
 
-from .errors import UnsupportedNode
+from .errors import PATTERN_CUSTOM_DOMAIN, PATTERN_MISSING_OPERATOR, UnsupportedNode
 from .graphs import iter_nodes
 from .op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS
 from .passes.rewrites import LOWERED_OP_TYPES
@@ -35,9 +35,10 @@ def precheck_operators(model: onnx.ModelProto) -> list[UnsupportedNode]:
     for node in iter_nodes(model.graph):
         if node.domain not in DEFAULT_DOMAINS:
             reason = f"custom domain {node.domain!r}: PopART runs only standard ONNX operators"
+            pattern = PATTERN_CUSTOM_DOMAIN
         elif node.op_type not in known:
-            reason = "no PopART implementation and no rewrite into one"
+            reason, pattern = "no PopART implementation and no rewrite into one", PATTERN_MISSING_OPERATOR
         else:
             continue
-        problems.append(UnsupportedNode(node.name, node.op_type, node.domain, reason))
+        problems.append(UnsupportedNode(node.name, node.op_type, node.domain, reason, pattern))
     return problems

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..errors import LegalizationError, UnsupportedNode
+from ..errors import PATTERN_INT32_RANGE, LegalizationError, UnsupportedNode
 from ..graphs import NameAllocator, TensorIndex, iter_graphs
 from ..op_table import INT64_ONLY_OPERANDS
 from .base import GraphPass, PassContext
@@ -57,7 +57,11 @@ def to_int32_values(values: np.ndarray, where: str, problems: list[UnsupportedNo
     too_big = (result > INT32_MAX) | (result < INT32_MIN)
     if np.any(too_big):
         bad = result[too_big].ravel()[:3].tolist()
-        problems.append(UnsupportedNode(where, "int64 constant", "", f"values {bad} do not fit in int32"))
+        problems.append(
+            UnsupportedNode(
+                where, "int64 constant", "", f"values {bad} do not fit in int32", PATTERN_INT32_RANGE
+            )
+        )
         result = np.clip(result, INT32_MIN, INT32_MAX)
     return result.astype(np.int32)
 
@@ -224,17 +228,12 @@ class Int64ToInt32(GraphPass):
                     conversion.kept_int64.add(copy)
                     conversion.counts["int64 copies of shared constants for int64-only operands"] += 1
                     continue
-                cast_output = conversion.names.fresh(
-                    f"{name}__as_int64_for_{node.name or node.op_type}_{index}"
-                )
+                # Named after the reader, so an error about it leads back to the exported node.
+                reader = node.name or node.op_type
+                cast_output = conversion.names.fresh(f"{reader}/input_{index}_as_int64")
+                cast_name = conversion.names.fresh(f"{reader}/cast_input_{index}")
                 new_nodes.append(
-                    onnx.helper.make_node(
-                        "Cast",
-                        [name],
-                        [cast_output],
-                        name=conversion.names.fresh(f"{cast_output}__cast"),
-                        to=TensorProto.INT64,
-                    )
+                    onnx.helper.make_node("Cast", [name], [cast_output], name=cast_name, to=TensorProto.INT64)
                 )
                 node.input[index] = cast_output
                 conversion.counts["computed operands cast back to int64"] += 1

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper, numpy_helper
 
-from ..errors import LegalizationError, UnsupportedNode
+from ..errors import PATTERN_CUSTOM_DOMAIN, PATTERN_NO_LOWERING, LegalizationError, UnsupportedNode
 from ..graphs import (
     WEIGHT_MIN_BYTES,
     NameAllocator,
@@ -303,6 +303,7 @@ def _drop_orphaned_constants(graph: onnx.GraphProto, candidates: set[str]) -> No
 
 
 def _unsupported(node: onnx.NodeProto, reason: str) -> UnsupportedNode:
+    pattern = PATTERN_NO_LOWERING if node.domain in DEFAULT_DOMAINS else PATTERN_CUSTOM_DOMAIN
     return UnsupportedNode(
-        node.name or (node.output[0] if node.output else ""), node.op_type, node.domain, reason
+        node.name or (node.output[0] if node.output else ""), node.op_type, node.domain, reason, pattern
     )
