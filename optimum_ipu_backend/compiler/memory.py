@@ -26,10 +26,6 @@ class MemoryEstimate:
     ipu_memory_bytes: int = IPU_MEMORY_BYTES
     tiles_per_ipu: int = TILES_PER_IPU
 
-    @property
-    def fits_one_ipu(self) -> bool:
-        return self.total_bytes <= self.ipu_memory_bytes
-
 
 def _value_bytes(value_info: onnx.ValueInfoProto) -> int:
     tensor_type = value_info.type.tensor_type

@@ -100,22 +100,9 @@ COMPILE_TIME_OPERANDS: frozenset[tuple[str, int]] = INT64_COMPILE_TIME_OPERANDS 
 FLOAT32_ONLY_OPERANDS: frozenset[tuple[str, int]] = frozenset({("Resize", 1), ("Resize", 2), ("Upsample", 1)})
 
 
-def is_popart_op(op_type: str, domain: str = "") -> bool:
-    """Whether PopART implements this operator at opset 11."""
-    return domain in DEFAULT_DOMAINS and op_type in POPART_OPSET11_OPS
-
-
 def dtype_name(elem_type: int) -> str:
     """The ONNX name of an element type, e.g. ``INT64``."""
     return onnx.TensorProto.DataType.Name(elem_type) if elem_type else "UNDEFINED"
-
-
-def default_opset_version(model: onnx.ModelProto) -> int | None:
-    """The ai.onnx opset the model imports, or None when it imports none."""
-    for opset in model.opset_import:
-        if opset.domain in DEFAULT_DOMAINS:
-            return opset.version
-    return None
 
 
 def branch_inputs(model: onnx.ModelProto) -> list[str]:

@@ -322,3 +322,14 @@ def test_a_checkpoint_is_exported_as_optimum_cli_would_then_checked(tmp_path, tm
 def test_export_options_need_a_checkpoint(bert_export, capsys):
     assert main([str(bert_export), "--task", "feature-extraction"]) == 2
     assert "checkpoint" in capsys.readouterr().err
+
+
+def test_a_missing_subcommand_module_is_an_error_not_a_missing_command(monkeypatch):
+    """A packaging mistake that drops a command's module must fail loudly, not shrink the CLI."""
+    from optimum_ipu_backend.cli import main as cli_main
+
+    monkeypatch.setattr(
+        cli_main, "SUBCOMMANDS", (*cli_main.SUBCOMMANDS, ("optimum_ipu_backend.cli.gone", "add"))
+    )
+    with pytest.raises(ModuleNotFoundError, match="optimum_ipu_backend.cli.gone"):
+        cli_main.build_parser()
