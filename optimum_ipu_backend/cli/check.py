@@ -35,7 +35,7 @@ from optimum_ipu_backend.compiler.memory import MemoryEstimate, estimate_memory
 from optimum_ipu_backend.compiler.op_table import branch_inputs, dtype_name
 from optimum_ipu_backend.compiler.passes.base import PassContext, PassReport
 from optimum_ipu_backend.compiler.passes.fix_shapes import FixShapes, dim_labels
-from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
+from optimum_ipu_backend.compiler.passes.fold_constants import FoldConstants, bind_constant_inputs
 from optimum_ipu_backend.compiler.pipeline import PRECISIONS, legalize
 
 _TWO_GIB = 2**31 - 1
@@ -568,19 +568,32 @@ def explain_node(model: onnx.ModelProto, node_name: str, where: str) -> str | No
     return "\n".join(lines)
 
 
+def _fixed_views(
+    model: onnx.ModelProto, context: PassContext, label: str
+) -> list[tuple[onnx.ModelProto, str]]:
+    """The export at the fixed input sizes, folded (where every shape is static) and only fixed (where
+    the nodes folding removed still are)."""
+    try:
+        fixed = FixShapes().run(shape_view(model), context)
+    except LegalizationError:
+        return [(shape_view(model), f"{label} (input sizes could not be fixed)")]
+    views = [(fixed, f"{label} (shapes after fixing the input sizes)")]
+    try:
+        folded = FoldConstants().run(onnx.ModelProto.FromString(fixed.SerializeToString()), context)
+    except Exception:  # noqa: BLE001 - the fixed view still explains the node; legalize reports the rest
+        return views
+    return [(folded, f"{label} (shapes after fixing the input sizes and folding constants)"), *views]
+
+
 def explain(
     result: FileResult, sizes: GraphSizes, shapes: Mapping[str, Sequence[int]], node_name: str
 ) -> str:
-    """--explain for one checked graph: the node in the export at the fixed sizes, else in the graph the
-    failing pass received (a node a pass made), else the closest names."""
+    """--explain for one checked graph: the node in the export at the fixed sizes (folded when it survives
+    folding), else in the graph the failing pass received (a node a pass made), else the closest names."""
     model, label = _bound(result.path, result.bindings)
-    context = PassContext(resolve_input_shapes(model, sizes.dims, shapes))
-    try:
-        fixed = FixShapes().run(shape_view(model), context)
-        where = f"{label} (shapes after fixing the input sizes)"
-    except LegalizationError:
-        fixed, where = shape_view(model), f"{label} (input sizes could not be fixed)"
-    text = explain_node(fixed, node_name, where)
+    views = _fixed_views(model, PassContext(resolve_input_shapes(model, sizes.dims, shapes)), label)
+    text = next((found for view, where in views if (found := explain_node(view, node_name, where))), None)
+    fixed = views[-1][0]
     if text is None and result.failed_model is not None:
         text = explain_node(
             result.failed_model, node_name, f"{label} (as the {result.failed_pass} pass received it)"
