@@ -15,34 +15,25 @@ Exit status 0 means every graph is PopART-ready; 1 means at least one is not; 2 
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import re
-import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 
+from optimum_ipu_backend.cli.check_diagnostics import explain, save_model, write_repro
+from optimum_ipu_backend.cli.check_sizes import GraphSizes, graph_sizes, resolve_input_shapes
 from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
-from optimum_ipu_backend.compiler.graphs import TensorIndex, iter_graphs, shape_view
 from optimum_ipu_backend.compiler.memory import MemoryEstimate, estimate_memory
-from optimum_ipu_backend.compiler.op_table import branch_inputs, dtype_name
-from optimum_ipu_backend.compiler.passes.base import PassContext, PassReport
-from optimum_ipu_backend.compiler.passes.fix_shapes import FixShapes, dim_labels
-from optimum_ipu_backend.compiler.passes.fold_constants import FoldConstants, bind_constant_inputs
+from optimum_ipu_backend.compiler.op_table import branch_inputs
+from optimum_ipu_backend.compiler.passes.base import PassReport
+from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
 from optimum_ipu_backend.compiler.pipeline import PRECISIONS, legalize
-
-_TWO_GIB = 2**31 - 1
-#: Files a reproduction carries besides the graphs: what sizes and exports are read from, no weights.
-_REPRO_FILES = ("config.json", "generation_config.json")
-#: Number of choices of a multiple-choice graph when none is given (the runtime feeds it as it comes).
-_DEFAULT_CHOICES = 2
 
 
 class UsageError(Exception):
@@ -64,8 +55,8 @@ class FileResult:
     failed_pass: str | None = None
     memory: MemoryEstimate | None = None
     saved_to: Path | None = None
-    #: The graph as the failing pass received it, for --explain.
-    failed_model: onnx.ModelProto | None = None
+    #: The legalization error, for --explain.
+    legalization_error: LegalizationError | None = None
 
     @property
     def ready(self) -> bool:
@@ -154,174 +145,6 @@ def load_config(path: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------------
-# Sizes: what the runtime would compile, within what the model allows
-# ------------------------------------------------------------------------------------------------------
-
-
-def runtime_plan(config: Mapping[str, Any], dims: Sequence[str]) -> Any:
-    """The compiled sizes the runtime plans by default for ``dims`` (a ``runtime.buckets.BucketPlan``).
-
-    The one place `check` asks the runtime, so that its defaults follow whatever sessions compile.
-    """
-    from optimum_ipu_backend.runtime.factory import build_plan
-    from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
-
-    return build_plan(config, list(dims), IPURuntimeConfig())
-
-
-def config_dims(config: Mapping[str, Any]) -> dict[str, int]:
-    """Sizes the model config fixes (image sides, channels, mel bins, Whisper's encoder length): the
-    runtime compiles these at the size the preprocessor produces, so they are not bucketed."""
-    dims: dict[str, int] = {"num_choices": _DEFAULT_CHOICES}
-    vision = config.get("vision_config")
-    vision = (
-        {**vision, **config} if isinstance(vision, Mapping) else config
-    )  # CLIP-style: a vision sub-config
-    image_size = vision.get("image_size")
-    if isinstance(image_size, int):
-        dims["height"] = dims["width"] = image_size
-    elif isinstance(image_size, (list, tuple)) and len(image_size) == 2:
-        dims["height"], dims["width"] = int(image_size[0]), int(image_size[1])
-    if isinstance(vision.get("num_channels"), int):
-        dims["num_channels"] = vision["num_channels"]
-    if config.get("model_type") == "whisper":
-        # The encoder reads exactly 2 * max_source_positions mel frames (a static input in the export);
-        # optimum's "encoder_sequence_length" on the decoder side is the encoder's output length.
-        frames = int(config.get("max_source_positions", 1500))
-        dims["feature_size"] = int(config.get("num_mel_bins", 80))
-        dims["encoder_sequence_length"] = frames
-        dims["past_encoder_sequence_length"] = frames
-    return dims
-
-
-def _dim_expression(label: str) -> Any:
-    from optimum_ipu_backend.runtime.padding import DimExpression, DimExpressionError
-
-    try:
-        return DimExpression.parse(label)
-    except DimExpressionError:
-        return None
-
-
-def symbolic_dims(model: onnx.ModelProto) -> list[str]:
-    """The dimension names the graph inputs use, in order (``past + sequence`` counts both names)."""
-    names: list[str] = []
-    initializers = {init.name for init in model.graph.initializer}
-    for graph_input in model.graph.input:
-        if graph_input.name in initializers:
-            continue
-        for dim in graph_input.type.tensor_type.shape.dim:
-            expression = _dim_expression(dim.dim_param) if dim.dim_param else None
-            if expression is not None:
-                names.extend(name for name in sorted(expression.symbols) if name not in names)
-    return names
-
-
-@dataclass
-class GraphSizes:
-    """The size of every dimension of one graph, and each size the model does not allow."""
-
-    dims: dict[str, int]
-    over_limit: list[str] = field(default_factory=list)
-
-
-def graph_sizes(
-    model: onnx.ModelProto,
-    config: Mapping[str, Any],
-    explicit: Mapping[str, int],
-    bindings: Mapping[str, bool] | None = None,
-) -> GraphSizes:
-    """Sizes for the graph's dimensions: ``explicit`` ones, those the config fixes, else the runtime's
-    default plan: its smallest batch, its largest compiled size of other dimensions, one new token beside
-    a past and the largest planned past that leaves room for it. A merged decoder bound to its no-cache
-    branch reads no past: the prompt gets the largest size and the past a placeholder.
-    """
-    from optimum_ipu_backend.runtime.buckets import is_batch_dim, model_limit
-
-    names = symbolic_dims(model)
-    fixed = config_dims(config)
-    plan = runtime_plan(config, [name for name in names if name not in explicit and name not in fixed])
-    reads_past = not bindings or all(bindings.values())
-    sizes: dict[str, int] = {}
-
-    def planned(name: str) -> tuple[int, ...]:
-        return plan.sizes.get(name, (1,))
-
-    for name in sorted(names, key=lambda n: n.startswith("past_")):  # a past's sizes depend on the new tokens
-        if name in explicit:
-            sizes[name] = explicit[name]
-        elif name in fixed:
-            sizes[name] = fixed[name]
-        elif name.startswith("past_") and name.removeprefix("past_") in sizes:
-            new = sizes[name.removeprefix("past_")]
-            limit, _ = model_limit(config, name.removeprefix("past_"))
-            fitting = [size for size in planned(name) if limit is None or size + new <= limit]
-            if not reads_past:
-                sizes[name] = planned(name)[0]  # a placeholder the branch never reads
-            else:
-                sizes[name] = fitting[-1] if fitting else max(planned(name)[0], (limit or 0) - new)
-        elif is_batch_dim(name):
-            sizes[name] = planned(name)[0]  # one call's worth; --dim batch_size=N checks a larger one
-        elif f"past_{name}" in names and reads_past:
-            sizes[name] = 1  # one generated token per step
-        elif name.endswith("_length"):
-            sizes[name] = planned(name)[-1]
-        # Any other name (an image side without a config, a custom dimension) is left unsized, and
-        # legalize() names the input that needs --dim.
-    return GraphSizes(sizes, _over_limit(config, sizes, reads_past))
-
-
-def _over_limit(config: Mapping[str, Any], sizes: Mapping[str, int], reads_past: bool) -> list[str]:
-    from optimum_ipu_backend.runtime.buckets import model_limit
-
-    problems = []
-    for name, size in sizes.items():
-        if not name.endswith("_length"):
-            continue  # positions bound lengths only (not image sides, channels or batch)
-        limit, source = model_limit(config, name.removeprefix("past_"))
-        if limit is None:
-            continue
-        where = f"the model's {limit} positions ({source} in config.json)"
-        if not name.startswith("past_") and size > limit:
-            problems.append(f"{name} {size} is over {where}; lower --dim {name}")
-        elif name.startswith("past_") and reads_past and name.removeprefix("past_") in sizes:
-            new = sizes[name.removeprefix("past_")]
-            if size + new > limit:
-                problems.append(
-                    f"{name} {size} + {name.removeprefix('past_')} {new} = {size + new} positions is over "
-                    f"{where}; lower --dim {name}"
-                )
-    return problems
-
-
-def resolve_input_shapes(
-    model: onnx.ModelProto, dims: Mapping[str, int], shapes: Mapping[str, Sequence[int]]
-) -> dict[str, list[int]]:
-    """Static shapes for the graph inputs; a dim nothing sizes is left out for legalize() to report."""
-    initializers = {init.name for init in model.graph.initializer}
-    resolved: dict[str, list[int]] = {}
-    for graph_input in model.graph.input:
-        if graph_input.name in initializers:
-            continue
-        if graph_input.name in shapes:
-            resolved[graph_input.name] = list(shapes[graph_input.name])
-            continue
-        sizes: list[int] = []
-        for dim in graph_input.type.tensor_type.shape.dim:
-            if dim.HasField("dim_value"):
-                sizes.append(dim.dim_value)
-                continue
-            expression = _dim_expression(dim.dim_param) if dim.dim_param else None
-            try:
-                sizes.append(expression.evaluate(dims))
-            except (AttributeError, KeyError):
-                break
-        else:
-            resolved[graph_input.name] = sizes
-    return resolved
-
-
-# ------------------------------------------------------------------------------------------------------
 # Which graphs: ONNX files, or a checkpoint exported first
 # ------------------------------------------------------------------------------------------------------
 
@@ -388,14 +211,6 @@ def export_checkpoint(checkpoint: Path, output: Path, task: str | None) -> Path:
 # ------------------------------------------------------------------------------------------------------
 
 
-def _save(model: onnx.ModelProto, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if model.ByteSize() > _TWO_GIB:
-        onnx.save(model, target, save_as_external_data=True, location=f"{target.name}.data")
-    else:
-        onnx.save(model, target)
-
-
 def _bound(path: Path, bindings: Mapping[str, bool] | None) -> tuple[onnx.ModelProto, str]:
     model = onnx.load(path)
     label = path.name
@@ -437,7 +252,7 @@ def check_file(
         result.problems = list(error.nodes)
         result.failed_pass = error.failed_pass
         result.error = error.summary
-        result.failed_model = error.model
+        result.legalization_error = error
         if error.model is not None and error.failed_pass not in (None, "fix_shapes"):
             result.memory = _estimate_or_none(error.model)
         return result
@@ -446,7 +261,7 @@ def check_file(
     if save_dir is not None:
         suffix = "".join(f".{name}_{str(value).lower()}" for name, value in (bindings or {}).items())
         result.saved_to = save_dir / f"{path.stem}{suffix}{path.suffix}"
-        _save(legalized.model, result.saved_to)
+        save_model(legalized.model, result.saved_to)
     return result
 
 
@@ -499,158 +314,6 @@ def format_result(result: FileResult) -> str:
     if result.saved_to is not None:
         lines.append(f"  saved: {result.saved_to}")
     return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------------------------------
-# --explain NODE: the node's neighbourhood, with the shapes the fixed sizes give
-# ------------------------------------------------------------------------------------------------------
-
-
-def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    types: dict[str, onnx.TypeProto] = {}
-    for graph in iter_graphs(model.graph):
-        for init in graph.initializer:
-            types[init.name] = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
-        for value in (*graph.input, *graph.value_info, *graph.output):
-            types[value.name] = value.type
-    return types
-
-
-def _describe_tensor(name: str, types: Mapping[str, onnx.TypeProto]) -> str:
-    found = types.get(name)
-    if found is None or not found.HasField("tensor_type"):
-        return "type unknown"
-    value = onnx.ValueInfoProto(name=name, type=found)
-    shape = (
-        "x".join(str(label) for label in dim_labels(value)) if found.tensor_type.HasField("shape") else "?"
-    )
-    return f"{dtype_name(found.tensor_type.elem_type)}[{shape or 'scalar'}]"
-
-
-def explain_node(model: onnx.ModelProto, node_name: str, where: str) -> str | None:
-    """The node's operator, attributes, inputs (shape, producer) and outputs (shape, readers), or None
-    when ``model`` has no node of that name."""
-    index = TensorIndex(model.graph)
-    node = next((n for graph in iter_graphs(model.graph) for n in graph.node if n.name == node_name), None)
-    if node is None:
-        return None
-    types = _types(model)
-    inputs = {vi.name for vi in model.graph.input}
-    constants = {init.name for graph in iter_graphs(model.graph) for init in graph.initializer}
-    lines = [f"node {node.name} ({node.op_type}) in {where}"]
-    for attr in node.attribute:
-        if attr.type not in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-            lines.append(f"  attribute {attr.name} = {onnx.helper.get_attribute_value(attr)!r}")
-    lines.append("  inputs:")
-    for position, name in enumerate(node.input):
-        if not name:
-            lines.append(f"    {position}: (omitted)")
-            continue
-        producer = index.producer.get(name)
-        if producer is not None:
-            source = f"from {producer.op_type} {producer.name or '<unnamed>'}"
-        elif name in constants:
-            source = "a constant (initializer)"
-        elif name in inputs:
-            source = "a graph input"
-        else:
-            source = "from an enclosing graph"
-        lines.append(f"    {position}: {name}  {_describe_tensor(name, types)}  {source}")
-    lines.append("  outputs:")
-    for position, name in enumerate(node.output):
-        readers = ", ".join(
-            f"{reader.op_type} {reader.name or '<unnamed>'}" for reader, _ in index.consumers[name]
-        )
-        read = (
-            f"read by {readers}" if readers else "a graph output" if name in index.graph_outputs else "unused"
-        )
-        lines.append(f"    {position}: {name}  {_describe_tensor(name, types)}  {read}")
-    return "\n".join(lines)
-
-
-def _fixed_views(
-    model: onnx.ModelProto, context: PassContext, label: str
-) -> list[tuple[onnx.ModelProto, str]]:
-    """The export at the fixed input sizes, folded (where every shape is static) and only fixed (where
-    the nodes folding removed still are)."""
-    try:
-        fixed = FixShapes().run(shape_view(model), context)
-    except LegalizationError:
-        return [(shape_view(model), f"{label} (input sizes could not be fixed)")]
-    views = [(fixed, f"{label} (shapes after fixing the input sizes)")]
-    try:
-        folded = FoldConstants().run(onnx.ModelProto.FromString(fixed.SerializeToString()), context)
-    except Exception:  # noqa: BLE001 - the fixed view still explains the node; legalize reports the rest
-        return views
-    return [(folded, f"{label} (shapes after fixing the input sizes and folding constants)"), *views]
-
-
-def explain(
-    result: FileResult, sizes: GraphSizes, shapes: Mapping[str, Sequence[int]], node_name: str
-) -> str:
-    """--explain for one checked graph: the node in the export at the fixed sizes (folded when it survives
-    folding), else in the graph the failing pass received (a node a pass made), else the closest names."""
-    model, label = _bound(result.path, result.bindings)
-    views = _fixed_views(model, PassContext(resolve_input_shapes(model, sizes.dims, shapes)), label)
-    text = next((found for view, where in views if (found := explain_node(view, node_name, where))), None)
-    fixed = views[-1][0]
-    if text is None and result.failed_model is not None:
-        text = explain_node(
-            result.failed_model, node_name, f"{label} (as the {result.failed_pass} pass received it)"
-        )
-    if text is None:
-        names = [n.name for graph in iter_graphs(fixed.graph) for n in graph.node if n.name]
-        close = difflib.get_close_matches(node_name, names, n=5, cutoff=0.5)
-        suggestion = f"; close names: {', '.join(close)}" if close else ""
-        return f"{label}: no node named {node_name!r}{suggestion}"
-    found = [p.describe() for p in result.problems if node_name in (p.name, p.origin)]
-    if found:
-        text += "\n  unsupported:\n" + "\n".join(f"    - {line}" for line in found)
-    return text
-
-
-# ------------------------------------------------------------------------------------------------------
-# --repro DIR: the graphs with random weights, to attach to an issue
-# ------------------------------------------------------------------------------------------------------
-
-
-def _random_like(tensor: onnx.TensorProto, rng: np.random.Generator) -> onnx.TensorProto | None:
-    """Random values of the tensor's shape and float type; None for what is not a weight (integer and
-    boolean tensors hold shapes, indices and masks, and single values are constants of the computation)."""
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    if not np.issubdtype(dtype, np.floating) or int(np.prod(tensor.dims)) <= 1:
-        return None
-    values = (rng.standard_normal(tuple(tensor.dims)) * 0.02).astype(dtype)
-    return onnx.numpy_helper.from_array(values, tensor.name)
-
-
-def _float_constants(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    for graph in iter_graphs(model.graph):
-        yield from graph.initializer
-        for node in graph.node:
-            if node.op_type == "Constant":
-                yield from (attr.t for attr in node.attribute if attr.name == "value")
-
-
-def write_repro(files: Sequence[Path], source_dir: Path, target: Path, seed: int = 0) -> list[Path]:
-    """Each graph with every float weight replaced by random values of the same shape and type, plus the
-    config files, in ``target``: the structure of the model without its weights."""
-    rng = np.random.default_rng(seed)
-    target.mkdir(parents=True, exist_ok=True)
-    written = []
-    for path in files:
-        model = onnx.load(path)
-        for tensor in _float_constants(model):
-            replacement = _random_like(tensor, rng)
-            if replacement is not None:
-                tensor.CopyFrom(replacement)
-        _save(model, target / path.name)
-        written.append(target / path.name)
-    for name in _REPRO_FILES:
-        if (source_dir / name).is_file():
-            shutil.copyfile(source_dir / name, target / name)
-            written.append(target / name)
-    return written
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -772,7 +435,9 @@ def _check_all(
             if not args.json:
                 print(format_result(result), flush=True)
             if args.explain:
-                explanations.append(explain(result, sizes, file_shapes, args.explain))
+                model, label = _bound(path, bindings)
+                error = result.legalization_error
+                explanations.append(explain(model, label, result.input_shapes, args.explain, error))
     unused = set(shapes) - {name for r in results for name in r.input_shapes}
     ready = all(result.ready for result in results)
     if args.json:
