@@ -1,6 +1,7 @@
 """What every pass needs to read or extend an ONNX graph, written once.
 
-* Walking a graph and its If/Loop/Scan subgraphs (``iter_graphs``, ``iter_nodes``, ``names_read``).
+* Walking a graph and its If/Loop/Scan subgraphs (``iter_graphs``, ``iter_nodes``, ``names_read``), and
+  the value a Constant node holds (``constant_node_value``).
 * A weight-free copy (``weight_free_copy``, ``shape_view``): shape inference, onnxslim and the checker
   serialize the whole model, and no pass needs a weight's values, so initializers of ``WEIGHT_MIN_BYTES``
   or more travel as typed graph inputs. One threshold for every such copy.
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 from google.protobuf.message import Message
-from onnx import helper
+from onnx import helper, numpy_helper
 
 #: Initializers at least this large (or stored outside the model file) are weights: a weight-free copy
 #: carries them as typed graph inputs instead of data.
@@ -101,6 +102,22 @@ def all_names(model: onnx.ModelProto) -> Iterator[str]:
             yield node.name
             yield from node.output
             yield from node.input
+
+
+def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value a Constant node produces (any of its value_* forms); None for sparse values."""
+    for attr in node.attribute:
+        if attr.name == "value":
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+    return None
 
 
 # -- weight-free copies --------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ...graphs import NameAllocator
+from ...graphs import NameAllocator, constant_node_value
 
 FLOAT_TYPES: frozenset[int] = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
@@ -229,22 +229,6 @@ class Rewrite(ABC):
 
 def _is_plain_constant(node: onnx.NodeProto) -> bool:
     return node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1
-
-
-def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
-    """The value a Constant node produces (any of its value_* forms); None for sparse values."""
-    for attr in node.attribute:
-        if attr.name == "value":
-            return numpy_helper.to_array(attr.t)
-        if attr.name == "value_float":
-            return np.array(attr.f, dtype=np.float32)
-        if attr.name == "value_floats":
-            return np.array(list(attr.floats), dtype=np.float32)
-        if attr.name == "value_int":
-            return np.array(attr.i, dtype=np.int64)
-        if attr.name == "value_ints":
-            return np.array(list(attr.ints), dtype=np.int64)
-    return None
 
 
 def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
