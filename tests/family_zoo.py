@@ -1,8 +1,8 @@
 """Tiny models of the architecture families whose graph patterns the compiler had to learn (issue 11).
 
-Test-only, beside tests/model_zoo.py (whose matrix is the conformance suite's): each family is built from a
-config with random weights and exported by optimum's exporter exactly as the zoo exports (``export_onnx``),
-so a pattern test runs the graph a user of that family gets.
+Test-only, beside the conformance zoo (``optimum_ipu_backend.conformance.zoo``, the suite's matrix): each
+family is built from a config with random weights and exported by optimum's exporter exactly as the zoo
+exports (``export_onnx``), so a pattern test runs the graph a user of that family gets.
 
 * ``clip``: CLIPModel for zero-shot image classification. Its text tower pools the hidden state at the
   position ArgMax finds in ``input_ids`` (an int64 index producer feeding a Gather).
@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 from filelock import FileLock
-from model_zoo import PERSISTENT_ZOO_ENV, _cache_fingerprint, export_onnx
+from model_zoo import PERSISTENT_ZOO_ENV
+
+from optimum_ipu_backend.conformance.zoo import cache_fingerprint, export_onnx
 
 CLIP_TASK = "zero-shot-image-classification"
 FALCON_TASK = "text-generation-with-past"
@@ -79,7 +81,7 @@ _BUILDERS: dict[str, tuple[Callable[[], Any], str]] = {
 def family_root(fallback: Path) -> Path:
     """Where family models live: beside the persistent zoo when one is configured, keyed by this file."""
     persistent = os.environ.get(PERSISTENT_ZOO_ENV)
-    digest = hashlib.sha256(Path(__file__).read_bytes() + _cache_fingerprint().encode()).hexdigest()[:16]
+    digest = hashlib.sha256(Path(__file__).read_bytes() + cache_fingerprint().encode()).hexdigest()[:16]
     base = Path(persistent).expanduser() if persistent else Path(fallback)
     return (base / f"families-{digest}").resolve()
 

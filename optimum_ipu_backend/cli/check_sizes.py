@@ -1,8 +1,9 @@
 """The sizes `optimum-ipu check` legalizes each graph at: those given on the command line, those the model
 config fixes, and otherwise those the runtime compiles by default, within the model's limits.
 
-The runtime is asked in one function, ``runtime_plan``, so that these defaults follow whatever sessions
-compile; the limits are the runtime's own (``runtime.buckets.model_limit``), so both agree.
+The runtime is asked for sizes in one function, ``runtime_plan``, so that these defaults follow whatever
+sessions compile; dimension roles, dimension expressions and limits are the runtime's own
+(``runtime.roles``, ``runtime.dim_expressions``, ``runtime.buckets.model_limit``), so both agree.
 """
 
 from __future__ import annotations
@@ -13,19 +14,25 @@ from typing import Any
 
 import onnx
 
+from optimum_ipu_backend.runtime.buckets import BucketPlan, model_limit
+from optimum_ipu_backend.runtime.dim_expressions import parse_dim
+from optimum_ipu_backend.runtime.factory import dynamic_dims
+from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
+from optimum_ipu_backend.runtime.roles import DimRole, dim_role
+
 #: Number of choices of a multiple-choice graph when none is given (the runtime feeds it as it comes).
 _DEFAULT_CHOICES = 2
 
 
-def runtime_plan(config: Mapping[str, Any], dims: Sequence[str]) -> Any:
-    """The compiled sizes the runtime plans by default for ``dims`` (a ``runtime.buckets.BucketPlan``).
+def runtime_plan(config: Mapping[str, Any], dims: Sequence[str]) -> BucketPlan:
+    """The compiled sizes a session plans for ``dims`` with the default settings.
 
-    The one place `check` asks the runtime, so that its defaults follow whatever sessions compile.
+    The one place `check` asks the runtime for sizes, so that its defaults follow whatever sessions compile.
     """
-    from optimum_ipu_backend.runtime.factory import build_plan
-    from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
-
-    return build_plan(config, list(dims), IPURuntimeConfig())
+    runtime = IPURuntimeConfig()
+    return BucketPlan.for_dims(
+        config, dims, user_sizes=runtime.bucket_options(), sizes_per_dimension=runtime.sizes_per_dimension
+    )
 
 
 def config_dims(config: Mapping[str, Any]) -> dict[str, int]:
@@ -53,27 +60,18 @@ def config_dims(config: Mapping[str, Any]) -> dict[str, int]:
     return dims
 
 
-def _dim_expression(label: str) -> Any:
-    from optimum_ipu_backend.runtime.padding import DimExpression, DimExpressionError
-
-    try:
-        return DimExpression.parse(label)
-    except DimExpressionError:
-        return None
-
-
 def symbolic_dims(model: onnx.ModelProto) -> list[str]:
     """The dimension names the graph inputs use, in order (``past + sequence`` counts both names)."""
-    names: list[str] = []
     initializers = {init.name for init in model.graph.initializer}
-    for graph_input in model.graph.input:
-        if graph_input.name in initializers:
-            continue
-        for dim in graph_input.type.tensor_type.shape.dim:
-            expression = _dim_expression(dim.dim_param) if dim.dim_param else None
-            if expression is not None:
-                names.extend(name for name in sorted(expression.symbols) if name not in names)
-    return names
+    return dynamic_dims(
+        {
+            graph_input.name: [
+                dim.dim_param or dim.dim_value for dim in graph_input.type.tensor_type.shape.dim
+            ]
+            for graph_input in model.graph.input
+            if graph_input.name not in initializers
+        }
+    )
 
 
 @dataclass
@@ -90,13 +88,12 @@ def graph_sizes(
     explicit: Mapping[str, int],
     bindings: Mapping[str, bool] | None = None,
 ) -> GraphSizes:
-    """Sizes for the graph's dimensions: ``explicit`` ones, those the config fixes, else the runtime's
-    default plan: its smallest batch, its largest compiled size of other dimensions, one new token beside
-    a past and the largest planned past that leaves room for it. A merged decoder bound to its no-cache
-    branch reads no past: the prompt gets the largest size and the past a placeholder.
+    """Sizes for the graph's dimensions: ``explicit`` ones, those the config fixes, else by the role the
+    runtime gives each dimension (``runtime.roles``) and its default plan: the smallest batch, the largest
+    compiled sequence, one new token beside a past and the largest planned past that leaves room for it.
+    A merged decoder bound to its no-cache branch reads no past: the prompt gets the largest size and the
+    past a placeholder. Other dimensions (the runtime compiles them as they come) need ``--dim``.
     """
-    from optimum_ipu_backend.runtime.buckets import is_batch_dim, model_limit
-
     names = symbolic_dims(model)
     fixed = config_dims(config)
     plan = runtime_plan(config, [name for name in names if name not in explicit and name not in fixed])
@@ -111,7 +108,7 @@ def graph_sizes(
             sizes[name] = explicit[name]
         elif name in fixed:
             sizes[name] = fixed[name]
-        elif name.startswith("past_") and name.removeprefix("past_") in sizes:
+        elif dim_role(name) is DimRole.PAST and name.removeprefix("past_") in sizes:
             new = sizes[name.removeprefix("past_")]
             limit, _ = model_limit(config, name.removeprefix("past_"))
             fitting = [size for size in planned(name) if limit is None or size + new <= limit]
@@ -119,11 +116,11 @@ def graph_sizes(
                 sizes[name] = planned(name)[0]  # a placeholder the branch never reads
             else:
                 sizes[name] = fitting[-1] if fitting else max(planned(name)[0], (limit or 0) - new)
-        elif is_batch_dim(name):
+        elif dim_role(name) is DimRole.BATCH:
             sizes[name] = planned(name)[0]  # one call's worth; --dim batch_size=N checks a larger one
-        elif f"past_{name}" in names and reads_past:
+        elif dim_role(name) is DimRole.SEQUENCE and f"past_{name}" in names and reads_past:
             sizes[name] = 1  # one generated token per step
-        elif name.endswith("_length"):
+        elif dim_role(name) in (DimRole.SEQUENCE, DimRole.PAST):
             sizes[name] = planned(name)[-1]
         # Any other name (an image side without a config, a custom dimension) is left unsized, and
         # legalize() names the input that needs --dim.
@@ -131,11 +128,9 @@ def graph_sizes(
 
 
 def _over_limit(config: Mapping[str, Any], sizes: Mapping[str, int], reads_past: bool) -> list[str]:
-    from optimum_ipu_backend.runtime.buckets import model_limit
-
     problems = []
     for name, size in sizes.items():
-        if not name.endswith("_length"):
+        if dim_role(name) not in (DimRole.SEQUENCE, DimRole.PAST):
             continue  # positions bound lengths only (not image sides, channels or batch)
         limit, source = model_limit(config, name.removeprefix("past_"))
         if limit is None:
@@ -170,7 +165,7 @@ def resolve_input_shapes(
             if dim.HasField("dim_value"):
                 sizes.append(dim.dim_value)
                 continue
-            expression = _dim_expression(dim.dim_param) if dim.dim_param else None
+            expression = parse_dim(dim.dim_param) if dim.dim_param else None
             try:
                 sizes.append(expression.evaluate(dims))
             except (AttributeError, KeyError):

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 from graph_testing import run_ort
-from model_zoo import ModelZoo, export_onnx
 
 from optimum_ipu_backend.compiler import find_unsupported_nodes
 from optimum_ipu_backend.compiler.graphs import iter_graphs, iter_nodes
@@ -22,6 +21,7 @@ from optimum_ipu_backend.compiler.op_table import (
     INT64_COMPILE_TIME_OPERANDS,
     POPART_OPSET11_OPS,
 )
+from optimum_ipu_backend.conformance.zoo import ModelZoo, export_onnx
 from optimum_ipu_backend.engines.base import Executable
 
 #: (zoo model, export task) for every model of the matrix.

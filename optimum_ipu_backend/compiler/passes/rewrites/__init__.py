@@ -16,6 +16,7 @@ from .common import CannotLower, GraphScope, Rewrite
 from .comparisons import ComparisonRewrite
 from .constant_values import ConstantValueRewrite
 from .dropout import DropoutRewrite
+from .einsum import EinsumRewrite
 from .gather_scatter import GatherElementsRewrite, GatherNDRewrite, ScatterNDRewrite
 from .identity_castlike import CastLikeRewrite, IdentityRewrite
 from .integer_min_max import IntegerMinMaxRewrite
@@ -52,6 +53,7 @@ REWRITES: tuple[Rewrite, ...] = (
     ScatterNDRewrite(),
     SizeRewrite(),
     XorRewrite(),
+    EinsumRewrite(),
 )
 
 
