@@ -12,7 +12,7 @@ from optimum_ipu_backend import __version__
 # subcommand -> (module, function that adds its parser); modules are imported only to build the parser
 SUBCOMMANDS = (
     ("optimum_ipu_backend.cli.providers", "add_providers_parser"),
-    ("optimum_ipu_backend.compiler.check", "add_check_parser"),
+    ("optimum_ipu_backend.cli.check", "add_check_parser"),
     ("optimum_ipu_backend.cli.cache", "add_cache_parser"),
     ("optimum_ipu_backend.cli.compile", "add_compile_parser"),
 )
@@ -25,13 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"optimum-ipu-backend {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name, function in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        getattr(module, function)(subparsers)
+        # A missing subcommand module is a packaging mistake: let its ImportError surface.
+        getattr(importlib.import_module(module_name), function)(subparsers)
     return parser
 
 

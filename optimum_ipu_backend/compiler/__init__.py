@@ -18,6 +18,7 @@ _EXPORTS = {
     "bind_constant_inputs": ".passes.fold_constants",
     "find_unsupported_nodes": ".passes.verify",
     "LegalizedGraph": ".pipeline",
+    "build_passes": ".pipeline",
     "legalize": ".pipeline",
 }
 

@@ -11,6 +11,19 @@ if TYPE_CHECKING:
 
     from .passes.base import PassReport
 
+# What kind of construct keeps a node from PopART: one spelling each, for messages and `check --json`.
+PATTERN_CUSTOM_DOMAIN = "custom-domain operator"
+PATTERN_MISSING_OPERATOR = "operator PopART lacks"
+PATTERN_NO_LOWERING = "no opset-11 lowering"
+PATTERN_RUNTIME_OPERAND = "compile-time operand computed at run time"
+PATTERN_DEVICE_DTYPE = "type Poplar cannot hold"
+PATTERN_DYNAMIC_SHAPE = "shape not static"
+PATTERN_INPUT_SIZE = "input size"
+PATTERN_INT32_RANGE = "int64 value beyond int32"
+PATTERN_INVALID_GRAPH = "invalid ONNX"
+PATTERN_OPSET = "opset PopART cannot import"
+PATTERN_PASS_FAILURE = "compiler pass failed"
+
 DEFAULT_HINTS = (
     "re-export the model with optimum (a newer or older opset can avoid an operator)",
     "pass static sizes for every dynamic input dimension (input_shapes / --shape NAME=DIMS)",
@@ -21,16 +34,27 @@ DEFAULT_HINTS = (
 
 @dataclass(frozen=True)
 class UnsupportedNode:
-    """One node (or graph tensor) that keeps the graph from being PopART-ready."""
+    """One node (or graph tensor) that keeps the graph from being PopART-ready.
+
+    ``pattern`` names the kind of construct (one of the ``PATTERN_*`` strings); ``origin`` is the node of
+    the exported graph it came from (its name path, e.g. ``/model/decoder/layers.0/self_attn/ScatterND``),
+    filled in by ``legalize`` when the node was made by a pass from another one.
+    """
 
     name: str
     op_type: str
     domain: str
     reason: str
+    pattern: str = ""
+    origin: str = ""
 
     def describe(self) -> str:
         op = f"{self.domain}::{self.op_type}" if self.domain not in ("", "ai.onnx") else self.op_type
-        return f"{self.name or '<unnamed>'} ({op}): {self.reason}"
+        text = f"{self.name or '<unnamed>'} ({op}): {self.reason}"
+        details = [f"pattern: {self.pattern}"] if self.pattern else []
+        if self.origin and self.origin != self.name:
+            details.append(f"from exported node {self.origin}")
+        return f"{text} [{'; '.join(details)}]" if details else text
 
 
 class LegalizationError(Exception):
@@ -45,6 +69,8 @@ class LegalizationError(Exception):
         self.summary = summary
         self.nodes: list[UnsupportedNode] = list(nodes)
         self.hints: list[str] = list(DEFAULT_HINTS if hints is None else hints)
+        #: The ONNX file the graph was read from, when the caller said (``legalize(..., source=...)``).
+        self.model_file: str | None = None
         # Filled in by the pipeline: what the passes before the failing one did, and which pass failed.
         self.reports: list[PassReport] = []
         self.failed_pass: str | None = None
@@ -52,8 +78,14 @@ class LegalizationError(Exception):
         self.model: onnx.ModelProto | None = None
         super().__init__(self._format())
 
+    def refresh(self) -> None:
+        """Rebuild the message after ``nodes`` or ``model_file`` changed."""
+        self.args = (self._format(),)
+
     def _format(self) -> str:
         lines = [self.summary]
+        if self.model_file:
+            lines.append(f"model file: {self.model_file}")
         if self.nodes:
             lines.append(f"{len(self.nodes)} offending node(s):")
             lines.extend(f"  - {node.describe()}" for node in self.nodes)

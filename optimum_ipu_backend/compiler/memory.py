@@ -9,11 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
-from onnx import helper
 
-from .op_table import iter_graphs
+from .graphs import element_bytes, iter_graphs, tensor_bytes
 
 IPU_MEMORY_BYTES = 900_000_000  # in-processor memory of one Mk2/Bow IPU
 TILES_PER_IPU = 1472
@@ -28,27 +26,11 @@ class MemoryEstimate:
     ipu_memory_bytes: int = IPU_MEMORY_BYTES
     tiles_per_ipu: int = TILES_PER_IPU
 
-    @property
-    def fits_one_ipu(self) -> bool:
-        return self.total_bytes <= self.ipu_memory_bytes
-
-
-def _itemsize(elem_type: int) -> int:
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
-    except (KeyError, TypeError):
-        return 4
-
-
-def tensor_bytes(tensor: onnx.TensorProto) -> int:
-    """Bytes a tensor's values take on the device."""
-    return int(math.prod(tensor.dims)) * _itemsize(tensor.data_type)
-
 
 def _value_bytes(value_info: onnx.ValueInfoProto) -> int:
     tensor_type = value_info.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else 1 for d in tensor_type.shape.dim]
-    return int(math.prod(dims)) * _itemsize(tensor_type.elem_type)
+    return int(math.prod(dims)) * element_bytes(tensor_type.elem_type)
 
 
 def _constant_bytes(graph: onnx.GraphProto) -> int:

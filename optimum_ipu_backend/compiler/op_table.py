@@ -7,7 +7,6 @@ shipped as package data); the dtype list comes from Poplar's ``popType``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from importlib import resources
 
 import onnx
@@ -68,6 +67,18 @@ INT64_COMPILE_TIME_OPERANDS: frozenset[tuple[str, int]] = frozenset(
     }
 )
 
+#: Operand slots ONNX types as int64 only, whether PopART reads them at compile time or on the device
+#: (RoiAlign's batch indices, Loop's trip count). A constant read only by such slots stays int64: PopART
+#: converts int64 constants to int32 when it loads them (``enableSupportedDataTypeCasting``).
+INT64_ONLY_OPERANDS: frozenset[tuple[str, int]] = INT64_COMPILE_TIME_OPERANDS | frozenset(
+    {("RoiAlign", 2), ("Loop", 0)}
+)
+
+#: Outputs ONNX types int64 that PopART's IR computes as INT32 whatever the ONNX type says (the SDK
+#: documents this for ArgMax and ArgMin): (op_type, output index). Narrowed by a Cast to int32 right
+#: where they are produced, they never hold an int64 value on the device.
+POPART_INT32_OUTPUTS: frozenset[tuple[str, int]] = frozenset({("ArgMax", 0), ("ArgMin", 0)})
+
 #: Operand slots PopART needs to know at compile time (shapes, indices of slices, clip bounds).
 COMPILE_TIME_OPERANDS: frozenset[tuple[str, int]] = INT64_COMPILE_TIME_OPERANDS | frozenset(
     {
@@ -89,49 +100,9 @@ COMPILE_TIME_OPERANDS: frozenset[tuple[str, int]] = INT64_COMPILE_TIME_OPERANDS 
 FLOAT32_ONLY_OPERANDS: frozenset[tuple[str, int]] = frozenset({("Resize", 1), ("Resize", 2), ("Upsample", 1)})
 
 
-def is_popart_op(op_type: str, domain: str = "") -> bool:
-    """Whether PopART implements this operator at opset 11."""
-    return domain in DEFAULT_DOMAINS and op_type in POPART_OPSET11_OPS
-
-
 def dtype_name(elem_type: int) -> str:
     """The ONNX name of an element type, e.g. ``INT64``."""
     return onnx.TensorProto.DataType.Name(elem_type) if elem_type else "UNDEFINED"
-
-
-def default_opset_version(model: onnx.ModelProto) -> int | None:
-    """The ai.onnx opset the model imports, or None when it imports none."""
-    for opset in model.opset_import:
-        if opset.domain in DEFAULT_DOMAINS:
-            return opset.version
-    return None
-
-
-def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """The graph and, depth first, every subgraph held in a node attribute (If, Loop, Scan)."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from iter_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from iter_graphs(sub)
-
-
-def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Every node of the graph and of its subgraphs."""
-    for sub in iter_graphs(graph):
-        yield from sub.node
-
-
-def count_ops(graph: onnx.GraphProto) -> dict[str, int]:
-    """How many nodes of each op type the graph holds, subgraphs included."""
-    counts: dict[str, int] = {}
-    for node in iter_nodes(graph):
-        key = node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}::{node.op_type}"
-        counts[key] = counts.get(key, 0) + 1
-    return counts
 
 
 def branch_inputs(model: onnx.ModelProto) -> list[str]:

@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
-from google.protobuf.message import Message
 
-from .errors import LegalizationError, UnsupportedNode
-from .memory import tensor_bytes
-from .op_table import count_ops, dtype_name, iter_graphs
+from .errors import PATTERN_PASS_FAILURE, LegalizationError, UnsupportedNode
+from .graphs import WeightFreeCopy, count_ops, iter_graphs, names_read, weight_free_copy
+from .op_table import dtype_name
 from .passes.base import GraphPass, PassContext, PassReport
 from .passes.fix_shapes import FixShapes, dim_labels
 from .passes.fold_constants import FoldConstants
 from .passes.int64_to_int32 import Int64ToInt32, to_int32_values
+from .passes.lower_opset11 import LowerToOpset11
 from .passes.precision_fp16 import ToFloat16, to_float16_values
 from .passes.verify import VerifyPopartReady
 
 PRECISIONS = ("fp32", "fp16")
-_LOWERING_MODULE = "optimum_ipu_backend.compiler.passes.lower_opset11"
-#: Initializers at least this large travel through the passes as typed graph inputs, not as data.
-WEIGHT_MIN_BYTES = 64 * 1024
 
 
 @dataclass
@@ -40,24 +36,15 @@ class LegalizedGraph:
     precision: str = "fp32"
 
 
-def _lowering_pass() -> GraphPass | None:
-    try:
-        module = importlib.import_module(_LOWERING_MODULE)
-    except ModuleNotFoundError as error:
-        if error.name == _LOWERING_MODULE:
-            return None  # not written yet: verify will report what it would have lowered
-        raise
-    return module.LowerToOpset11()
-
-
 def build_passes(precision: str) -> list[GraphPass]:
     """The passes in the order they run for ``precision``."""
-    passes: list[GraphPass] = [FixShapes(), FoldConstants()]
-    lowering = _lowering_pass()
-    if lowering is not None:
-        passes.append(lowering)
-    passes.append(FoldConstants(name="fold_constants (cleanup)"))
-    passes.append(Int64ToInt32())
+    passes: list[GraphPass] = [
+        FixShapes(),
+        FoldConstants(),
+        LowerToOpset11(),
+        FoldConstants(name="fold_constants (cleanup)"),
+        Int64ToInt32(),
+    ]
     if precision == "fp16":
         passes.append(ToFloat16())
     passes.append(VerifyPopartReady())
@@ -96,7 +83,11 @@ def _run_pass(
             f"The {graph_pass.name} pass failed: {type(error).__name__}: {error}",
             [
                 UnsupportedNode(
-                    "<graph>", graph_pass.name, "", str(error).splitlines()[0] if str(error) else ""
+                    "<graph>",
+                    graph_pass.name,
+                    "",
+                    str(error).splitlines()[0] if str(error) else "",
+                    PATTERN_PASS_FAILURE,
                 )
             ],
         )
@@ -124,49 +115,6 @@ def _run_pass(
     return result
 
 
-@dataclass
-class _DetachedWeights:
-    tensors: dict[str, onnx.TensorProto]
-    added_inputs: set[str]
-
-
-def _copy_fields(source: Message, target: Message, skip: str) -> None:
-    for descriptor, value in source.ListFields():
-        if descriptor.name == skip:
-            continue
-        if hasattr(value, "extend"):  # a repeated field (upb's descriptors no longer expose `label`)
-            getattr(target, descriptor.name).extend(value)
-        elif descriptor.message_type is not None:
-            getattr(target, descriptor.name).CopyFrom(value)
-        else:
-            setattr(target, descriptor.name, value)
-
-
-def _detach_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, _DetachedWeights]:
-    """A copy of ``model`` whose large initializers are typed graph inputs, and those initializers.
-
-    Every pass serializes the graph (shape inference, onnxslim, the checker); carrying hundreds of MB of
-    weights through each would dominate the time, and no pass needs their values (a constant expression
-    over a weight is left for the device to compute). The originals are referenced, never copied.
-    """
-    light = onnx.ModelProto()
-    _copy_fields(model, light, skip="graph")
-    _copy_fields(model.graph, light.graph, skip="initializer")
-    detached = _DetachedWeights({}, set())
-    graph_inputs = {graph_input.name for graph_input in model.graph.input}
-    for init in model.graph.initializer:
-        if tensor_bytes(init) < WEIGHT_MIN_BYTES or init.data_location == onnx.TensorProto.EXTERNAL:
-            light.graph.initializer.append(init)
-            continue
-        detached.tensors[init.name] = init
-        if init.name not in graph_inputs:
-            detached.added_inputs.add(init.name)
-            light.graph.input.append(
-                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-            )
-    return light, detached
-
-
 def _converted_weight(tensor: onnx.TensorProto, elem_type: int) -> onnx.TensorProto:
     """The weight in the type the passes gave its stand-in input (fp16 / int32 conversions)."""
     if elem_type == tensor.data_type:
@@ -182,23 +130,23 @@ def _converted_weight(tensor: onnx.TensorProto, elem_type: int) -> onnx.TensorPr
     else:
         reason = f"no conversion from {dtype_name(tensor.data_type)} to {dtype_name(elem_type)}"
         raise LegalizationError(
-            "A weight changed type.", [UnsupportedNode(tensor.name, "initializer", "", reason)]
+            "A weight changed type.",
+            [UnsupportedNode(tensor.name, "initializer", "", reason, PATTERN_PASS_FAILURE)],
         )
     return onnx.numpy_helper.from_array(converted, tensor.name)
 
 
-def _attach_weights(light: onnx.ModelProto, detached: _DetachedWeights) -> onnx.ModelProto:
+def _attach_weights(light: onnx.ModelProto, detached: WeightFreeCopy) -> onnx.ModelProto:
     """Put the weights back as initializers (in place) in the types the passes chose; drop unused ones."""
-    if not detached.tensors:
+    if not detached.weights:
         return light
     graph = light.graph
     types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
     kept_inputs = [vi for vi in graph.input if vi.name not in detached.added_inputs]
     del graph.input[:]
     graph.input.extend(kept_inputs)
-    read = {name for sub in iter_graphs(graph) for node in sub.node for name in node.input}
-    read |= {output.name for output in graph.output}
-    for name, tensor in detached.tensors.items():
+    read = names_read(graph)
+    for name, tensor in detached.weights.items():
         if name in read:
             graph.initializer.append(_converted_weight(tensor, types.get(name, tensor.data_type)))
     return light
@@ -210,24 +158,56 @@ def _boundary(values: Sequence[onnx.ValueInfoProto]) -> tuple[dict[str, int], di
     return types, shapes
 
 
+def origin_of(name: str, exported: set[str]) -> str:
+    """The exported node (or tensor) a name made by a pass comes from, or '' when none matches.
+
+    Passes name what they make after what they replace (``<node>/<step>``, ``<node>__<n>``), so the
+    origin is the longest prefix of ``name``, cut at one of those separators, that the export holds.
+    """
+    candidate = name
+    while candidate:
+        if candidate in exported:
+            return candidate
+        cut = max(candidate.rfind("/"), candidate.rfind("__"))
+        if cut <= 0:
+            return ""
+        candidate = candidate[:cut]
+    return ""
+
+
+def _name_origins(error: LegalizationError, exported_model: onnx.ModelProto, source: str | None) -> None:
+    exported = set()
+    for graph in iter_graphs(exported_model.graph):
+        exported.update(node.name for node in graph.node if node.name)
+        exported.update(value.name for value in (*graph.input, *graph.initializer))
+    error.nodes = [
+        node if node.origin else replace(node, origin=origin_of(node.name, exported)) for node in error.nodes
+    ]
+    error.model_file = source
+    error.refresh()
+
+
 def legalize(
     model: onnx.ModelProto,
     input_shapes: Mapping[str, Sequence[int]],
     *,
     precision: str = "fp32",
     progress: Callable[[str], None] | None = None,
+    source: str | None = None,
 ) -> LegalizedGraph:
     """Return a PopART-ready copy of ``model`` at the given static input shapes.
 
-    Raises LegalizationError (listing every offending node and what to do) when it cannot.
-    ``model`` itself is not modified.
+    Raises LegalizationError (listing every offending node and what to do) when it cannot; each node
+    names the exported node it came from, and the message names ``source`` (the ONNX file the model was
+    read from) when given. ``model`` itself is not modified.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     ctx = PassContext(
         input_shapes={k: tuple(int(d) for d in v) for k, v in input_shapes.items()}, precision=precision
     )
-    working, weights = _detach_weights(model)
+    weights = weight_free_copy(model)
+    working = weights.model
     reports: list[PassReport] = []
     try:
         for graph_pass in build_passes(precision):
@@ -235,6 +215,7 @@ def legalize(
                 progress(graph_pass.name)
             working = _run_pass(graph_pass, working, ctx, reports)
     except LegalizationError as error:
+        _name_origins(error, model, source)
         if error.model is not None:
             try:
                 error.model = _attach_weights(error.model, weights)

@@ -3,71 +3,42 @@
 Sessions run it at creation so that a graph the compiler can never take is refused (or handed to
 the fallback providers the user listed) at load time, not on the first call. It does not prove a
 graph legal: a folding or lowering step can still fail at compile time, with a full report.
+
+What it accepts is derived from what the compiler does, never listed again here: PopART's operator
+table, the operators the opset-11 rewrites declare (``Rewrite.op_types``), and the few operators that
+only folding removes. It runs when a graph is first described (a cold start), never on a warm one.
 """
 
 from __future__ import annotations
 
 import onnx
 
-from .errors import UnsupportedNode
+from .errors import PATTERN_CUSTOM_DOMAIN, PATTERN_MISSING_OPERATOR, UnsupportedNode
+from .graphs import iter_nodes
 from .op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS
+from .passes.rewrites import LOWERED_OP_TYPES
 
-# Ops that only compute shapes, indices or masks: with every dimension static they fold away.
-FOLDABLE_OPS = frozenset(
-    {"Shape", "Size", "ConstantOfShape", "Expand", "Range", "Trilu", "ScatterND", "NonZero", "EyeLike"}
-)
-# Ops the opset-11 lowering rewrites into PopART operators (see docs/compiler.md).
-LOWERED_OPS = frozenset(
-    {
-        "LayerNormalization",
-        "LessOrEqual",
-        "GreaterOrEqual",
-        "CastLike",
-        "Trilu",
-        "Range",
-        "Split",
-        "Squeeze",
-        "Unsqueeze",
-        "ReduceSum",
-        "ReduceMean",
-        "ReduceMax",
-        "ReduceMin",
-        "ReduceProd",
-        "ReduceL1",
-        "ReduceL2",
-        "ReduceLogSum",
-        "ReduceLogSumExp",
-        "ReduceSumSquare",
-        "Softmax",
-        "LogSoftmax",
-        "Min",
-        "Max",
-        "Einsum",
-    }
-)
+# Operators neither PopART nor a rewrite takes, which the compiler removes by folding constants when
+# their inputs are fixed at compile time (a static shape, a constant mask).
+FOLDED_ONLY_OPS = frozenset({"NonZero", "EyeLike"})
 
 
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            for sub in attribute.graphs:
-                yield from _graphs(sub)
+def accepted_op_types() -> frozenset[str]:
+    """Every ai.onnx operator the pre-check lets through."""
+    return POPART_OPSET11_OPS | LOWERED_OP_TYPES | FOLDED_ONLY_OPS
 
 
 def precheck_operators(model: onnx.ModelProto) -> list[UnsupportedNode]:
     """Nodes whose operator is neither PopART's, nor lowered, nor folded away by the compiler."""
-    known = POPART_OPSET11_OPS | FOLDABLE_OPS | LOWERED_OPS
+    known = accepted_op_types()
     problems = []
-    for graph in _graphs(model.graph):
-        for node in graph.node:
-            if node.domain not in DEFAULT_DOMAINS:
-                reason = f"custom domain {node.domain!r}: PopART runs only standard ONNX operators"
-            elif node.op_type not in known:
-                reason = "no PopART implementation and no rewrite into one"
-            else:
-                continue
-            problems.append(UnsupportedNode(node.name, node.op_type, node.domain, reason))
+    for node in iter_nodes(model.graph):
+        if node.domain not in DEFAULT_DOMAINS:
+            reason = f"custom domain {node.domain!r}: PopART runs only standard ONNX operators"
+            pattern = PATTERN_CUSTOM_DOMAIN
+        elif node.op_type not in known:
+            reason, pattern = "no PopART implementation and no rewrite into one", PATTERN_MISSING_OPERATOR
+        else:
+            continue
+        problems.append(UnsupportedNode(node.name, node.op_type, node.domain, reason, pattern))
     return problems

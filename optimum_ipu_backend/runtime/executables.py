@@ -96,13 +96,13 @@ class ExecutableTable:
             # Legalization does not depend on the engine or device: reuse this process's earlier result.
             return _copy_graph(earlier, directory / LEGALIZED_GRAPH_FILE)
         # The compiler is imported on the first cache miss, keeping it off warm loads.
-        from optimum_ipu_backend.compiler import legalize
+        from optimum_ipu_backend.compiler import build_passes, legalize
         from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
 
         model = self._load_model()
         if branches:
             model = bind_constant_inputs(model, branches)
-        passes = 8  # an upper bound of the pipeline's length, for the bar
+        passes = len(build_passes(self._options.precision))
         with step_progress(f"legalizing for {shapes}", passes, self._progress) as advance:
             legalized = legalize(model, shapes, precision=self._options.precision, progress=advance)
         path = save_graph(legalized.model, directory / LEGALIZED_GRAPH_FILE)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from optimum_ipu_backend.compiler.errors import LegalizationError
-from optimum_ipu_backend.compiler.op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, iter_graphs, iter_nodes
+from optimum_ipu_backend.compiler.graphs import iter_graphs, iter_nodes
+from optimum_ipu_backend.compiler.op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS
 from optimum_ipu_backend.compiler.passes.base import PassContext
 from optimum_ipu_backend.compiler.passes.lower_opset11 import LowerToOpset11
 

@@ -11,18 +11,12 @@ import numpy as np
 import onnx
 import pytest
 from graph_testing import FLOAT, INT64, make_model, run_ort, tensor_info
+from matrix_testing import MATRIX, SEQ2SEQ_MODELS, merged_export
 from model_zoo import session_zoo
 from onnx import helper
 
-from optimum_ipu_backend.compiler.check import (
-    UsageError,
-    add_check_parser,
-    default_dims,
-    main,
-    parse_dim,
-    parse_shape,
-    resolve_input_shapes,
-)
+from optimum_ipu_backend.cli.check import UsageError, add_check_parser, main, parse_dim, parse_shape
+from optimum_ipu_backend.cli.check_sizes import config_dims, graph_sizes, resolve_input_shapes
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +96,14 @@ def test_unsupported_nodes_are_listed_and_exit_1(tmp_path, capsys):
 def test_missing_sizes_are_reported_with_the_input_and_dims(tmp_path, capsys):
     model = make_model(
         [helper.make_node("Identity", ["ids"], ["y"])],
-        [tensor_info("ids", INT64, ["batch_size", "mystery_length"])],
-        [tensor_info("y", INT64, ["batch_size", "mystery_length"])],
+        [tensor_info("ids", INT64, ["batch_size", "mystery_size"])],
+        [tensor_info("y", INT64, ["batch_size", "mystery_size"])],
     )
     onnx.save(model, tmp_path / "model.onnx")
     assert main([str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert "ids" in out and "mystery_length" in out
-    assert main([str(tmp_path), "--dim", "mystery_length=5"]) == 0
+    assert "ids" in out and "mystery_size" in out
+    assert main([str(tmp_path), "--dim", "mystery_size=5"]) == 0
     capsys.readouterr()
 
 
@@ -132,17 +126,65 @@ def test_parsers():
         parse_dim("sequence_length")
 
 
-def test_defaults_come_from_the_config():
-    bert = default_dims({"model_type": "bert", "max_position_embeddings": 64})
-    assert bert["batch_size"] == 1 and bert["sequence_length"] == 64
-    assert default_dims({"max_position_embeddings": 512})["sequence_length"] == 128
-    gpt2 = default_dims({"model_type": "gpt2", "n_positions": 1024})
-    assert gpt2["past_sequence_length"] == gpt2["sequence_length"] == 128
-    vit = default_dims({"model_type": "vit", "image_size": 224, "num_channels": 3})
+def _decoder_with_past(max_positions=16):
+    """input_ids and one past key beside it: the two lengths a generation step has."""
+    model = make_model(
+        [helper.make_node("Identity", ["input_ids"], ["y"])],
+        [
+            tensor_info("input_ids", INT64, ["batch_size", "sequence_length"]),
+            tensor_info("past_key_values.0.key", FLOAT, ["batch_size", 2, "past_sequence_length", 4]),
+            tensor_info("attention_mask", INT64, ["batch_size", "past_sequence_length + sequence_length"]),
+        ],
+        [tensor_info("y", INT64, ["batch_size", "sequence_length"])],
+    )
+    return model, {"model_type": "gpt2", "n_positions": max_positions}
+
+
+def test_defaults_follow_the_runtime_plan():
+    model, config = _decoder_with_past(max_positions=16)
+    sizes = graph_sizes(model, config, {})
+    # One sample, one new token, and the largest planned past (powers of two) with room for it.
+    assert sizes.dims == {"batch_size": 1, "sequence_length": 1, "past_sequence_length": 8}
+    assert sizes.over_limit == []
+    assert resolve_input_shapes(model, sizes.dims, {})["attention_mask"] == [1, 9]
+    # The no-cache branch of a merged decoder reads no past: the prompt takes the longest size.
+    prompt = graph_sizes(model, config, {}, {"use_cache_branch": False})
+    assert prompt.dims["sequence_length"] == 16 and prompt.over_limit == []
+    encoder = make_model(
+        [helper.make_node("Identity", ["ids"], ["y"])],
+        [tensor_info("ids", INT64, ["batch_size", "sequence_length"])],
+        [tensor_info("y", INT64, ["batch_size", "sequence_length"])],
+    )
+    assert graph_sizes(encoder, {"max_position_embeddings": 64}, {}).dims == {
+        "batch_size": 1,
+        "sequence_length": 64,
+    }
+
+
+def test_config_fixed_sizes():
+    vit = config_dims({"model_type": "vit", "image_size": 224, "num_channels": 3})
     assert (vit["height"], vit["width"], vit["num_channels"]) == (224, 224, 3)
-    whisper = default_dims({"model_type": "whisper", "max_source_positions": 1500, "num_mel_bins": 80})
+    clip = config_dims({"vision_config": {"image_size": 30, "num_channels": 3}, "text_config": {}})
+    assert (clip["height"], clip["num_channels"]) == (30, 3)
+    whisper = config_dims({"model_type": "whisper", "max_source_positions": 1500, "num_mel_bins": 80})
     assert whisper["feature_size"] == 80 and whisper["encoder_sequence_length"] == 1500
-    assert default_dims({}, sequence=300)["sequence_length"] == 300  # an explicit size is not capped
+
+
+def test_sizes_over_the_model_limit_are_named(tmp_path, capsys):
+    model, config = _decoder_with_past(max_positions=16)
+    onnx.save(model, tmp_path / "model.onnx")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main([str(tmp_path), "--dim", "past_sequence_length=16", "--json"]) == 1
+    (result,) = json.loads(capsys.readouterr().out)["files"]
+    assert not result["ready"] and result["passes"] == []
+    assert (
+        "past_sequence_length 16 + sequence_length 1 = 17 positions is over the model's 16" in result["error"]
+    )
+    assert "n_positions in config.json" in result["error"]
+    assert main([str(tmp_path), "--dim", "sequence_length=20", "--dim", "past_sequence_length=0"]) == 1
+    assert "sequence_length 20 is over the model's 16 positions" in capsys.readouterr().out
+    assert main([str(tmp_path)]) == 0  # the defaults stay within the limit
+    capsys.readouterr()
 
 
 def test_symbolic_sums_are_evaluated():
@@ -167,7 +209,7 @@ def test_subcommand_registration():
 def test_runs_as_a_module(tmp_path):
     path = _custom_op_model(tmp_path / "custom.onnx")
     completed = subprocess.run(
-        [sys.executable, "-m", "optimum_ipu_backend.compiler.check", str(path)],
+        [sys.executable, "-m", "optimum_ipu_backend.cli.check", str(path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -238,3 +280,48 @@ def test_merged_decoders_are_checked_once_per_branch(tmp_path, capsys):
         flag = np.array([entry["bindings"]["use_cache_branch"]])
         expected = run_ort(model, {"use_cache_branch": flag, "x": x})["y"]
         np.testing.assert_array_equal(run_ort(branch, {"x": x})["y"], expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SEQ2SEQ_MODELS)
+def test_defaults_pass_on_every_seq2seq_export(name, tmp_path_factory, capsys):
+    """Every file of the export with its merged decoder, each branch, at the sizes the runtime compiles."""
+    zoo = session_zoo(tmp_path_factory)
+    task = dict(MATRIX)[name]
+    status = main([str(merged_export(zoo, name, task)), "--json"])
+    files = json.loads(capsys.readouterr().out)["files"]
+    assert status == 0, [(f["label"], f["error"], f["unsupported"][:3]) for f in files if not f["ready"]]
+    assert len(files) == 5  # encoder, decoder, decoder with past, the merged decoder's two branches
+    step = next(f for f in files if f["label"] == "decoder_with_past_model.onnx")
+    assert step["input_shapes"]["input_ids"] == [1, 1]
+
+
+def test_a_checkpoint_is_exported_as_optimum_cli_would_then_checked(tmp_path, tmp_path_factory, capsys):
+    checkpoint = session_zoo(tmp_path_factory).model("bert", "text-classification")
+    assert not list(checkpoint.glob("*.onnx"))
+    export_dir = tmp_path / "export"
+    status = main([str(checkpoint), "--export-dir", str(export_dir), "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert status == 0 and [f["label"] for f in document["files"]] == ["model.onnx"]
+    # The task comes from the config (a sequence classifier), as `optimum-cli export onnx` infers it.
+    assert [o.name for o in onnx.load(export_dir / "model.onnx").graph.output] == ["logits"]
+    features = tmp_path / "features"
+    assert main([str(checkpoint), "--task", "feature-extraction", "--export-dir", str(features)]) == 0
+    assert [o.name for o in onnx.load(features / "model.onnx").graph.output] == ["last_hidden_state"]
+    capsys.readouterr()
+
+
+def test_export_options_need_a_checkpoint(bert_export, capsys):
+    assert main([str(bert_export), "--task", "feature-extraction"]) == 2
+    assert "checkpoint" in capsys.readouterr().err
+
+
+def test_a_missing_subcommand_module_is_an_error_not_a_missing_command(monkeypatch):
+    """A packaging mistake that drops a command's module must fail loudly, not shrink the CLI."""
+    from optimum_ipu_backend.cli import main as cli_main
+
+    monkeypatch.setattr(
+        cli_main, "SUBCOMMANDS", (*cli_main.SUBCOMMANDS, ("optimum_ipu_backend.cli.gone", "add"))
+    )
+    with pytest.raises(ModuleNotFoundError, match="optimum_ipu_backend.cli.gone"):
+        cli_main.build_parser()

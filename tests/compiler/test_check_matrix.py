@@ -30,6 +30,7 @@ from matrix_testing import (
     SEQ2SEQ_MODELS,
     assert_popart_ready,
     decoder_only_steps,
+    executable_feed,
     merged_export,
     only_inputs,
     seq2seq_steps,
@@ -39,7 +40,7 @@ from model_zoo import session_zoo
 from optimum_ipu_backend.cli.main import main
 from optimum_ipu_backend.conformance.zoo import ModelZoo, sample_inputs
 from optimum_ipu_backend.engines import load_engine
-from optimum_ipu_backend.engines.base import CompileOptions, Executable
+from optimum_ipu_backend.engines.base import CompileOptions
 
 # Float outputs of the emulator against the original export on onnxruntime CPU. The largest difference
 # at these shapes is all-MiniLM-L6-v2's (6.2e-6); at larger batches its float32 floor exceeds 1e-5 (see
@@ -138,19 +139,6 @@ def _feed_key(entry: Mapping) -> FeedKey:
     return Path(entry["file"]).name, bindings.get(BRANCH_INPUT)
 
 
-def _executable_feed(executable: Executable, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The host arrays cast to the compiled input specs, as the session does at the boundary."""
-    cast = {}
-    for spec in executable.inputs:
-        value = np.asarray(feeds[spec.name])
-        assert value.shape == spec.shape, (spec.name, value.shape, spec.shape)
-        if np.issubdtype(value.dtype, np.integer) and np.issubdtype(spec.dtype, np.integer):
-            info = np.iinfo(spec.dtype)
-            assert info.min <= value.min(initial=0) and value.max(initial=0) <= info.max, spec.name
-        cast[spec.name] = value.astype(spec.dtype)
-    return cast
-
-
 def _assert_matches_the_original(entry: Mapping, feeds: Mapping[str, np.ndarray], label: str) -> None:
     """Run the saved graph on the emulator and the original graph on onnxruntime CPU, on the same feeds."""
     original = onnx.load(entry["file"])
@@ -160,7 +148,7 @@ def _assert_matches_the_original(entry: Mapping, feeds: Mapping[str, np.ndarray]
         original_feeds[BRANCH_INPUT] = np.array([key[1]])
     expected = run_ort(original, original_feeds)
     executable = load_engine("emulator").compile(Path(entry["saved_to"]), CompileOptions())
-    actual = executable.run(_executable_feed(executable, feeds))
+    actual = executable.run(executable_feed(executable, feeds))
     assert set(actual) == set(expected), (label, sorted(actual), sorted(expected))
     for output, want in expected.items():
         got = actual[output]

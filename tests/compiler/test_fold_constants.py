@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from optimum_ipu_backend.compiler import bind_constant_inputs
-from optimum_ipu_backend.compiler.op_table import count_ops
+from optimum_ipu_backend.compiler.graphs import count_ops
 from optimum_ipu_backend.compiler.passes.base import PassContext
 from optimum_ipu_backend.compiler.passes.fix_shapes import FixShapes
 from optimum_ipu_backend.compiler.passes.fold_constants import FoldConstants

@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler import LegalizationError, find_unsupported_nodes
-from optimum_ipu_backend.compiler.op_table import iter_graphs
+from optimum_ipu_backend.compiler import LegalizationError, find_unsupported_nodes, legalize
+from optimum_ipu_backend.compiler.graphs import iter_graphs, iter_nodes
 from optimum_ipu_backend.compiler.passes.base import PassContext
 from optimum_ipu_backend.compiler.passes.int64_to_int32 import Int64ToInt32
 
@@ -117,7 +117,8 @@ def test_reshape_shape_constant_stays_int64_and_verify_accepts_it():
 
 
 def test_shared_shape_constant_used_as_data_too():
-    """A constant read both as a Reshape shape and as data: converted, with a Cast back that verify flags."""
+    """A constant read both as a Reshape shape and as data (onnxslim merges equal constants): the data reader
+    gets int32 values and the shape operand an int64 constant of its own, so nothing is left to run time."""
     model = make_model(
         [
             helper.make_node("Reshape", ["x", "shape"], ["y"]),
@@ -131,7 +132,26 @@ def test_shared_shape_constant_used_as_data_too():
     converted = _convert(model)
     feeds = {"x": np.arange(12, dtype=np.float32).reshape(2, 6), "offset": np.array([5, -5])}
     assert_pass_preserves(model, converted, feeds, atol=0.0)
-    problems = find_unsupported_nodes(converted)
+    assert find_unsupported_nodes(converted) == []
+    reshape = next(n for n in converted.graph.node if n.op_type == "Reshape")
+    shape = next(i for i in converted.graph.initializer if i.name == reshape.input[1])
+    assert shape.data_type == INT64 and numpy_helper.to_array(shape).tolist() == [3, 4]
+    assert "Cast" not in {n.op_type for n in converted.graph.node}
+
+
+def test_computed_shape_operand_is_cast_back_and_reported():
+    """A shape computed at run time stays a run-time value: verify names it rather than guessing."""
+    model = make_model(
+        [
+            helper.make_node("Add", ["base", "offset"], ["shape"]),
+            helper.make_node("Reshape", ["x", "shape"], ["y"]),
+        ],
+        [tensor_info("x", FLOAT, [2, 6]), tensor_info("offset", INT64, [2])],
+        [tensor_info("y", FLOAT, [3, 4])],
+        {"base": np.array([3, 4], np.int64)},
+        opset=11,
+    )
+    problems = find_unsupported_nodes(_convert(model))
     assert any("computed at run time" in p.reason for p in problems)
 
 
@@ -225,3 +245,202 @@ def test_property_integer_arithmetic_gather_and_where_match(rows, cols, factor, 
     assert _int64_names(converted) == set()
     ids = np.random.default_rng(seed).integers(0, 10, (rows, cols))
     assert_pass_preserves(model, converted, {"ids": ids}, atol=0.0)
+
+
+# -- Index producers whose int64 output ONNX fixes (issue 11, pattern 1) --------------------------------
+
+
+def _pooled_at_argmax(op_type="ArgMax", batch=2, seq=7, hidden=4, route="gather", keepdims=0):
+    """A text tower's pooling: the hidden state at the position ArgMax finds in input_ids, gathered from
+    the states flattened to rows (what torch exports for ``hidden[arange(batch), ids.argmax(-1)]``).
+
+    ``route`` says where the index flows: straight into the Gather, through an If branch that reads it
+    from the enclosing graph, or also out of the graph as an output of its own.
+    """
+    found_shape = [batch, 1] if keepdims else [batch]
+    nodes = [
+        helper.make_node(
+            op_type, ["input_ids"], ["position"], name="/text_model/ArgMax", axis=-1, keepdims=keepdims
+        ),
+        helper.make_node("Mul", ["row_numbers", "seq"], ["row_starts"]),
+        helper.make_node("Add", ["row_starts", "position"], ["rows"]),
+        helper.make_node("Reshape", ["hidden", "flat_shape"], ["flat_hidden"]),
+    ]
+    outputs = [tensor_info("pooled", FLOAT, [*found_shape, hidden])]
+    if route == "subgraph":
+        branch = helper.make_graph(
+            [helper.make_node("Gather", ["flat_hidden", "rows"], ["branch_pooled"], axis=0)],
+            "pool",
+            [],
+            [tensor_info("branch_pooled", FLOAT, [*found_shape, hidden])],
+        )
+        nodes.append(helper.make_node("If", ["flag"], ["pooled"], then_branch=branch, else_branch=branch))
+    else:
+        nodes.append(helper.make_node("Gather", ["flat_hidden", "rows"], ["pooled"], axis=0))
+    if route == "output":
+        outputs.append(tensor_info("position", INT64, found_shape))
+    inputs = [
+        tensor_info("input_ids", INT64, [batch, seq]),
+        tensor_info("hidden", FLOAT, [batch, seq, hidden]),
+    ]
+    if route == "subgraph":
+        inputs.append(tensor_info("flag", BOOL, []))
+    row_numbers = np.arange(batch, dtype=np.int64).reshape(found_shape)
+    initializers = {
+        "row_numbers": row_numbers,
+        "seq": np.array(seq, np.int64),
+        "flat_shape": np.array([-1, hidden], np.int64),
+    }
+    return make_model(nodes, inputs, outputs, initializers)
+
+
+def _pooling_feeds(batch, seq, hidden, seed):
+    rng = np.random.default_rng(seed)
+    return {
+        "input_ids": rng.integers(0, 50, (batch, seq)),
+        "hidden": rng.standard_normal((batch, seq, hidden)).astype(np.float32),
+        "flag": np.array(bool(seed % 2)),
+    }
+
+
+def assert_narrowed_where_produced(model, op_type):
+    """The one ``op_type`` node's output is read by exactly one node: a Cast to int32 in the same graph."""
+    (producer,) = [n for n in model.graph.node if n.op_type == op_type]
+    readers = [n for n in iter_nodes(model.graph) if producer.output[0] in n.input]
+    assert [(n.op_type, n.attribute[0].i) for n in readers] == [("Cast", INT32)]
+    return producer
+
+
+def test_argmax_feeding_a_gather_is_narrowed_where_it_is_produced():
+    model = _pooled_at_argmax()
+    legalized = legalize(model, {})
+    assert find_unsupported_nodes(legalized.model) == []
+    argmax = assert_narrowed_where_produced(legalized.model, "ArgMax")
+    assert argmax.name == "/text_model/ArgMax"  # the exported name survives for error reports
+    assert_pass_preserves(model, legalized.model, _pooling_feeds(2, 7, 4, 0), atol=0.0)
+
+
+def test_topk_indices_are_still_refused_with_the_tensor_named():
+    """PopART's documentation states the INT32 result for ArgMax/ArgMin only; TopK indices stay refused."""
+    model = make_model(
+        [
+            helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=-1),
+            helper.make_node("Gather", ["x", "indices"], ["picked"], axis=0),
+        ],
+        [tensor_info("x", FLOAT, [5])],
+        [tensor_info("picked", FLOAT, [2])],
+        {"k": np.array([2], np.int64)},
+    )
+    with pytest.raises(LegalizationError, match="indices__int64' is INT64"):
+        legalize(model, {})
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    op_type=st.sampled_from(["ArgMax", "ArgMin"]),
+    batch=st.integers(1, 3),
+    seq=st.integers(1, 6),
+    hidden=st.integers(1, 3),
+    route=st.sampled_from(["gather", "subgraph", "output"]),
+    keepdims=st.integers(0, 1),
+    seed=st.integers(0, 2**16),
+)
+def test_property_index_producers_are_narrowed_wherever_they_flow(
+    op_type, batch, seq, hidden, route, keepdims, seed
+):
+    model = _pooled_at_argmax(op_type, batch, seq, hidden, route, keepdims)
+    legalized = legalize(model, {})  # verify passed: no int64 value is left for the device
+    assert_narrowed_where_produced(legalized.model, op_type)
+    assert_pass_preserves(model, legalized.model, _pooling_feeds(batch, seq, hidden, seed), atol=0.0)
+
+
+# -- Constants shared by an int64-only operand and a device reader (issue 11, pattern 2) -----------------
+
+
+def _slice_assigned_mask(batch=2, new=3, total=5, assigned=4):
+    """``mask[:, :, :, :n] = mask[:, :, :, :n].masked_fill(padding, min)`` as torch exports it: a ScatterND of
+    the filled slice into the constant causal mask. The lowering writes it as ScatterElements on flattened
+    data with a ``[-1]`` Reshape shape, and folding merges that with the ``[-1]`` a Gather reads elsewhere."""
+    causal = np.triu(np.full((new, total), -1e9, np.float32), 1 + total - new)[None, None].repeat(batch, 0)
+    grid = np.meshgrid(np.arange(batch), np.arange(1), np.arange(new), np.arange(assigned), indexing="ij")
+    nodes = [
+        helper.make_node("Unsqueeze", ["attention_mask", "axes12"], ["mask4"]),
+        helper.make_node("Slice", ["mask4", "zero", "assigned", "three"], ["mask_n"]),
+        helper.make_node("Cast", ["mask_n"], ["mask_f"], to=FLOAT),
+        helper.make_node("Slice", ["causal", "zero", "assigned", "three"], ["causal_n"]),
+        helper.make_node("Add", ["causal_n", "mask_f"], ["summed"]),
+        helper.make_node("Equal", ["summed", "float_zero"], ["padded"]),
+        helper.make_node("Where", ["padded", "minimum", "causal_n"], ["filled"]),
+        helper.make_node(
+            "ScatterND", ["causal", "indices", "filled"], ["mask_out"], name="/transformer/ScatterND"
+        ),
+        helper.make_node("Gather", ["attention_mask", "last"], ["last_token"], axis=1),
+    ]
+    return make_model(
+        nodes,
+        [tensor_info("attention_mask", INT64, [batch, total])],
+        [
+            tensor_info("mask_out", FLOAT, [batch, 1, new, total]),
+            tensor_info("last_token", INT64, [batch, 1]),
+        ],
+        {
+            "causal": causal,
+            "indices": np.stack(grid, -1).astype(np.int64),
+            "axes12": np.array([1, 2], np.int64),
+            "zero": np.array([0], np.int64),
+            "assigned": np.array([assigned], np.int64),
+            "three": np.array([3], np.int64),
+            "float_zero": np.array(0, np.float32),
+            "minimum": np.array(-1e9, np.float32),
+            "last": np.array([-1], np.int64),
+        },
+    )
+
+
+def test_slice_assigned_causal_mask_folds_to_constant_shapes():
+    model = _slice_assigned_mask()
+    legalized = legalize(model, {})
+    reshapes = [n for n in legalized.model.graph.node if n.op_type == "Reshape"]
+    initializers = {i.name: i for i in legalized.model.graph.initializer}
+    assert reshapes and all(initializers[n.input[1]].data_type == INT64 for n in reshapes)
+    assert "Cast" not in {n.op_type for n in legalized.model.graph.node if n.output[0].endswith("int64")}
+    mask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    assert_pass_preserves(model, legalized.model, {"attention_mask": mask}, atol=0.0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    values=st.lists(st.integers(1, 3), min_size=1, max_size=3),
+    int64_only=st.sampled_from(["Tile", "Reshape", "Expand"]),
+    reader=st.sampled_from(["Add", "Gather"]),
+    seed=st.integers(0, 2**16),
+)
+def test_property_a_constant_shared_with_an_int64_only_operand_stays_constant(
+    values, int64_only, reader, seed
+):
+    """Whatever reads a constant besides an int64-only operand, that operand keeps a constant int64 value."""
+    rank = len(values)
+    shared = np.array(values, np.int64)
+    if int64_only == "Tile":
+        first = helper.make_node("Tile", ["x", "shared"], ["shaped"])
+        x_shape, shaped = [2] * rank, [2 * v for v in values]
+    elif int64_only == "Reshape":
+        first = helper.make_node("Reshape", ["x", "shared"], ["shaped"])
+        x_shape, shaped = [int(np.prod(values))], values
+    else:
+        first = helper.make_node("Expand", ["x", "shared"], ["shaped"])
+        x_shape, shaped = [1] * rank, values
+    second = helper.make_node(reader, ["ids", "shared"], ["read"])
+    ids_shape = [rank] if reader == "Add" else [4]
+    model = make_model(
+        [first, second],
+        [tensor_info("x", FLOAT, x_shape), tensor_info("ids", INT64, ids_shape)],
+        [tensor_info("shaped", FLOAT, shaped), tensor_info("read", INT64, [rank])],
+        {"shared": shared},
+        opset=13,
+    )
+    legalized = legalize(model, {})  # verify passed: no shape operand left to compute at run time
+    assert "Cast" not in {n.op_type for n in legalized.model.graph.node}
+    rng = np.random.default_rng(seed)
+    feeds = {"x": rng.standard_normal(x_shape).astype(np.float32), "ids": rng.integers(0, 4, ids_shape)}
+    assert_pass_preserves(model, legalized.model, feeds, atol=0.0)

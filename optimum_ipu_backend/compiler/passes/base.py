@@ -21,7 +21,6 @@ class PassContext:
 
     input_shapes: Mapping[str, Sequence[int]]
     precision: str = "fp32"  # "fp32" or "fp16"
-    target_opset: int = 11
 
 
 @dataclass

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
-from ..errors import LegalizationError, UnsupportedNode
-from ..op_table import iter_graphs
+from ..errors import PATTERN_INPUT_SIZE, LegalizationError, UnsupportedNode
+from ..graphs import has_subgraphs, iter_graphs
 from .base import GraphPass, PassContext
 
 _SHAPE_HINTS = (
@@ -46,17 +46,19 @@ def _check_request(
             return [int(d) for d in labels], None
         symbolic = [label for label in labels if not isinstance(label, int)]
         reason = f"no size given for its dynamic dims {symbolic} (shape {labels})"
-        return None, UnsupportedNode(name, "graph input", "", reason)
+        return None, UnsupportedNode(name, "graph input", "", reason, PATTERN_INPUT_SIZE)
     sizes = [int(d) for d in requested]
     if len(sizes) != len(labels):
         reason = f"asked for rank {len(sizes)} {sizes} but the input has rank {len(labels)} {labels}"
-        return None, UnsupportedNode(name, "graph input", "", reason)
+        return None, UnsupportedNode(name, "graph input", "", reason, PATTERN_INPUT_SIZE)
     for axis, (size, label) in enumerate(zip(sizes, labels, strict=True)):
         if size < 0:
-            return None, UnsupportedNode(name, "graph input", "", f"negative size {size} on axis {axis}")
+            return None, UnsupportedNode(
+                name, "graph input", "", f"negative size {size} on axis {axis}", PATTERN_INPUT_SIZE
+            )
         if isinstance(label, int) and label != size:
             reason = f"asked for {sizes} but axis {axis} is fixed to {label} in the graph (shape {labels})"
-            return None, UnsupportedNode(name, "graph input", "", reason)
+            return None, UnsupportedNode(name, "graph input", "", reason, PATTERN_INPUT_SIZE)
     return sizes, None
 
 
@@ -79,11 +81,6 @@ def _forget_inferred_shapes(model: onnx.ModelProto) -> None:
             for graph_input in graph.input:
                 if graph_input.type.HasField("tensor_type") and not is_static(graph_input):
                     graph_input.type.tensor_type.ClearField("shape")
-
-
-def has_subgraphs(graph: onnx.GraphProto) -> bool:
-    """Whether any node holds a subgraph (If, Loop, Scan)."""
-    return any(sub is not graph for sub in iter_graphs(graph))
 
 
 def infer_shapes(model: onnx.ModelProto, *, strict: bool = False) -> onnx.ModelProto:
@@ -138,7 +135,13 @@ def fix_input_shapes(
     graph_inputs = [i for i in model.graph.input if i.name not in initializer_names]
     known = {i.name for i in graph_inputs}
     problems: list[UnsupportedNode] = [
-        UnsupportedNode(name, "graph input", "", f"not an input of this graph (inputs: {sorted(known)})")
+        UnsupportedNode(
+            name,
+            "graph input",
+            "",
+            f"not an input of this graph (inputs: {sorted(known)})",
+            PATTERN_INPUT_SIZE,
+        )
         for name in input_shapes
         if name not in known
     ]

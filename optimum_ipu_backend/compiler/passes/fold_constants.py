@@ -20,16 +20,12 @@ import onnx
 from numpy.typing import ArrayLike
 from onnx import numpy_helper
 
-from ..op_table import iter_graphs
+from ..graphs import has_subgraphs, names_defined, names_read
 from .base import GraphPass, PassContext
 from .fix_shapes import refresh_shapes
 
 # MatMul+Add -> Reshape+Gemm+Reshape adds nodes and rounds differently; PopART runs MatMul natively.
 _SKIPPED_FUSIONS = ["FusionGemm", "FusionGemmMul", "FusionGemmAdd"]
-
-
-def _has_subgraphs(graph: onnx.GraphProto) -> bool:
-    return any(sub is not graph for sub in iter_graphs(graph))
 
 
 def _slim(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -45,26 +41,6 @@ def _slim(model: onnx.ModelProto) -> onnx.ModelProto:
         slim_logger.setLevel(previous_level)
 
 
-def _names_read(graph: onnx.GraphProto) -> set[str]:
-    """Every tensor name a graph or its nested subgraphs read."""
-    names: set[str] = set()
-    for sub in iter_graphs(graph):
-        for node in sub.node:
-            names.update(name for name in node.input if name)
-        names.update(output.name for output in sub.output)
-    return names
-
-
-def _names_defined(graph: onnx.GraphProto) -> set[str]:
-    names: set[str] = set()
-    for sub in iter_graphs(graph):
-        names.update(init.name for init in sub.initializer)
-        names.update(graph_input.name for graph_input in sub.input)
-        for node in sub.node:
-            names.update(name for name in node.output if name)
-    return names
-
-
 def _fold_subgraph(
     branch: onnx.GraphProto,
     outer_types: dict[str, onnx.ValueInfoProto],
@@ -72,7 +48,7 @@ def _fold_subgraph(
     model: onnx.ModelProto,
 ) -> onnx.GraphProto:
     """Fold a subgraph that has no inputs of its own (an If branch) as a standalone model."""
-    outer_refs = sorted(_names_read(branch) - _names_defined(branch))
+    outer_refs = sorted(names_read(branch) - names_defined(branch))
     missing = [name for name in outer_refs if name not in outer_types and name not in outer_initializers]
     if missing or len(branch.input) > 0:
         # A Loop/Scan body, or an outer value without a known type: leave it as it is.
@@ -189,7 +165,7 @@ def bind_constant_inputs(model: onnx.ModelProto, values: Mapping[str, ArrayLike]
 
 
 def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
-    used = _names_read(graph)
+    used = names_read(graph)
     kept = [init for init in graph.initializer if init.name in used]
     if len(kept) != len(graph.initializer):
         del graph.initializer[:]
@@ -212,7 +188,7 @@ class FoldConstants(GraphPass):
         inlined = inline_constant_ifs(model.graph)
         if inlined:
             self.notes.append(f"inlined {inlined} If with a constant condition")
-        if _has_subgraphs(model.graph):
+        if has_subgraphs(model.graph):
             fold_control_flow(model)
             _drop_unused_initializers(model.graph)
             self.notes.append("folded each control-flow branch as its own graph")

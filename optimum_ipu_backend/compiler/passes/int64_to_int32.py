@@ -2,13 +2,17 @@
 
 Poplar has no INT64 type. Every int64 graph input/output, initializer, Constant, ConstantOfShape value
 and ``Cast(to=INT64)`` becomes int32, in subgraphs too. Ops whose output ONNX defines as int64
-(Shape, ArgMax, TopK indices, ...) get a Cast to int32 after them.
+(Shape, ArgMax, TopK indices, ...) get a Cast to int32 right after them, so the value is narrowed where
+it is produced and every reader, wherever it sits, reads the int32 tensor. For ArgMax and ArgMin,
+PopART computes the output as INT32 anyway (``op_table.POPART_INT32_OUTPUTS``), and that Cast is free.
 
-One exception keeps the graph valid ONNX: operands that ONNX types as int64 only and that PopART
-reads at compile time, never as device tensors (Reshape/Expand shape, Tile repeats, Pad pads, ...,
-see ``INT64_COMPILE_TIME_OPERANDS``). A constant feeding only such operands stays int64 (PopART
-folds it into the op); an int32 value reaching one gets a Cast back to int64, which verify reports
-because it would have to run on the device.
+One exception keeps the graph valid ONNX: operands that ONNX types as int64 only (Reshape/Expand
+shape, Tile repeats, Pad pads, RoiAlign batch indices, ..., see ``op_table.INT64_ONLY_OPERANDS``).
+A constant feeding only such operands stays int64 (PopART converts int64 constants when it loads
+them). A constant feeding such an operand and other readers too (onnxslim merges equal constants, so a
+``[-1]`` can be both a Reshape shape and an index) is converted for the others, and the int64 operand
+gets an int64 copy of its own. Only a value computed at run time reaching such an operand gets a Cast
+back to int64, which verify reports because the device would have to compute it.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..errors import LegalizationError, UnsupportedNode
-from ..op_table import INT64_COMPILE_TIME_OPERANDS, iter_graphs
+from ..errors import PATTERN_INT32_RANGE, LegalizationError, UnsupportedNode
+from ..graphs import NameAllocator, TensorIndex, iter_graphs
+from ..op_table import INT64_ONLY_OPERANDS
 from .base import GraphPass, PassContext
 from .fix_shapes import refresh_shapes
 
@@ -52,7 +57,11 @@ def to_int32_values(values: np.ndarray, where: str, problems: list[UnsupportedNo
     too_big = (result > INT32_MAX) | (result < INT32_MIN)
     if np.any(too_big):
         bad = result[too_big].ravel()[:3].tolist()
-        problems.append(UnsupportedNode(where, "int64 constant", "", f"values {bad} do not fit in int32"))
+        problems.append(
+            UnsupportedNode(
+                where, "int64 constant", "", f"values {bad} do not fit in int32", PATTERN_INT32_RANGE
+            )
+        )
         result = np.clip(result, INT32_MIN, INT32_MAX)
     return result.astype(np.int32)
 
@@ -63,40 +72,21 @@ def _int32_tensor(tensor: TensorProto, where: str, problems: list[UnsupportedNod
     return converted
 
 
-class TensorConsumers:
-    """Which (op_type, input index) slots read each tensor name, in any scope."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        self.slots: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        self.graph_outputs: set[str] = set()
-        for graph in iter_graphs(model.graph):
-            for node in graph.node:
-                for index, name in enumerate(node.input):
-                    if name:
-                        self.slots[name].append((node.op_type, index))
-            self.graph_outputs.update(output.name for output in graph.output)
-
-    def only_feeds(self, name: str, allowed: frozenset[tuple[str, int]]) -> bool:
-        """Whether ``name`` is read, and only read, by the given operand slots (and is no graph output)."""
-        slots = self.slots.get(name, [])
-        return bool(slots) and name not in self.graph_outputs and all(slot in allowed for slot in slots)
-
-    def only_compile_time_int64(self, name: str) -> bool:
-        return self.only_feeds(name, INT64_COMPILE_TIME_OPERANDS)
-
-
 @dataclass
 class _Conversion:
     """What one run of the pass collects while it walks the graphs."""
 
-    consumers: TensorConsumers
+    consumers: TensorIndex
+    names: NameAllocator
     kept_int64: set[str] = field(default_factory=set)
+    #: int64 constants made int32 (initializers and Constant nodes, any scope): their int64 values.
+    narrowed_constants: dict[str, np.ndarray] = field(default_factory=dict)
     problems: list[UnsupportedNode] = field(default_factory=list)
     counts: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def keeps_int64(self, name: str) -> bool:
-        """Whether ``name`` stays int64 (only compile-time operands read it); remembered if so."""
-        if self.consumers.only_compile_time_int64(name):
+        """Whether ``name`` stays int64 (only int64-only operands read it); remembered if so."""
+        if self.consumers.only_feeds(name, INT64_ONLY_OPERANDS):
             self.kept_int64.add(name)
             return True
         return False
@@ -106,11 +96,14 @@ class Int64ToInt32(GraphPass):
     """Turn every int64 tensor, constant and cast into int32 (compile-time shape operands excepted)."""
 
     name = "int64_to_int32"
-    guarantee = "no int64 tensor remains except constant shape operands PopART reads at compile time"
+    guarantee = (
+        "no int64 tensor remains except constants read only by int64-only operands and int64 outputs "
+        "narrowed by a Cast where they are produced"
+    )
 
     def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         self.notes = []
-        conversion = _Conversion(TensorConsumers(model))
+        conversion = _Conversion(TensorIndex(model.graph), NameAllocator.for_model(model))
         for graph in iter_graphs(model.graph):
             self._convert_boundary(graph, conversion)
             self._convert_initializers(graph, conversion)
@@ -120,7 +113,7 @@ class Int64ToInt32(GraphPass):
                 "Some int64 constants cannot be represented in int32.", conversion.problems, _HINTS
             )
         for graph in iter_graphs(model.graph):
-            self._cast_back_compile_time_operands(graph, conversion)
+            self._restore_int64_operands(graph, graph is model.graph, conversion)
         self.notes.extend(f"{what}: {count}" for what, count in sorted(conversion.counts.items()) if count)
         return refresh_shapes(model)
 
@@ -137,6 +130,7 @@ class Int64ToInt32(GraphPass):
         for index, init in enumerate(graph.initializer):
             if init.data_type != TensorProto.INT64 or conversion.keeps_int64(init.name):
                 continue
+            conversion.narrowed_constants[init.name] = numpy_helper.to_array(init)
             graph.initializer[index].CopyFrom(_int32_tensor(init, init.name, conversion.problems))
             conversion.counts["int64 initializers made int32"] += 1
 
@@ -160,14 +154,14 @@ class Int64ToInt32(GraphPass):
                     continue
                 if conversion.keeps_int64(name):
                     continue
-                int64_name = f"{name}__int64"
+                int64_name = conversion.names.fresh(f"{name}__int64")
                 node.output[index] = int64_name
                 new_nodes.append(
                     onnx.helper.make_node(
                         "Cast",
                         [int64_name],
                         [name],
-                        name=f"{node.name or name}__to_int32",
+                        name=conversion.names.fresh(f"{node.name or name}__to_int32"),
                         to=TensorProto.INT32,
                     )
                 )
@@ -195,6 +189,7 @@ class Int64ToInt32(GraphPass):
                 node.attribute.append(onnx.helper.make_attribute("value", tensor))
             return
         where = node.name or node.output[0]
+        conversion.narrowed_constants[node.output[0]] = values.astype(np.int64)
         tensor = numpy_helper.from_array(to_int32_values(values, where, conversion.problems))
         del node.attribute[:]
         node.attribute.append(onnx.helper.make_attribute("value", tensor))
@@ -210,21 +205,38 @@ class Int64ToInt32(GraphPass):
                 conversion.counts["int64 ConstantOfShape values made int32"] += 1
 
     @staticmethod
-    def _cast_back_compile_time_operands(graph: onnx.GraphProto, conversion: _Conversion) -> None:
+    def _restore_int64_operands(graph: onnx.GraphProto, is_main: bool, conversion: _Conversion) -> None:
+        """Give each int64-only operand that now reads an int32 value an int64 one: a copy of a constant,
+        or a Cast of a value computed at run time (which verify reports)."""
         new_nodes: list[onnx.NodeProto] = []
         for node in graph.node:
             for index, name in enumerate(node.input):
                 slot = (node.op_type, index)
-                if not name or slot not in INT64_COMPILE_TIME_OPERANDS or name in conversion.kept_int64:
+                if not name or slot not in INT64_ONLY_OPERANDS or name in conversion.kept_int64:
                     continue
-                cast_output = f"{name}__as_int64_for_{node.name or node.op_type}_{index}"
+                original = conversion.narrowed_constants.get(name)
+                if original is not None:
+                    copy = conversion.names.fresh(f"{name}__int64")
+                    tensor = numpy_helper.from_array(original, copy)
+                    if is_main:
+                        graph.initializer.append(tensor)
+                    else:  # subgraphs hold their constants as Constant nodes, as the lowering writes them
+                        new_nodes.append(
+                            onnx.helper.make_node("Constant", [], [copy], name=copy, value=tensor)
+                        )
+                    node.input[index] = copy
+                    conversion.kept_int64.add(copy)
+                    conversion.counts["int64 copies of shared constants for int64-only operands"] += 1
+                    continue
+                # Named after the reader, so an error about it leads back to the exported node.
+                reader = node.name or node.op_type
+                cast_output = conversion.names.fresh(f"{reader}/input_{index}_as_int64")
+                cast_name = conversion.names.fresh(f"{reader}/cast_input_{index}")
                 new_nodes.append(
-                    onnx.helper.make_node(
-                        "Cast", [name], [cast_output], name=f"{cast_output}__cast", to=TensorProto.INT64
-                    )
+                    onnx.helper.make_node("Cast", [name], [cast_output], name=cast_name, to=TensorProto.INT64)
                 )
                 node.input[index] = cast_output
-                conversion.counts["computed shape operands cast back to int64"] += 1
+                conversion.counts["computed operands cast back to int64"] += 1
             new_nodes.append(node)
         del graph.node[:]
         graph.node.extend(new_nodes)

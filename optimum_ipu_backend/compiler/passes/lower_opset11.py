@@ -11,71 +11,38 @@ the same way. Anything that cannot be lowered is reported, all nodes at once, in
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..errors import LegalizationError, UnsupportedNode
-from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, iter_graphs
+from ..errors import PATTERN_CUSTOM_DOMAIN, PATTERN_NO_LOWERING, LegalizationError, UnsupportedNode
+from ..graphs import (
+    WEIGHT_MIN_BYTES,
+    NameAllocator,
+    element_bytes,
+    iter_graphs,
+    names_read,
+    shape_view,
+    subgraphs_of,
+)
+from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS
 from .base import GraphPass, PassContext
 from .fix_shapes import infer_shapes
-from .rewrites import REWRITES, CannotLower, GraphScope, Rewrite
-from .rewrites.common import NameAllocator
+from .rewrites import REWRITE_FOR_OP, CannotLower, GraphScope
 from .rewrites.reviewed_versions import NEWEST_REVIEWED_VERSION, SAME_AS_OPSET11
 
 TARGET_OPSET = 11
 #: ONNX 1.6 introduced opset 11 with IR version 6: the oldest IR that can carry it, so the one the most
 #: ONNX readers (PopART bundles its own) accept.
 TARGET_IR_VERSION = 6
-# Initializers larger than this are given to shape inference as typed inputs instead of data: their
-# values never matter for shapes, and serializing the weights would dominate the pass's time.
-_LARGEST_INFERENCE_INITIALIZER = 4096
 
 _HINTS = (
     "fix every input dimension and fold constants before lowering (the compiler pipeline does both)",
     "re-export the model with optimum at another opset, or with eager attention",
     "file an issue with the model id and this message so that the missing rewrite can be added",
 )
-
-
-def _rewrite_table() -> dict[str, Rewrite]:
-    table: dict[str, Rewrite] = {}
-    for rewrite in REWRITES:
-        for op_type in rewrite.op_types:
-            if op_type in table:
-                raise RuntimeError(f"two rewrites claim {op_type}")
-            table[op_type] = rewrite
-    return table
-
-
-def _element_count(tensor: onnx.TensorProto) -> int:
-    count = 1
-    for dim in tensor.dims:
-        count *= dim
-    return count
-
-
-def _inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with its large initializers replaced by typed graph inputs, for shape inference."""
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    graph, source = light.graph, model.graph
-    graph.name = source.name
-    graph.node.extend(source.node)
-    graph.input.extend(source.input)
-    graph.output.extend(source.output)
-    graph.value_info.extend(source.value_info)
-    input_names = {graph_input.name for graph_input in source.input}
-    for init in source.initializer:
-        if _element_count(init) <= _LARGEST_INFERENCE_INITIALIZER:
-            graph.initializer.append(init)
-        elif init.name not in input_names:
-            graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    return light
 
 
 def _graph_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
@@ -86,18 +53,6 @@ def _graph_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
         if value_info.type.WhichOneof("value") is not None:
             types[value_info.name] = value_info.type
     return types
-
-
-def _all_names(model: onnx.ModelProto) -> Iterator[str]:
-    for graph in iter_graphs(model.graph):
-        for value in list(graph.input) + list(graph.output) + list(graph.value_info):
-            yield value.name
-        for init in graph.initializer:
-            yield init.name
-        for node in graph.node:
-            yield node.name
-            yield from node.output
-            yield from node.input
 
 
 def _tensor_type_string(elem_type: int) -> str:
@@ -156,7 +111,6 @@ class LowerToOpset11(GraphPass):
 
     def __init__(self) -> None:
         super().__init__()
-        self._rewrites = _rewrite_table()
         #: How many nodes of each operator were replaced in the last run.
         self.rewritten: dict[str, int] = {}
 
@@ -171,14 +125,14 @@ class LowerToOpset11(GraphPass):
         if source_opset < TARGET_OPSET:
             model = self._upgrade(model, source_opset)
             source_opset = TARGET_OPSET
-        inferred = infer_shapes(_inference_copy(model))
+        inferred = infer_shapes(shape_view(model))
         types_by_graph = [_graph_types(graph) for graph in iter_graphs(inferred.graph)]
         graphs = list(iter_graphs(model.graph))
         if len(graphs) != len(types_by_graph):
             raise RuntimeError("shape inference changed the number of subgraphs")
         state = _RunState(
             types={id(graph): found for graph, found in zip(graphs, types_by_graph, strict=True)},
-            names=NameAllocator(_all_names(model)),
+            names=NameAllocator.for_model(model),
             source_opset=source_opset,
             listed_initializers_are_constant=model.ir_version < 4,
         )
@@ -231,10 +185,8 @@ class LowerToOpset11(GraphPass):
         _complete_types(graph, scope, state.source_opset)
         lowered: list[onnx.NodeProto] = []
         for node in graph.node:
-            for attr in node.attribute:
-                subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-                for subgraph in subgraphs:
-                    self._lower_graph(subgraph, scope, state)
+            for subgraph in subgraphs_of(node):
+                self._lower_graph(subgraph, scope, state)
             try:
                 replacement = self._lower_node(node, scope, state.source_opset)
             except CannotLower as refusal:
@@ -265,7 +217,7 @@ class LowerToOpset11(GraphPass):
             raise CannotLower(f"ai.onnx opset {source_opset} has no operator {node.op_type}") from None
         if since_version > NEWEST_REVIEWED_VERSION:
             raise CannotLower(f"{node.op_type}-{since_version} is newer than any version this pass reviewed")
-        rewrite = self._rewrites.get(node.op_type)
+        rewrite = REWRITE_FOR_OP.get(node.op_type)
         replacement = rewrite.lower(node, since_version, scope) if rewrite is not None else None
         if replacement is not None:
             return replacement
@@ -298,20 +250,24 @@ def _complete_types(graph: onnx.GraphProto, scope: GraphScope, source_opset: int
     for node in graph.node:
         if node.domain not in DEFAULT_DOMAINS or all(_has_shape(scope.type_of(o)) for o in node.output if o):
             continue
-        if any(
-            attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attr in node.attribute
-        ):
+        if subgraphs_of(node):
             continue
         input_types = {name: scope.type_of(name) for name in node.input if name}
         if any(found is None for found in input_types.values()):
             continue
         input_data = {}
         for name in input_types:
-            dims = scope.static_shape(name)
-            if dims is not None and int(np.prod(dims, dtype=np.int64)) <= _LARGEST_INFERENCE_INITIALIZER:
-                value = scope.constant(name)
-                if value is not None:
-                    input_data[name] = numpy_helper.from_array(value, name)
+            # A weight's values never matter for shapes; reading one would only cost time.
+            dims, elem_type = scope.static_shape(name), scope.elem_type(name)
+            if (
+                dims is None
+                or elem_type is None
+                or math.prod(dims) * element_bytes(elem_type) >= WEIGHT_MIN_BYTES
+            ):
+                continue
+            value = scope.constant(name)
+            if value is not None:
+                input_data[name] = numpy_helper.from_array(value, name)
         try:
             schema = onnx.defs.get_schema(node.op_type, source_opset, "")
             inferred = onnx.shape_inference.infer_node_outputs(
@@ -330,11 +286,7 @@ def _complete_types(graph: onnx.GraphProto, scope: GraphScope, source_opset: int
 
 def _drop_orphaned_constants(graph: onnx.GraphProto, candidates: set[str]) -> None:
     """Remove initializers and Constant nodes that only fed replaced nodes (e.g. opset-13 axes inputs)."""
-    read: set[str] = set()
-    for sub in iter_graphs(graph):
-        read.update(name for node in sub.node for name in node.input if name)
-        read.update(output.name for output in sub.output)
-    orphaned = candidates - read
+    orphaned = candidates - names_read(graph)
     if not orphaned:
         return
     for sub in iter_graphs(graph):
@@ -351,6 +303,7 @@ def _drop_orphaned_constants(graph: onnx.GraphProto, candidates: set[str]) -> No
 
 
 def _unsupported(node: onnx.NodeProto, reason: str) -> UnsupportedNode:
+    pattern = PATTERN_NO_LOWERING if node.domain in DEFAULT_DOMAINS else PATTERN_CUSTOM_DOMAIN
     return UnsupportedNode(
-        node.name or (node.output[0] if node.output else ""), node.op_type, node.domain, reason
+        node.name or (node.output[0] if node.output else ""), node.op_type, node.domain, reason, pattern
     )

@@ -22,10 +22,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..op_table import FLOAT32_ONLY_OPERANDS, iter_graphs
+from ..graphs import NameAllocator, TensorIndex, iter_graphs
+from ..op_table import FLOAT32_ONLY_OPERANDS
 from .base import GraphPass, PassContext
 from .fix_shapes import refresh_shapes
-from .int64_to_int32 import TensorConsumers
 
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504
 FP16_TINY = float(np.finfo(np.float16).smallest_subnormal)
@@ -104,41 +104,49 @@ def _find_variance_islands(graph: onnx.GraphProto) -> list[_Island]:
     return islands
 
 
-def _isolate_islands(graph: onnx.GraphProto, islands: list[_Island]) -> tuple[set[str], set[str]]:
-    """Give each island float32 copies of its constants and Casts at its edges.
+def _isolate_islands(
+    graph: onnx.GraphProto, islands: list[_Island], names: NameAllocator
+) -> tuple[set[str], set[str]]:
+    """Give each island float32 copies of its constants and Casts at its edges (named after the island's
+    first and last nodes, so errors lead back to them).
 
     Returns the names of the float32 constant copies and of the Casts into float32.
     """
     initializers = {init.name: init for init in graph.initializer}
-    fp32_constants: set[str] = set()
+    copies: dict[str, str] = {}
     cast_before: dict[int, onnx.NodeProto] = {}
     cast_after: dict[int, onnx.NodeProto] = {}
-    for number, island in enumerate(islands):
+    for island in islands:
         first, last = island.nodes[0], island.nodes[-1]
         for node, index in island.constants:
             original = node.input[index]
             if original not in initializers or initializers[original].data_type != TensorProto.FLOAT:
                 continue
-            copy_name = f"{original}__fp32"
-            if copy_name not in initializers:
+            if original not in copies:
                 copy = TensorProto()
                 copy.CopyFrom(initializers[original])
-                copy.name = copy_name
+                copy.name = copies[original] = names.fresh(f"{original}__fp32")
                 graph.initializer.append(copy)
-                initializers[copy_name] = copy
-            node.input[index] = copy_name
-            fp32_constants.add(copy_name)
-        source_fp32 = f"{island.source}__fp32_island{number}"
+            node.input[index] = copies[original]
+        source_fp32 = names.fresh(f"{first.name or island.source}/input_fp32")
         cast_before[id(first)] = onnx.helper.make_node(
-            "Cast", [island.source], [source_fp32], name=f"{source_fp32}__cast", to=TensorProto.FLOAT
+            "Cast",
+            [island.source],
+            [source_fp32],
+            name=names.fresh(f"{first.name or island.source}/cast_to_fp32"),
+            to=TensorProto.FLOAT,
         )
         for index, name in enumerate(first.input):
             if name == island.source:
                 first.input[index] = source_fp32
-        result_fp32 = f"{island.result}__fp32"
+        result_fp32 = names.fresh(f"{last.name or island.result}/output_fp32")
         last.output[0] = result_fp32
         cast_after[id(last)] = onnx.helper.make_node(
-            "Cast", [result_fp32], [island.result], name=f"{island.result}__cast_fp16", to=TensorProto.FLOAT16
+            "Cast",
+            [result_fp32],
+            [island.result],
+            name=names.fresh(f"{last.name or island.result}/cast_to_fp16"),
+            to=TensorProto.FLOAT16,
         )
     ordered: list[onnx.NodeProto] = []
     for node in graph.node:
@@ -149,7 +157,7 @@ def _isolate_islands(graph: onnx.GraphProto, islands: list[_Island]) -> tuple[se
             ordered.append(cast_after[id(node)])
     del graph.node[:]
     graph.node.extend(ordered)
-    return fp32_constants, {cast.name for cast in cast_before.values()}
+    return set(copies.values()), {cast.name for cast in cast_before.values()}
 
 
 class ToFloat16(GraphPass):
@@ -163,13 +171,14 @@ class ToFloat16(GraphPass):
         counts: dict[str, int] = defaultdict(int)
         keep_fp32: set[str] = set()
         island_casts: set[str] = set()
+        names = NameAllocator.for_model(model)
         for graph in iter_graphs(model.graph):
             islands = _find_variance_islands(graph)
-            constants, casts = _isolate_islands(graph, islands)
+            constants, casts = _isolate_islands(graph, islands, names)
             keep_fp32 |= constants
             island_casts |= casts
             counts["variance reductions kept in float32"] += len(islands)
-        consumers = TensorConsumers(model)
+        consumers = TensorIndex(model.graph)
         for graph in iter_graphs(model.graph):
             self._convert_graph(graph, consumers, keep_fp32, island_casts, counts)
         self.notes.extend(f"{what}: {count}" for what, count in sorted(counts.items()) if count)
@@ -184,7 +193,7 @@ class ToFloat16(GraphPass):
     def _convert_graph(
         self,
         graph: onnx.GraphProto,
-        consumers: TensorConsumers,
+        consumers: TensorIndex,
         keep_fp32: set[str],
         island_casts: set[str],
         counts: dict[str, int],

@@ -1,6 +1,14 @@
-"""The opset-11 rewrites, in the order LowerToOpset11 consults them (each owns distinct operators)."""
+"""The opset-11 rewrites: one module per operator family, each rewrite declaring the operators it takes.
+
+``REWRITE_FOR_OP`` (which rewrite owns each operator) is derived from the rewrites' own ``op_types``;
+the lowering pass and the session pre-check both read it, so what is lowered and what is accepted
+cannot drift apart. Each operator has exactly one owner.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from .attribute_adapters import NeutralAttributeRewrite
 from .axes_to_attributes import AxesToAttributesRewrite
@@ -48,4 +56,20 @@ REWRITES: tuple[Rewrite, ...] = (
     EinsumRewrite(),
 )
 
-__all__ = ["REWRITES", "CannotLower", "GraphScope", "Rewrite"]
+
+def _owners(rewrites: tuple[Rewrite, ...]) -> dict[str, Rewrite]:
+    table: dict[str, Rewrite] = {}
+    for rewrite in rewrites:
+        for op_type in rewrite.op_types:
+            if op_type in table:
+                raise RuntimeError(f"two rewrites claim {op_type}: {table[op_type]!r} and {rewrite!r}")
+            table[op_type] = rewrite
+    return table
+
+
+#: The rewrite that owns each operator it declares.
+REWRITE_FOR_OP: Mapping[str, Rewrite] = MappingProxyType(_owners(REWRITES))
+#: Every operator some rewrite lowers.
+LOWERED_OP_TYPES: frozenset[str] = frozenset(REWRITE_FOR_OP)
+
+__all__ = ["LOWERED_OP_TYPES", "REWRITES", "REWRITE_FOR_OP", "CannotLower", "GraphScope", "Rewrite"]

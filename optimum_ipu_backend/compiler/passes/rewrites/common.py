@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ...graphs import NameAllocator, constant_node_value
+
 FLOAT_TYPES: frozenset[int] = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 )
@@ -28,23 +30,6 @@ class CannotLower(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-class NameAllocator:
-    """Hands out tensor and node names that clash with nothing in the model (all scopes)."""
-
-    def __init__(self, taken: Iterable[str]) -> None:
-        self._taken = set(taken)
-        self._counter = 0
-
-    def fresh(self, hint: str) -> str:
-        base = hint or "lowered"
-        name = base
-        while name in self._taken:
-            self._counter += 1
-            name = f"{base}__{self._counter}"
-        self._taken.add(name)
-        return name
 
 
 class GraphScope:
@@ -244,22 +229,6 @@ class Rewrite(ABC):
 
 def _is_plain_constant(node: onnx.NodeProto) -> bool:
     return node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1
-
-
-def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
-    """The value a Constant node produces (any of its value_* forms); None for sparse values."""
-    for attr in node.attribute:
-        if attr.name == "value":
-            return numpy_helper.to_array(attr.t)
-        if attr.name == "value_float":
-            return np.array(attr.f, dtype=np.float32)
-        if attr.name == "value_floats":
-            return np.array(list(attr.floats), dtype=np.float32)
-        if attr.name == "value_int":
-            return np.array(attr.i, dtype=np.int64)
-        if attr.name == "value_ints":
-            return np.array(list(attr.ints), dtype=np.int64)
-    return None
 
 
 def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:

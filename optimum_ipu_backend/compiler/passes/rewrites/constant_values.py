@@ -6,7 +6,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .common import CannotLower, GraphScope, Rewrite, attribute, constant_node_value
+from ...graphs import constant_node_value
+from .common import CannotLower, GraphScope, Rewrite, attribute
 
 
 class ConstantValueRewrite(Rewrite):

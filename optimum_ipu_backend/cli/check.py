@@ -1,6 +1,14 @@
 """`optimum-ipu check PATH`: legalize every ONNX graph of a model and say whether PopART can take it.
 
-PATH is a model directory (its ``*.onnx`` files, sizes from its ``config.json``) or one ``.onnx`` file.
+PATH is a model directory (its ``*.onnx`` files, sizes from its ``config.json``), one ``.onnx`` file, or
+a transformers checkpoint without ONNX files, which is exported first as ``optimum-cli export onnx``
+would (the task inferred from the config, ``--task`` to choose another).
+
+Sizes not given with ``--dim``/``--shape`` are those the runtime compiles by default: one sample, the
+bucket plan's largest size of each other dimension, one new token for a decoder that takes a past, and
+a past that leaves room for that token within the model's positions. A size over the model's limit is
+reported as such.
+
 Exit status 0 means every graph is PopART-ready; 1 means at least one is not; 2 is a usage error.
 """
 
@@ -10,6 +18,7 @@ import argparse
 import json
 import re
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,17 +26,14 @@ from typing import Any
 
 import onnx
 
-from .errors import LegalizationError, UnsupportedNode
-from .memory import MemoryEstimate, estimate_memory
-from .op_table import branch_inputs
-from .passes.base import PassReport
-from .passes.fold_constants import bind_constant_inputs
-from .pipeline import PRECISIONS, legalize
-
-DEFAULT_BATCH = 1
-DEFAULT_SEQUENCE = 128
-_MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_target_positions", "n_ctx")
-_TWO_GIB = 2**31 - 1
+from optimum_ipu_backend.cli.check_diagnostics import explain, save_model, write_repro
+from optimum_ipu_backend.cli.check_sizes import GraphSizes, graph_sizes, resolve_input_shapes
+from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
+from optimum_ipu_backend.compiler.memory import MemoryEstimate, estimate_memory
+from optimum_ipu_backend.compiler.op_table import branch_inputs
+from optimum_ipu_backend.compiler.passes.base import PassReport
+from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
+from optimum_ipu_backend.compiler.pipeline import PRECISIONS, legalize
 
 
 class UsageError(Exception):
@@ -49,6 +55,8 @@ class FileResult:
     failed_pass: str | None = None
     memory: MemoryEstimate | None = None
     saved_to: Path | None = None
+    #: The legalization error, for --explain.
+    legalization_error: LegalizationError | None = None
 
     @property
     def ready(self) -> bool:
@@ -86,7 +94,14 @@ class FileResult:
             ],
             "failed_pass": self.failed_pass,
             "unsupported": [
-                {"name": p.name, "op_type": p.op_type, "domain": p.domain, "reason": p.reason}
+                {
+                    "name": p.name,
+                    "op_type": p.op_type,
+                    "domain": p.domain,
+                    "reason": p.reason,
+                    "pattern": p.pattern,
+                    "origin": p.origin,
+                }
                 for p in self.problems
             ],
             "error": self.error,
@@ -96,7 +111,7 @@ class FileResult:
 
 
 # ------------------------------------------------------------------------------------------------------
-# Shapes: the command line, then defaults from config.json
+# The command line
 # ------------------------------------------------------------------------------------------------------
 
 
@@ -129,81 +144,9 @@ def load_config(path: Path) -> dict[str, Any]:
     return json.loads(config_file.read_text(encoding="utf-8"))
 
 
-def default_dims(
-    config: Mapping[str, Any], sequence: int | None = None, batch: int | None = None
-) -> dict[str, int]:
-    """Sizes for optimum's symbolic dim names, from the model config."""
-    max_positions = next((int(config[k]) for k in _MAX_POSITION_KEYS if isinstance(config.get(k), int)), None)
-    seq = sequence if sequence is not None else DEFAULT_SEQUENCE
-    if max_positions is not None and sequence is None:
-        seq = min(seq, max_positions)
-    dims = {
-        "batch_size": batch if batch is not None else DEFAULT_BATCH,
-        "sequence_length": seq,
-        "decoder_sequence_length": seq,
-        "encoder_sequence_length": seq,
-        "past_sequence_length": seq,
-        "past_decoder_sequence_length": seq,
-        "past_encoder_sequence_length": seq,
-        "num_choices": 2,
-    }
-    image_size = config.get("image_size")
-    if isinstance(image_size, int):
-        dims["height"] = dims["width"] = image_size
-    elif isinstance(image_size, (list, tuple)) and len(image_size) == 2:
-        dims["height"], dims["width"] = int(image_size[0]), int(image_size[1])
-    if isinstance(config.get("num_channels"), int):
-        dims["num_channels"] = config["num_channels"]
-    if config.get("model_type") == "whisper":
-        # The encoder reads exactly 2 * max_source_positions mel frames (a static input in the export);
-        # optimum's "encoder_sequence_length" on the decoder side is the encoder's output length.
-        frames = int(config.get("max_source_positions", 1500))
-        dims["feature_size"] = int(config.get("num_mel_bins", 80))
-        dims["encoder_sequence_length"] = frames
-        dims["past_encoder_sequence_length"] = frames
-    return dims
-
-
-def _evaluate_dim(label: str, dims: Mapping[str, int]) -> int | None:
-    """A symbolic dim such as ``past_sequence_length + sequence_length`` from known sizes."""
-    if label in dims:
-        return dims[label]
-    expression = label
-    for name in sorted(dims, key=len, reverse=True):
-        expression = re.sub(rf"\b{re.escape(name)}\b", str(dims[name]), expression)
-    if not re.fullmatch(r"[\d\s+\-*/()]+", expression):
-        return None
-    try:
-        value = eval(expression, {"__builtins__": {}}, {})  # digits and arithmetic only, checked above
-    except (SyntaxError, ZeroDivisionError):
-        return None
-    return int(value)
-
-
-def resolve_input_shapes(
-    model: onnx.ModelProto, dims: Mapping[str, int], shapes: Mapping[str, Sequence[int]]
-) -> dict[str, list[int]]:
-    """Static shapes for the graph inputs; a dim nothing sizes is left out for legalize() to report."""
-    initializers = {init.name for init in model.graph.initializer}
-    resolved: dict[str, list[int]] = {}
-    for graph_input in model.graph.input:
-        if graph_input.name in initializers:
-            continue
-        if graph_input.name in shapes:
-            resolved[graph_input.name] = list(shapes[graph_input.name])
-            continue
-        sizes: list[int] = []
-        for dim in graph_input.type.tensor_type.shape.dim:
-            if dim.HasField("dim_value"):
-                sizes.append(dim.dim_value)
-                continue
-            value = _evaluate_dim(dim.dim_param, dims) if dim.dim_param else None
-            if value is None:
-                break
-            sizes.append(value)
-        else:
-            resolved[graph_input.name] = sizes
-    return resolved
+# ------------------------------------------------------------------------------------------------------
+# Which graphs: ONNX files, or a checkpoint exported first
+# ------------------------------------------------------------------------------------------------------
 
 
 def find_onnx_files(path: Path) -> list[Path]:
@@ -214,27 +157,72 @@ def find_onnx_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(path.glob("*.onnx"))
         if not files:
-            raise UsageError(f"{path} holds no .onnx file")
+            raise UsageError(
+                f"{path} holds no .onnx file and no transformers checkpoint (config.json) to export"
+            )
         return files
     raise UsageError(f"{path} does not exist")
 
 
+def is_checkpoint(path: Path) -> bool:
+    """A directory with a transformers config and no ONNX graph: something to export first."""
+    return path.is_dir() and (path / "config.json").is_file() and not any(path.glob("*.onnx"))
+
+
+def infer_export_task(config: Mapping[str, Any]) -> str:
+    """The task ``optimum-cli export onnx`` picks for a model of this config: the one of its architecture
+    class, with past key/values when the exporter supports them for the model type (its default)."""
+    import transformers
+    from optimum.exporters.tasks import TasksManager
+
+    model_type = str(config.get("model_type", "")).replace("_", "-")
+    for architecture in config.get("architectures") or ():
+        model_class = getattr(transformers, architecture, None)
+        if model_class is None:
+            continue
+        try:
+            task = TasksManager.infer_task_from_model(model_class)
+            supported = TasksManager.get_supported_tasks_for_model_type(
+                model_type, "onnx", library_name="transformers"
+            )
+        except (ValueError, KeyError):
+            continue
+        return f"{task}-with-past" if f"{task}-with-past" in supported else task
+    raise UsageError(
+        f"cannot infer the export task from config.json (architectures {config.get('architectures')}, "
+        f"model_type {model_type!r}); pass --task, e.g. --task text-classification"
+    )
+
+
+def export_checkpoint(checkpoint: Path, output: Path, task: str | None) -> Path:
+    """Export a local checkpoint as ``optimum-cli export onnx --model CHECKPOINT [--task TASK] OUTPUT``."""
+    from optimum.exporters.onnx import main_export  # heavy (torch, transformers): only when exporting
+
+    task = task or infer_export_task(load_config(checkpoint))
+    try:
+        main_export(model_name_or_path=str(checkpoint), output=output, task=task, local_files_only=True)
+    except (ValueError, KeyError, OSError, RuntimeError) as error:
+        raise UsageError(f"could not export {checkpoint} to ONNX for task {task!r}: {error}") from error
+    return output
+
+
 # ------------------------------------------------------------------------------------------------------
-# Checking
+# Checking one graph
 # ------------------------------------------------------------------------------------------------------
 
 
-def _save(model: onnx.ModelProto, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if model.ByteSize() > _TWO_GIB:
-        onnx.save(model, target, save_as_external_data=True, location=f"{target.name}.data")
-    else:
-        onnx.save(model, target)
+def _bound(path: Path, bindings: Mapping[str, bool] | None) -> tuple[onnx.ModelProto, str]:
+    model = onnx.load(path)
+    label = path.name
+    if bindings:
+        model = bind_constant_inputs(model, {name: [value] for name, value in bindings.items()})
+        label += " [" + ", ".join(f"{name}={value}" for name, value in bindings.items()) + "]"
+    return model, label
 
 
 def check_file(
     path: Path,
-    dims: Mapping[str, int],
+    sizes: GraphSizes,
     shapes: Mapping[str, Sequence[int]],
     precision: str = "fp32",
     save_dir: Path | None = None,
@@ -245,24 +233,26 @@ def check_file(
 
     ``bindings`` fixes boolean inputs (a merged decoder's ``use_cache_branch``) before legalizing.
     """
-    model = onnx.load(path)
-    label = path.name
-    if bindings:
-        model = bind_constant_inputs(model, {name: [value] for name, value in bindings.items()})
-        label += " [" + ", ".join(f"{name}={value}" for name, value in bindings.items()) + "]"
-    input_shapes = resolve_input_shapes(model, dims, shapes)
+    model, label = _bound(path, bindings)
+    input_shapes = resolve_input_shapes(model, sizes.dims, shapes)
     result = FileResult(path=path, label=label, bindings=dict(bindings or {}), input_shapes=input_shapes)
+    if sizes.over_limit:
+        result.error = "sizes over the model's limit: " + "; ".join(sizes.over_limit)
+        return result
 
     def show(pass_name: str) -> None:
         print(f"[{label}] {pass_name} ...", file=sys.stderr, flush=True)
 
     try:
-        legalized = legalize(model, input_shapes, precision=precision, progress=show if progress else None)
+        legalized = legalize(
+            model, input_shapes, precision=precision, progress=show if progress else None, source=str(path)
+        )
     except LegalizationError as error:
         result.reports = list(error.reports)
         result.problems = list(error.nodes)
         result.failed_pass = error.failed_pass
         result.error = error.summary
+        result.legalization_error = error
         if error.model is not None and error.failed_pass not in (None, "fix_shapes"):
             result.memory = _estimate_or_none(error.model)
         return result
@@ -271,11 +261,11 @@ def check_file(
     if save_dir is not None:
         suffix = "".join(f".{name}_{str(value).lower()}" for name, value in (bindings or {}).items())
         result.saved_to = save_dir / f"{path.stem}{suffix}{path.suffix}"
-        _save(legalized.model, result.saved_to)
+        save_model(legalized.model, result.saved_to)
     return result
 
 
-def _branch_bindings(model: onnx.ModelProto) -> list[dict[str, bool] | None]:
+def branch_bindings(model: onnx.ModelProto) -> list[dict[str, bool] | None]:
     """Both values of each boolean input that picks a top-level If branch; [None] when there is none."""
     names = branch_inputs(model)
     if not names:
@@ -307,6 +297,8 @@ def format_result(result: FileResult) -> str:
         )
     if result.failed_pass is not None:
         lines.append(f"  {result.failed_pass:<26} FAILED: {result.error}")
+    elif result.error is not None:
+        lines.append(f"  not checked: {result.error}")
     if result.problems:
         lines.append(f"  unsupported ({len(result.problems)}):")
         lines.extend(f"    - {problem.describe()}" for problem in result.problems)
@@ -324,6 +316,11 @@ def format_result(result: FileResult) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------------
+# The subcommand
+# ------------------------------------------------------------------------------------------------------
+
+
 def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``check`` on an ``optimum-ipu`` subcommand parser."""
     parser = subparsers.add_parser(
@@ -339,7 +336,9 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "path", type=Path, help="a model directory with .onnx files and config.json, or one .onnx"
+        "path",
+        type=Path,
+        help="a model directory with .onnx files and config.json, one .onnx, or a transformers checkpoint",
     )
     parser.add_argument(
         "--shape",
@@ -358,34 +357,87 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--save", type=Path, metavar="DIR", help="write the legalized graph(s) into DIR")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    parser.add_argument(
+        "--task", help="export task for a checkpoint without .onnx files (default: inferred from its config)"
+    )
+    parser.add_argument(
+        "--export-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the export of a checkpoint in DIR (default: discarded)",
+    )
+    parser.add_argument(
+        "--explain",
+        metavar="NODE",
+        help="print the node's inputs, producers, readers and shapes after fixing the sizes, in each graph",
+    )
+    parser.add_argument(
+        "--repro",
+        type=Path,
+        metavar="DIR",
+        help="write the graphs with random weights of the same shapes into DIR, to attach to an issue",
+    )
+
+
+def _graphs_to_check(args: argparse.Namespace, scratch: Path) -> tuple[list[Path], Path]:
+    """The ONNX files and the directory their config.json is in, exporting a checkpoint first."""
+    path = args.path
+    if is_checkpoint(path):
+        output = args.export_dir or scratch / "export"
+        print(f"exporting {path} to ONNX in {output} (as optimum-cli export onnx) ...", file=sys.stderr)
+        export_checkpoint(path, output, args.task)
+        return find_onnx_files(output), output
+    if args.task or args.export_dir:
+        raise UsageError("--task and --export-dir apply to a checkpoint without .onnx files")
+    files = find_onnx_files(path)
+    return files, path if path.is_dir() else path.parent
 
 
 def run_check(args: argparse.Namespace) -> int:
     """Run `check` for parsed arguments; return the exit status."""
-    try:
-        files = find_onnx_files(args.path)
-        shapes = dict(parse_shape(text) for text in args.shape)
-        explicit_dims = dict(parse_dim(text) for text in args.dim)
-    except UsageError as error:
-        print(f"optimum-ipu check: {error}", file=sys.stderr)
-        return 2
-    config = load_config(args.path)
-    dims = default_dims(
-        config, sequence=explicit_dims.get("sequence_length"), batch=explicit_dims.get("batch_size")
-    )
-    dims.update(explicit_dims)
+    with tempfile.TemporaryDirectory(prefix="optimum-ipu-check-") as scratch:
+        try:
+            shapes = dict(parse_shape(text) for text in args.shape)
+            explicit_dims = dict(parse_dim(text) for text in args.dim)
+            files, model_dir = _graphs_to_check(args, Path(scratch))
+        except UsageError as error:
+            print(f"optimum-ipu check: {error}", file=sys.stderr)
+            return 2
+        return _check_all(args, files, model_dir, shapes, explicit_dims)
+
+
+def _check_all(
+    args: argparse.Namespace,
+    files: list[Path],
+    model_dir: Path,
+    shapes: dict[str, list[int]],
+    explicit_dims: dict[str, int],
+) -> int:
+    config = load_config(model_dir)
     progress = sys.stderr.isatty() and not args.json
+    if args.repro is not None:
+        written = write_repro(files, model_dir, args.repro)
+        print(
+            f"wrote {len(written)} file(s) with random weights to {args.repro}: attach them to an issue",
+            file=sys.stderr,
+        )
     results = []
+    explanations = []
     for path in files:
         skeleton = onnx.load(path, load_external_data=False)
         file_inputs = {i.name for i in skeleton.graph.input}
         file_shapes = {name: dims_ for name, dims_ in shapes.items() if name in file_inputs}
         # A merged decoder is static only once its branch is chosen: check each choice.
-        for bindings in _branch_bindings(skeleton):
-            result = check_file(path, dims, file_shapes, args.precision, args.save, progress, bindings)
+        for bindings in branch_bindings(skeleton):
+            sizes = graph_sizes(skeleton, config, explicit_dims, bindings)
+            result = check_file(path, sizes, file_shapes, args.precision, args.save, progress, bindings)
             results.append(result)
             if not args.json:
                 print(format_result(result), flush=True)
+            if args.explain:
+                model, label = _bound(path, bindings)
+                error = result.legalization_error
+                explanations.append(explain(model, label, result.input_shapes, args.explain, error))
     unused = set(shapes) - {name for r in results for name in r.input_shapes}
     ready = all(result.ready for result in results)
     if args.json:
@@ -396,10 +448,14 @@ def run_check(args: argparse.Namespace) -> int:
             "unused_shapes": sorted(unused),
             "files": [result.as_json() for result in results],
         }
+        if args.explain:
+            document["explain"] = explanations
         print(json.dumps(document, indent=2))
     else:
         if unused:
             print(f"note: --shape for {sorted(unused)} matched no graph input", file=sys.stderr)
+        for text in explanations:
+            print(text)
         verdict = "every graph is PopART-ready" if ready else "some graphs are not PopART-ready"
         print(f"{len(results)} graph(s) checked: {verdict}")
     return 0 if ready else 1
