@@ -15,12 +15,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from optimum_ipu_backend.errors import DeviceError
 
-class EngineUnavailableError(RuntimeError):
+
+class EngineUnavailableError(DeviceError):
     """The engine or device cannot be used on this machine."""
 
 
-class EngineContractError(ValueError):
+class EngineContractError(DeviceError, ValueError):
     """A graph or feed breaks what the device accepts (dynamic shape, forbidden dtype, ...)."""
 
 

@@ -43,6 +43,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from optimum_ipu_backend.errors import ConfigurationError, InvalidFeedError
+
 # Smallest default bucket of a sequence-like dimension: one sequence of a few words still pads to at most 8.
 DEFAULT_SMALLEST_SIZE = 8
 # Largest default bucket when the config states no limit (T5's relative positions, for example).
@@ -80,11 +82,11 @@ _POSITION_OFFSET_MODEL_TYPES = frozenset(
 )
 
 
-class BucketOptionError(ValueError):
+class BucketOptionError(ConfigurationError):
     """A user-given list of compiled sizes is malformed or exceeds what the model allows."""
 
 
-class InputTooLargeError(ValueError):
+class InputTooLargeError(InvalidFeedError):
     """An input does not fit the largest compiled size of one of its dimensions."""
 
     def __init__(

@@ -35,6 +35,8 @@ from typing import Literal
 
 import numpy as np
 
+from optimum_ipu_backend.errors import InvalidFeedError
+
 SymbolicDim = str | int | None
 SymbolicShape = Sequence[SymbolicDim]
 
@@ -46,7 +48,7 @@ class DimExpressionError(ValueError):
     """A ``dim_param`` string is not an expression of names, integers, ``+``, ``-``, ``*`` and parentheses."""
 
 
-class DimensionMismatchError(ValueError):
+class DimensionMismatchError(InvalidFeedError):
     """Arrays disagree with each other or with their declared symbolic shapes."""
 
 
