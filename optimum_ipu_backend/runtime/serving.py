@@ -43,6 +43,11 @@ def _symbols(shape: SymbolicShape) -> set[str]:
     return names
 
 
+def is_attention_mask(input_name: str) -> bool:
+    """Whether an input hides positions from attention: padding relies on it along the dims it spans."""
+    return input_name.endswith("attention_mask")
+
+
 def bucketable_dims(input_shapes: Mapping[str, SymbolicShape], extra_masked: Sequence[str] = ()) -> list[str]:
     """Dimensions whose padding the graph hides: batch, any dimension an attention mask spans, a
     decoder's causal sequence, and dimensions the caller knows to be masked (``extra_masked``)."""
@@ -51,7 +56,7 @@ def bucketable_dims(input_shapes: Mapping[str, SymbolicShape], extra_masked: Seq
     for name, shape in input_shapes.items():
         symbols = _symbols(shape)
         all_dims.extend(s for s in sorted(symbols) if s not in all_dims)
-        if name.endswith("attention_mask"):
+        if is_attention_mask(name):
             masked |= symbols
     chosen = [d for d in all_dims if is_batch_dim(d) or d in masked or d in CAUSAL_DIMS]
     # A sequence next to a past that cannot be padded is the one-token step of generation: padding it
