@@ -53,6 +53,5 @@ def failures_name_the_call(feed: Mapping[str, np.ndarray], engine: str) -> Itera
         if not _from_engine_library(exc):
             raise
         raise DeviceRunError(
-            f"the {engine!r} engine failed on this call ({describe_feed(feed)}): "
-            f"{type(exc).__name__}: {exc}"
+            f"the {engine!r} engine failed on this call ({describe_feed(feed)}): {type(exc).__name__}: {exc}"
         ) from exc

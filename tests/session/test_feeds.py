@@ -40,7 +40,7 @@ def _session(onnx_dir, cache, **options) -> IPUInferenceSession:
 
 @pytest.fixture(scope="module")
 def session(bert, cache):
-    return _session(bert, cache, batch_size="2", sequence_lengths="8")
+    return _session(bert, cache, batch_size="2", sequence_lengths="8,16")
 
 
 def _cpu(onnx_dir):

@@ -140,33 +140,29 @@ class IndexRanges:
 class _Relation:
     """``tensor = scale * value + offset`` for the input's ``value``, valid for values in [low, high]."""
 
+    low: int  # the input's own dtype range to start with
+    high: int
     scale: int = 1
     offset: int = 0
-    low: int | None = None
-    high: int | None = None
     steps: tuple[str, ...] = ()
 
     def then(self, step: str, scale: int = 1, offset: int = 0) -> _Relation:
         return _Relation(
-            self.scale * scale, self.offset * scale + offset, self.low, self.high, (*self.steps, step)
+            self.low, self.high, self.scale * scale, self.offset * scale + offset, (*self.steps, step)
         )
 
-    def within(self, low: int, high: int) -> tuple[int | None, int | None]:
+    def within(self, low: int, high: int) -> tuple[int, int]:
         """The values of the input for which ``low <= scale * value + offset <= high``, cut to the range
-        the relation holds in; (None, None) bounds mean no limit on that side."""
+        the relation holds in (first > last when there are none)."""
         if self.scale > 0:
             first, last = _ceil_div(low - self.offset, self.scale), (high - self.offset) // self.scale
         else:
             first, last = _ceil_div(high - self.offset, self.scale), (low - self.offset) // self.scale
-        if self.low is not None:
-            first = max(first, self.low)
-        if self.high is not None:
-            last = min(last, self.high)
-        return first, last
+        return max(first, self.low), min(last, self.high)
 
     def restricted(self, step: str, low: int, high: int) -> _Relation:
         first, last = self.within(low, high)
-        return _Relation(self.scale, self.offset, first, last, (*self.steps, step))
+        return _Relation(first, last, self.scale, self.offset, (*self.steps, step))
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -418,8 +414,8 @@ class _Walk:
         self.bounds.append(
             IndexBound(
                 self.input,
-                int(low),  # type: ignore[arg-type]
-                int(high),  # type: ignore[arg-type]
+                low,
+                high,
                 node.name,
                 node.op_type,
                 table,
