@@ -195,3 +195,14 @@ def test_an_engine_failure_is_a_device_error_naming_the_call(vit):
     ) as info:
         session.run(None, {"pixel_values": pixels})
     assert isinstance(info.value, RuntimeError) and info.value.__cause__ is not None
+
+
+def test_nan_and_inf_in_float_inputs_pass_through_as_on_cpu(vit):
+    onnx_dir, session = vit
+    pixels = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    pixels[0, 1, 5, 7] = np.nan
+    pixels[1, 0, 0, 0] = np.inf
+    expected = _cpu(onnx_dir).run(None, {"pixel_values": pixels})[0]
+    got = session.run(None, {"pixel_values": pixels})[0]
+    assert np.isnan(expected).any()  # the feed is not trivially finite on CPU either
+    np.testing.assert_allclose(got, expected, atol=1e-5, equal_nan=True)
