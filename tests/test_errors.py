@@ -27,6 +27,8 @@ INTERNAL = {
     "CannotLower": "a lowering rule declines a node; the pass reports it in a LegalizationError",
     "UsageError": "the CLI's argument errors, turned into an exit status",
     "DimExpressionError": "a dim_param outside the grammar counts as an unknown dimension",
+    "ProofAborted": "the padding proof gives up on a node; the dimension is then compiled exactly",
+    "EvaluationError": "the padding proof cannot evaluate a node; it aborts the proof (ProofAborted)",
 }
 # The built-in each class had before the hierarchy existed (exceptions users may already catch).
 PREVIOUS_BASES = {
@@ -44,6 +46,7 @@ PREVIOUS_BASES = {
     "ProviderPluginError": RuntimeError,
     "IntegrationError": RuntimeError,
     "CacheError": RuntimeError,
+    "ExecutableLimitError": RuntimeError,
     "LegalizationError": Exception,
 }
 USER_GUIDE = Path(__file__).resolve().parents[1] / "docs" / "user-guide.md"

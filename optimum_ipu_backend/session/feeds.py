@@ -1,12 +1,11 @@
 """Validation of one call's feed, before anything reaches the runtime.
 
 Every input must be present and known, of the graph's dtype or one that casts to it safely, of the
-declared rank and fixed dimensions, and not empty; an attention mask must hold only 0 and 1 and show
-every row at least one position, because the runtime pads inputs to compiled sizes and hides the
-padding with that mask (a row that hides everything would attend to the padding instead and give a
-different answer than the unpadded graph); and an input that indexes a table on the device must stay
-inside that table (``session.index_check``). Each failure is an ``InvalidFeedError`` (a ``ValueError``) that
-names the input. What the checks derive from the graph is computed once, when the session is created.
+declared rank and fixed dimensions, and not empty; and an input that indexes a table on the device
+must stay inside that table (``session.index_check``). Each failure is an ``InvalidFeedError`` (a
+``ValueError``) that names the input. What the checks derive from the graph is computed once, when the
+session is created. Attention masks are the runtime's business: a mask the padding proof's assumptions
+do not hold for (values other than 0 and 1, a row that hides everything) is served without padding.
 """
 
 from __future__ import annotations
@@ -18,18 +17,15 @@ import numpy as np
 
 from optimum_ipu_backend.compiler.analysis.index_ranges import IndexRanges
 from optimum_ipu_backend.errors import InvalidFeedError
-from optimum_ipu_backend.runtime.buckets import is_past_dim
-from optimum_ipu_backend.runtime.serving import is_attention_mask
+from optimum_ipu_backend.runtime.roles import InputRole, input_role, is_past_dim
 from optimum_ipu_backend.session.index_check import IndexRangeCheck
 from optimum_ipu_backend.session.node_arg import NodeArg
 
-# Key/value caches may be empty: the first step of generation feeds an empty past, and a merged
-# decoder's first step feeds empty placeholders (on every axis) that the branch it runs never reads.
-CACHE_INPUT_PREFIX = "past_"
-
 
 def _may_be_empty(input_name: str, dim: int | str | None) -> bool:
-    return input_name.startswith(CACHE_INPUT_PREFIX) or (isinstance(dim, str) and is_past_dim(dim))
+    """Key/value caches may be empty: the first step of generation feeds an empty past, and a merged
+    decoder's first step feeds empty placeholders (on every axis) that the branch it runs never reads."""
+    return input_role(input_name) is InputRole.PAST or (isinstance(dim, str) and is_past_dim(dim))
 
 
 class FeedValidator:
@@ -38,7 +34,6 @@ class FeedValidator:
     def __init__(self, inputs: Sequence[NodeArg], index_ranges: IndexRanges) -> None:
         self._inputs = {arg.name: arg for arg in inputs}
         self._index_check = IndexRangeCheck(index_ranges)
-        self._masks = tuple(name for name in self._inputs if is_attention_mask(name))
 
     @property
     def index_checked_inputs(self) -> tuple[str, ...]:
@@ -53,8 +48,6 @@ class FeedValidator:
             )
         self._check_names(input_feed)
         feed = {name: self._array(name, arg, input_feed[name]) for name, arg in self._inputs.items()}
-        for name in self._masks:
-            _check_mask(name, feed[name])
         self._index_check(feed)
         return feed
 
@@ -99,26 +92,3 @@ class FeedValidator:
                     "axis (only key/value caches may be empty)"
                 )
         return array
-
-
-def _check_mask(name: str, mask: np.ndarray) -> None:
-    """0 and 1 only, and at least one 1 in every row (the last axis), or ``InvalidFeedError``."""
-    if mask.size == 0:
-        return
-    low, high = mask.min(), mask.max()
-    if low < 0 or high > 1:
-        value = low if low < 0 else high
-        position = [int(i) for i in np.argwhere(mask == value)[0]]
-        raise InvalidFeedError(
-            f"input {name!r} holds {value} at position {position}; an attention mask must hold 0 (hidden) "
-            "and 1 (visible) only: the runtime pads inputs to compiled sizes and hides the padding with "
-            "0s, which leaves the answer unchanged only for such masks"
-        )
-    visible = mask.reshape(-1, mask.shape[-1]).any(axis=1)
-    if not visible.all():
-        row = [int(i) for i in np.unravel_index(int(np.argmin(visible)), mask.shape[:-1])]
-        raise InvalidFeedError(
-            f"input {name!r} hides every position of row {row}; give each row at least one 1. The "
-            "runtime pads inputs to compiled sizes, and a row that hides everything would attend to the "
-            "padding and give another answer than the graph without padding"
-        )
