@@ -59,7 +59,7 @@ _COMMON = {
     # no "explain" phase: it reruns a failing example hundreds of times, minutes with compiles
     "phases": [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
 }
-settings.register_profile("fuzz-ci", max_examples=60, derandomize=True, database=None, **_COMMON)
+settings.register_profile("fuzz-ci", max_examples=50, derandomize=True, database=None, **_COMMON)
 settings.register_profile("fuzz-long", max_examples=1500, **_COMMON)
 FUZZ_SETTINGS = settings.get_profile(os.environ.get(PROFILE_ENV, "fuzz-ci"))
 
