@@ -47,6 +47,17 @@ PREVIOUS_BASES = {
     "IntegrationError": RuntimeError,
     "CacheError": RuntimeError,
     "ExecutableLimitError": RuntimeError,
+    "EngineClosedError": RuntimeError,
+    "SdkError": RuntimeError,
+    "DeviceFaultError": RuntimeError,
+    "DeviceAcquisitionError": RuntimeError,
+    "IPUOutOfMemoryError": RuntimeError,
+    "DeviceResetError": RuntimeError,
+    "DeviceLostError": RuntimeError,
+    "SdkFailureError": RuntimeError,
+    "WorkerError": RuntimeError,
+    "WorkerDiedError": RuntimeError,
+    "CompileTimeoutError": RuntimeError,
     "LegalizationError": Exception,
 }
 USER_GUIDE = Path(__file__).resolve().parents[1] / "docs" / "user-guide.md"
