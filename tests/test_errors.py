@@ -77,6 +77,7 @@ def _package_exceptions() -> dict[str, type[BaseException]]:
         for name, value in vars(module).items():
             if (
                 inspect.isclass(value)
+                and not name.startswith("_")  # private classes are caught inside their module
                 and issubclass(value, Exception)
                 and not issubclass(value, Warning)
                 and value.__module__ == module.__name__
