@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from optimum_ipu_backend.errors import UnsupportedModelError
+
 if TYPE_CHECKING:
     import onnx
 
@@ -57,7 +59,7 @@ class UnsupportedNode:
         return f"{text} [{'; '.join(details)}]" if details else text
 
 
-class LegalizationError(Exception):
+class LegalizationError(UnsupportedModelError):
     """The graph could not be legalized; the message lists every offending node and what to do."""
 
     def __init__(

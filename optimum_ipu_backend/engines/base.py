@@ -29,16 +29,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from optimum_ipu_backend.errors import DeviceError
 
-class EngineUnavailableError(RuntimeError):
+
+class EngineUnavailableError(DeviceError):
     """The engine or device cannot be used on this machine."""
 
 
-class EngineContractError(ValueError):
+class EngineContractError(DeviceError, ValueError):
     """A graph or feed breaks what the device accepts (dynamic shape, forbidden dtype, ...)."""
 
 
-class EngineClosedError(RuntimeError):
+class EngineClosedError(DeviceError):
     """An executable or engine was used after ``close()``."""
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from optimum_ipu_backend.errors import DeviceError
 
-class SdkError(RuntimeError):
+
+class SdkError(DeviceError):
     """The SDK's exception as the worker reported it: ``sdk_type`` is its class (``popart_exception``,
     ``poplar_recoverable_runtime_error``, ``poptorch.Error``, ...)."""
 
@@ -23,7 +25,7 @@ class SdkError(RuntimeError):
         self.details = details
 
 
-class DeviceFaultError(RuntimeError):
+class DeviceFaultError(DeviceError):
     """A Poplar SDK engine failed; the message says what happened and what to try."""
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from optimum_ipu_backend.errors import InvalidFeedError
 
-class BoundaryCastError(ValueError):
+
+class BoundaryCastError(InvalidFeedError):
     """A host value does not fit the device dtype."""
 
 

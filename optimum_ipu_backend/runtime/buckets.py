@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from optimum_ipu_backend.errors import ConfigurationError, InvalidFeedError
 from optimum_ipu_backend.runtime.roles import DimRole, dim_role, is_batch_dim
 
 # Smallest default bucket of a sequence-like dimension: one sequence of a few words still pads to at most 8.
@@ -82,11 +83,11 @@ _POSITION_OFFSET_MODEL_TYPES = frozenset(
 )
 
 
-class BucketOptionError(ValueError):
+class BucketOptionError(ConfigurationError):
     """A user-given list of compiled sizes is malformed or exceeds what the model allows."""
 
 
-class InputTooLargeError(ValueError):
+class InputTooLargeError(InvalidFeedError):
     """An input does not fit the largest compiled size of one of its dimensions."""
 
     def __init__(

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from optimum_ipu_backend.errors import DeviceError
+
 if TYPE_CHECKING:
     from filelock import FileLock
 
@@ -68,7 +70,7 @@ def _lock_timeout() -> type[Exception]:
     return Timeout
 
 
-class CacheError(RuntimeError):
+class CacheError(DeviceError):
     """The cache cannot be used as asked (bad key, a build that wrote nothing, metadata that is not JSON)."""
 
 

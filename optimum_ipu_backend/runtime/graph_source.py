@@ -26,6 +26,9 @@ from optimum_ipu_backend import __version__
 _logger = logging.getLogger(__name__)
 
 DESCRIPTIONS_DIR = "graphs"
+# Part of every stored description's key: a description written by code that knew fewer fields is
+# never read back with those fields left at their defaults.
+DESCRIPTION_FORMAT = 2
 _HASH_CHUNK = 1 << 20
 
 # (name, symbolic shape, ONNX elem type)
@@ -45,6 +48,8 @@ class GraphDescription:
     past_dim: str | None = None
     #: Rewrites of the served graph worth telling the user about (what they cost).
     notes: list[str] = field(default_factory=list)
+    # inputs that index a table on the device, and their allowed values (compiler.analysis.index_ranges)
+    index_ranges: dict[str, Any] = field(default_factory=dict)
 
 
 def _io(values, initializers: set[str]) -> list[IOSpec]:
@@ -113,6 +118,7 @@ def served_graph(model: onnx.ModelProto) -> ServedGraph:
 
 
 def _describe(model: onnx.ModelProto, digest: str) -> GraphDescription:
+    from optimum_ipu_backend.compiler.analysis.index_ranges import analyze_index_ranges
     from optimum_ipu_backend.compiler.op_table import branch_inputs
     from optimum_ipu_backend.compiler.precheck import precheck_operators
 
@@ -134,6 +140,7 @@ def _describe(model: onnx.ModelProto, digest: str) -> GraphDescription:
         past_mask_input=served.past_mask_input,
         past_dim=served.past_dim,
         notes=served.notes,
+        index_ranges=analyze_index_ranges(model).to_json(),
     )
 
 
@@ -198,7 +205,7 @@ class GraphSource:
         """Identity of the files as the file system sees them: every file beside the model (external
         weights included) with its size and modification time, and this package's version."""
         assert self.path is not None
-        parts = [__version__, str(self.path.resolve())]
+        parts = [__version__, str(DESCRIPTION_FORMAT), str(self.path.resolve())]
         for entry in sorted(os.scandir(self.path.parent), key=lambda e: e.name):
             if entry.is_file():
                 stat = entry.stat()

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from optimum_ipu_backend.errors import ConfigurationError
 from optimum_ipu_backend.runtime.buckets import DEFAULT_SIZES_PER_DIMENSION, BucketOptionError, parse_sizes
 from optimum_ipu_backend.runtime.executable_cache import parse_byte_size
 
@@ -105,7 +106,7 @@ GRAPHCORE_IGNORED_FIELDS = frozenset(
 _METADATA_FIELDS = frozenset({"optimum_version", "transformers_version"})
 
 
-class IPUConfigError(ValueError):
+class IPUConfigError(ConfigurationError):
     """An ``ipu_config.json`` or provider option is unknown or has a bad value."""
 
 

@@ -25,6 +25,7 @@ from typing import Literal
 
 import numpy as np
 
+from optimum_ipu_backend.errors import InvalidFeedError
 from optimum_ipu_backend.runtime.dim_expressions import DimExpression, SymbolicDim, parse_dim
 from optimum_ipu_backend.runtime.roles import CONTINUE, fill_value, is_batch_dim
 
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 
-class DimensionMismatchError(ValueError):
+class DimensionMismatchError(InvalidFeedError):
     """Arrays disagree with each other or with their declared symbolic shapes."""
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from optimum_ipu_backend.errors import DeviceError
 from optimum_ipu_backend.runtime.boundary import to_host_dtype
 from optimum_ipu_backend.runtime.buckets import BucketPlan
 from optimum_ipu_backend.runtime.device_steps import merge_outputs, plan_steps, split_feed
@@ -24,7 +25,7 @@ from optimum_ipu_backend.runtime.padding_decisions import PaddingDecisions, cut_
 from optimum_ipu_backend.runtime.roles import InputRole, input_role, is_batch_dim, is_past_dim
 
 
-class ExecutableLimitError(RuntimeError):
+class ExecutableLimitError(DeviceError):
     """A call needs a new executable and the session may compile no more (``max_executables``)."""
 
 

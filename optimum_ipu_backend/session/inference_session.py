@@ -20,12 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from optimum_ipu_backend.compiler.analysis.index_ranges import IndexRanges
 from optimum_ipu_backend.engines import Engine, EngineClosedError, load_engine
 from optimum_ipu_backend.engines.popdist import read_popdist
 from optimum_ipu_backend.engines.probe import EMULATION_NOTICE, resolve_device
+from optimum_ipu_backend.errors import InvalidFeedError
 from optimum_ipu_backend.runtime.buckets import option_name
 from optimum_ipu_backend.runtime.factory import build_runner, open_cache
 from optimum_ipu_backend.runtime.graph_source import GraphSource
+from optimum_ipu_backend.session.failures import failures_name_the_call
+from optimum_ipu_backend.session.feeds import FeedValidator
 from optimum_ipu_backend.session.io_binding import HostIOBinding
 from optimum_ipu_backend.session.node_arg import NodeArg, node_arg
 from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
@@ -34,10 +38,6 @@ PROVIDER_NAME = "IPUExecutionProvider"
 
 _logger = logging.getLogger(__name__)
 _emulation_announced = threading.Event()
-
-
-class InvalidFeedError(ValueError):
-    """An input given to ``run`` is missing, unknown, or of the wrong dtype or rank."""
 
 
 class ProviderName(str):
@@ -100,7 +100,7 @@ class IPUInferenceSession:
         description = self._source.description
         self._inputs = [node_arg(*spec) for spec in description.inputs]
         self._outputs = [node_arg(*spec) for spec in description.outputs]
-        self._input_by_name = {arg.name: arg for arg in self._inputs}
+        self._validate_feed = FeedValidator(self._inputs, IndexRanges.from_json(description.index_ranges))
         self._output_names = [arg.name for arg in self._outputs]
         self._runner = build_runner(
             self._source,
@@ -266,7 +266,9 @@ class IPUInferenceSession:
             raise InvalidFeedError(
                 f"unknown output(s) {unknown}; the model's outputs are {self._output_names}"
             )
-        return self._runner.run(self._validate_feed(input_feed), names)
+        feed = self._validate_feed(input_feed)
+        with failures_name_the_call(feed, self._resolution.engine):
+            return self._runner.run(feed, names)
 
     def io_binding(self) -> HostIOBinding:
         return HostIOBinding(self.run, self._output_names)
@@ -339,51 +341,6 @@ class IPUInferenceSession:
     def bucket_sizes(self) -> dict[str, list[int]]:
         """The compiled sizes of every padded dimension."""
         return self._runner.plan.to_dict()
-
-    def _validate_feed(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        if not isinstance(input_feed, Mapping):
-            raise InvalidFeedError(
-                f"the feed must be a dict of input name to array, got {type(input_feed).__name__}"
-            )
-        unknown = sorted(set(input_feed) - set(self._input_by_name))
-        missing = [name for name in self._input_by_name if name not in input_feed]
-        if unknown or missing:
-            raise InvalidFeedError(
-                "the feed does not match the model's inputs: "
-                + "; ".join(
-                    part
-                    for part in (
-                        f"missing {missing}" if missing else "",
-                        f"unknown {unknown}" if unknown else "",
-                    )
-                    if part
-                )
-                + f". The model's inputs are {list(self._input_by_name)}"
-            )
-        feed: dict[str, np.ndarray] = {}
-        for name, arg in self._input_by_name.items():
-            array = np.asarray(input_feed[name])
-            expected = arg.dtype
-            if array.dtype != expected:
-                if not np.can_cast(array.dtype, expected, casting="safe"):
-                    raise InvalidFeedError(
-                        f"input {name!r} has dtype {array.dtype}, which cannot be cast safely to the model's "
-                        f"{arg.type}; convert it before calling (e.g. array.astype(np.{expected}))"
-                    )
-                array = array.astype(expected)
-            if array.ndim != len(arg.shape):
-                raise InvalidFeedError(
-                    f"input {name!r} has rank {array.ndim} (shape {list(array.shape)}) but the model expects "
-                    f"rank {len(arg.shape)} {arg.shape}"
-                )
-            for axis, (dim, size) in enumerate(zip(arg.shape, array.shape, strict=True)):
-                if isinstance(dim, int) and dim != size:
-                    raise InvalidFeedError(
-                        f"input {name!r} has size {size} on axis {axis} but the model fixes it to {dim} "
-                        f"(expected shape {arg.shape})"
-                    )
-            feed[name] = array
-        return feed
 
 
 def _close_engine(engine: Engine) -> None:

@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from optimum_ipu_backend.errors import InvalidFeedError
 
-class IOBindingError(ValueError):
+
+class IOBindingError(InvalidFeedError):
     pass
 
 

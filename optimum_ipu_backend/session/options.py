@@ -15,6 +15,7 @@ from typing import Any
 
 from optimum_ipu_backend.engines import engine_names
 from optimum_ipu_backend.engines.probe import DEVICES, check_device_name, default_device
+from optimum_ipu_backend.errors import ConfigurationError
 from optimum_ipu_backend.runtime.buckets import BucketOptionError
 from optimum_ipu_backend.runtime.ipu_config import IPUConfigError, IPURuntimeConfig, load_runtime_config
 
@@ -43,7 +44,7 @@ SESSION_OPTION_HELP = {
 }
 
 
-class ProviderOptionError(ValueError):
+class ProviderOptionError(ConfigurationError):
     """A provider option is unknown or has a bad value."""
 
 
