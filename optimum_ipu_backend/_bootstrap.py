@@ -28,3 +28,4 @@ is_installed = _hook.is_installed
 plugins_disabled = _hook.plugins_disabled
 torch_autoload = _hook.torch_autoload
 TARGET_MODULES = _hook.TARGET_MODULES
+PATCHED_GLOBALS = _hook.PATCHED_GLOBALS
