@@ -17,6 +17,7 @@ from typing import Any
 from optimum.commands.base import BaseOptimumCLICommand, CommandInfo
 
 from optimum_ipu_backend.cli import main as ipu_main
+from optimum_ipu_backend.cli.export import EXPORT_HELP, add_export_arguments, run_export
 
 IPU_HELP = "Graphcore IPU tools of optimum-ipu-backend (the optimum-ipu command's subcommands)"
 
@@ -56,20 +57,13 @@ class IPUCommand(BaseOptimumCLICommand):
 
 
 class IPUExportCommand(BaseOptimumCLICommand):
-    COMMAND = CommandInfo(
-        name="ipu",
-        help="Export a model to ONNX for Graphcore IPUs, with its buckets and compiled executables",
-    )
+    COMMAND = CommandInfo(name="ipu", help=EXPORT_HELP)
 
     @staticmethod
     def parse_args(parser: argparse.ArgumentParser) -> None:
-        from optimum_ipu_backend.cli.export import add_export_arguments
-
-        parser.description = IPUExportCommand.COMMAND.help
+        parser.description = EXPORT_HELP
         add_export_arguments(parser)
 
     def run(self) -> Any:
-        from optimum_ipu_backend.cli.export import run_export
-
         self.args.func = run_export
         raise SystemExit(ipu_main.run_parsed(self.args))

@@ -25,7 +25,7 @@ def add_providers_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run_providers)
 
 
-def _ipu_devices() -> list[dict[str, Any]]:
+def ipu_devices() -> list[dict[str, Any]]:
     from optimum_ipu_backend.engines.probe import DEVICES, resolve_device
 
     rows = []
@@ -49,7 +49,7 @@ def _ipu_devices() -> list[dict[str, Any]]:
     return rows
 
 
-def _auto_report() -> dict[str, Any]:
+def auto_report() -> dict[str, Any]:
     from optimum_ipu_backend.integration.auto import PREFERENCE_ENV, ProviderPreferenceError, choose
 
     try:
@@ -110,7 +110,7 @@ def collect() -> dict[str, Any]:
         }
         if registration.spec == IPU_PROVIDER:
             entry["default_device"] = default_device()
-            entry["devices"] = _ipu_devices()
+            entry["devices"] = ipu_devices()
             entry["sdk_probe"] = probe_sdk().lines()
         providers.append(entry)
     allowed = plugin_filter()
@@ -134,7 +134,7 @@ def collect() -> dict[str, Any]:
             for b in registry.broken()
         ],
         "skipped": registry.skipped(),
-        "auto": _auto_report(),
+        "auto": auto_report(),
     }
 
 

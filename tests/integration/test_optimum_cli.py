@@ -1,0 +1,193 @@
+"""`optimum-cli ipu ...`, `optimum-cli export ipu` and `env`: the installed console scripts, each in a fresh
+interpreter, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from model_zoo import session_zoo
+from subprocess_env import python_json
+
+BIN = Path(sys.executable).parent
+ATOL = 1e-5
+
+
+def _run(
+    *command: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    exe = shutil.which(command[0], path=str(BIN))
+    assert exe, f"the {command[0]} console script is not installed"
+    full_env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("OPTIMUM_IPU_DEVICE", "OPTIMUM_PROVIDER"))
+    }
+    full_env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})})
+    return subprocess.run([exe, *command[1:]], capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def _same_help(optimum_cli: str, optimum_ipu: str) -> bool:
+    """The same help text, once the program names agree (argparse wraps the usage by the name's length)."""
+    return optimum_cli.replace("optimum-cli ipu", "optimum-ipu").split() == optimum_ipu.split()
+
+
+def _without_timings(text: str) -> str:
+    return re.sub(r"\d+\.\d+s\b", "<t>", text)
+
+
+def test_optimum_cli_help_lists_ipu_and_imports_nothing_heavy():
+    assert re.search(r"^\s+ipu\s+Graphcore IPU tools", _run("optimum-cli", "--help").stdout, re.M)
+    loaded = python_json(
+        """
+        import json, sys
+        sys.argv = ["optimum-cli", "--help"]
+        from optimum.commands.optimum_cli import main
+        try:
+            main()
+        except SystemExit:
+            pass
+        heavy = ("torch", "onnx", "onnxruntime", "numpy", "optimum_ipu_backend.cli.providers",
+                 "optimum_ipu_backend.engines", "optimum_ipu_backend.compiler")
+        print(json.dumps(sorted(name for name in heavy if name in sys.modules)))
+        """
+    )
+    assert loaded == []
+
+
+def test_optimum_cli_ipu_has_the_subcommands_and_help_of_optimum_ipu():
+    ours = _run("optimum-ipu", "--help")
+    theirs = _run("optimum-cli", "ipu", "--help")
+    assert ours.returncode == theirs.returncode == 0
+    assert _same_help(theirs.stdout, ours.stdout)
+    for name in ("providers", "check", "cache", "env", "export"):
+        assert name in ours.stdout
+        assert _same_help(
+            _run("optimum-cli", "ipu", name, "--help").stdout, _run("optimum-ipu", name, "--help").stdout
+        )
+    assert _run("optimum-cli", "ipu", "--version").stdout == _run("optimum-ipu", "--version").stdout
+
+
+def test_optimum_cli_ipu_providers_json_is_optimum_ipu_providers_json():
+    ours = _run("optimum-ipu", "providers", "--json")
+    theirs = _run("optimum-cli", "ipu", "providers", "--json")
+    assert ours.returncode == theirs.returncode == 0, theirs.stderr
+    assert json.loads(theirs.stdout) == json.loads(ours.stdout)
+    assert theirs.stdout == ours.stdout
+
+
+def test_optimum_cli_ipu_check_is_optimum_ipu_check_with_its_exit_status(tmp_path):
+    from onnx import TensorProto, helper, save
+
+    graphs = {
+        "ready": helper.make_node("Relu", ["x"], ["y"]),
+        "not-ready": helper.make_node("Celu", ["x"], ["y"]),  # no PopART implementation, no rewrite
+    }
+    for name, node in graphs.items():
+        graph = helper.make_graph(
+            [node],
+            name,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        )
+        save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / f"{name}.onnx")
+        ours = _run("optimum-ipu", "check", str(tmp_path / f"{name}.onnx"))
+        theirs = _run("optimum-cli", "ipu", "check", str(tmp_path / f"{name}.onnx"))
+        assert ours.returncode == theirs.returncode == (0 if name == "ready" else 1), (
+            ours.stdout,
+            ours.stderr,
+        )
+        assert _without_timings(theirs.stdout) == _without_timings(ours.stdout)
+        assert "PopART-ready" in ours.stdout
+
+
+def test_optimum_cli_ipu_env_prints_optimum_report_then_ours():
+    result = _run("optimum-cli", "ipu", "env")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    optimum_part, _, ours = text.partition("optimum-ipu-backend:\n")
+    # Optimum's own report, as `optimum-cli env` prints it
+    assert "Copy-and-paste the text below in your GitHub issue" in optimum_part
+    assert "- `optimum` version:" in optimum_part and "- PyTorch version (GPU?):" in optimum_part
+    env_alone = _run("optimum-cli", "env").stdout
+    assert optimum_part.strip() == env_alone.strip()
+    # ours
+    for line in (
+        "- optimum-ipu-backend version: 0.1.0",
+        "- optimum-onnx version: ",
+        "- optimum-onnx within that range: True",
+        "  - optimum.onnxruntime.modeling: patched: InferenceSession",
+        "- Poplar SDK found: False",
+        "  - Python module popart: not found",
+        "  - emulator: usable: ",
+        "  - ipu: not usable: ",
+        "- provider='auto' takes: CPUExecutionProvider",
+        "- executable cache: ",
+    ):
+        assert line in ours, (line, ours)
+    report = json.loads(_run("optimum-ipu", "env", "--json").stdout)
+    assert set(report) == {"optimum", "optimum-ipu-backend"}
+    assert report["optimum-ipu-backend"]["patches"]["optimum.onnxruntime.base"].startswith("patched")
+
+
+# -- optimum-cli export ipu ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    zoo = session_zoo(tmp_path_factory)
+    model_dir = zoo.model("bert", "text-classification")
+    output = tmp_path_factory.mktemp("export-ipu") / "bert-ipu"
+    result = _run(
+        "optimum-cli",
+        "export",
+        "ipu",
+        "--model",
+        str(model_dir),
+        str(output),
+        "--task",
+        "text-classification",
+        "--sequence-lengths",
+        "8,16",
+        "--batch-sizes",
+        "2",
+        "--device",
+        "emulator",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return model_dir, output, result
+
+
+def test_export_writes_the_graphs_and_the_buckets(exported):
+    model_dir, output, result = exported
+    assert (output / "model.onnx").is_file() and (output / "config.json").is_file()
+    config = json.loads((output / "ipu_config.json").read_text())
+    assert config == {"batch_size": [2], "sequence_lengths": [8, 16]}
+    assert "2 executables for device 'emulator' (2 compiled now, 0 already cached)" in result.stdout
+
+
+def test_exported_directory_starts_warm_in_a_new_process_and_matches_cpu(exported):
+    model_dir, output, _ = exported
+    out = python_json(
+        f"""
+        import json, torch
+        from optimum.onnxruntime import ORTModelForSequenceClassification as Cls
+        from model_zoo import sample_inputs
+        cpu = Cls.from_pretrained({str(output)!r}, provider="CPUExecutionProvider")
+        ipu = Cls.from_pretrained({str(output)!r}, provider="ipu", provider_options={{"device": "emulator"}})
+        diffs = []
+        for seq in (5, 16):  # one call per compiled sequence length
+            arrays = sample_inputs("bert", {str(model_dir)!r}, seq=seq)
+            inputs = {{k: torch.from_numpy(v) for k, v in arrays.items()}}
+            diffs.append(float((ipu(**inputs).logits - cpu(**inputs).logits).abs().max()))
+        print(json.dumps({{"diffs": diffs, "executables": ipu.model.compiled_executables(),
+                           "buckets": ipu.model.bucket_sizes()}}))
+        """
+    )
+    assert max(out["diffs"]) <= ATOL
+    assert out["buckets"] == {"batch_size": [2], "sequence_length": [8, 16]}
+    assert [entry["source"] for entry in out["executables"]] == ["cache", "cache"], out["executables"]
