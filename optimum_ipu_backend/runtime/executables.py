@@ -53,6 +53,7 @@ class ExecutableTable:
         branch_inputs: Sequence[str] = (),
         cache: ExecutableCache | None = None,
         progress: bool = False,
+        model_path: Path | None = None,
     ) -> None:
         # The graph is parsed only when an executable must be built (a warm start builds none).
         self._load_model = load_model
@@ -62,6 +63,7 @@ class ExecutableTable:
         self._cache = cache
         self._progress = progress
         self.branch_inputs = frozenset(branch_inputs)
+        self._model_path = model_path
         self._entries: dict[ShapeKey, CompiledEntry] = {}
         self._key_locks: dict[ShapeKey, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -94,6 +96,19 @@ class ExecutableTable:
             },
         )
 
+    def _manifest_meta(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> dict:
+        """What ``optimum-ipu cache list/info`` show of an entry."""
+        return {
+            "model": None if self._model_path is None else str(self._model_path.parent),
+            "graph_file": None if self._model_path is None else self._model_path.name,
+            "shapes": {name: list(shape) for name, shape in shapes.items()},
+            "branches": branches,
+            "precision": self._options.precision,
+            "engine": self._engine.name,
+            "device": self._options.device,
+            "sdk_version": self._engine.sdk_version,
+        }
+
     def _compile(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> CompiledEntry:
         started = time.perf_counter()
         if self._cache is None:
@@ -110,11 +125,7 @@ class ExecutableTable:
                     (directory / name).write_bytes(payload)
 
             key = self._cache_key(shapes, branches)
-            entry = self._cache.get_or_create(
-                key,
-                build,
-                meta={"shapes": {k: list(v) for k, v in shapes.items()}, "engine": self._engine.name},
-            )
+            entry = self._cache.get_or_create(key, build, meta=self._manifest_meta(shapes, branches))
             if "executable" in built:
                 executable, source = built["executable"], "compiled"
             else:

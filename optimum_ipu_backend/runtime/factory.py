@@ -101,6 +101,7 @@ def build_runner(
         branch_inputs=description.branch_inputs,
         cache=cache,
         progress=progress_enabled(progress),
+        model_path=source.path,
     )
     mask = description.past_mask_input
     serving = ServingConfig(
