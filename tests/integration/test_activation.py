@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from subprocess_env import python, python_json
 
+from integration.one_node import save_one_node_model
+
 PATCH_STATE = """
 import json, sys
 import optimum.onnxruntime.utils as utils, optimum.onnxruntime.base as base
@@ -171,7 +173,7 @@ print("created", session.get_providers())
 
 
 def test_a_session_creating_module_outside_the_list_is_refused_with_its_name(tmp_path):
-    path = _tiny_graph(tmp_path)
+    path = save_one_node_model(tmp_path / "model.onnx")
     result = python(UNLISTED_MODULE.replace("PATH", repr(str(path))))
     assert result.returncode != 0, result.stdout  # before: a CPU session and a printed line
     assert "IntegrationError" in result.stderr
@@ -182,7 +184,7 @@ def test_a_session_creating_module_outside_the_list_is_refused_with_its_name(tmp
 def test_a_validated_provider_that_reaches_onnxruntime_is_refused_with_the_module(tmp_path):
     # A listed module whose session is created some other way (a new helper): onnxruntime's own
     # InferenceSession refuses the plugin name instead of running on the CPU.
-    path = _tiny_graph(tmp_path)
+    path = save_one_node_model(tmp_path / "model.onnx")
     loader = (
         "def load(path):\n"
         "    import onnxruntime\n"
@@ -221,18 +223,3 @@ def test_optimum_onnx_outside_the_checked_range_is_reported(monkeypatch, caplog)
         "against. The patches still refuse to run a provider plugin when optimum-onnx's internals differ "
         "from what they expect; report what you see."
     ]
-
-
-def _tiny_graph(tmp_path):
-    import onnx
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-    )
-    path = tmp_path / "model.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
-    return path

@@ -15,6 +15,8 @@ import pytest
 from model_zoo import session_zoo
 from subprocess_env import python_json
 
+from integration.one_node import save_one_node_model
+
 BIN = Path(sys.executable).parent
 ATOL = 1e-5
 
@@ -98,20 +100,9 @@ def test_optimum_cli_ipu_providers_json_is_optimum_ipu_providers_json():
 
 
 def test_optimum_cli_ipu_check_is_optimum_ipu_check_with_its_exit_status(tmp_path):
-    from onnx import TensorProto, helper, save
-
-    graphs = {
-        "ready": helper.make_node("Relu", ["x"], ["y"]),
-        "not-ready": helper.make_node("Celu", ["x"], ["y"]),  # no PopART implementation, no rewrite
-    }
-    for name, node in graphs.items():
-        graph = helper.make_graph(
-            [node],
-            name,
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
-        )
-        save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / f"{name}.onnx")
+    # Celu has no PopART implementation and no rewrite into one
+    for name, op in (("ready", "Relu"), ("not-ready", "Celu")):
+        save_one_node_model(tmp_path / f"{name}.onnx", op, (2, 4))
         ours = _run("optimum-ipu", "check", str(tmp_path / f"{name}.onnx"))
         theirs = _run("optimum-cli", "ipu", "check", str(tmp_path / f"{name}.onnx"))
         assert ours.returncode == theirs.returncode == (0 if name == "ready" else 1), (
@@ -226,17 +217,9 @@ def test_exported_directory_starts_warm_in_a_new_process_and_matches_cpu(exporte
     ids=lambda command: " ".join(command[1:]).replace("GRAPH", "graph"),
 )
 def test_a_closed_stdout_ends_every_subcommand_quietly(command, tmp_path):
-    from onnx import TensorProto, helper, save
-
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-    )
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "model.onnx")
+    save_one_node_model(tmp_path / "model.onnx")
     command = tuple(str(tmp_path / "model.onnx") if part == "GRAPH" else part for part in command)
     result = _with_stdout_closed(*command)
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
-    # 141: what a shell reports for a command stopped by SIGPIPE; argparse itself ignores a failed --help write
+    # 141: what a shell reports for a command stopped by SIGPIPE; argparse ignores a failed --help write
     assert result.returncode == (0 if "--help" in command else 141)

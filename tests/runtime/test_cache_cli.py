@@ -127,19 +127,11 @@ def test_the_main_entry_point_has_the_cache_command(tmp_path: Path, capsys) -> N
 def _session_entry(tmp_path: Path) -> Path:
     """A real entry: a one-node graph compiled for the emulator by a session, cached under tmp_path."""
     import numpy as np
-    from onnx import TensorProto, helper, save
+    from integration.one_node import save_one_node_model
 
     from optimum_ipu_backend.session import PROVIDER_NAME, create_session
 
-    model_dir = tmp_path / "tiny-model"
-    model_dir.mkdir()
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-    )
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), model_dir / "model.onnx")
+    model_dir = save_one_node_model(tmp_path / "tiny-model" / "model.onnx").parent
     options = {"device": "emulator", "executable_cache_dir": str(tmp_path / "cache")}
     session = create_session(
         str(model_dir / "model.onnx"), providers=[PROVIDER_NAME], provider_options=[options]
