@@ -223,3 +223,29 @@ def test_a_closed_stdout_ends_every_subcommand_quietly(command, tmp_path):
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
     # 141: what a shell reports for a command stopped by SIGPIPE; argparse ignores a failed --help write
     assert result.returncode == (0 if "--help" in command else 141)
+
+
+def test_export_without_a_usable_device_writes_the_buckets_and_says_why_nothing_was_compiled(
+    tmp_path_factory, monkeypatch, capsys
+):
+    from optimum_ipu_backend.cli import export
+    from optimum_ipu_backend.cli.main import build_parser
+
+    exported_gpt2 = session_zoo(tmp_path_factory).onnx("gpt2", "text-generation-with-past")
+    output = tmp_path_factory.mktemp("export-no-device") / "gpt2-ipu"
+
+    def copy_export(model, out, task):  # the ONNX export itself is covered above
+        shutil.copytree(exported_gpt2, out)
+        return sorted(out.glob("*.onnx"))
+
+    monkeypatch.setattr(export, "export_onnx", copy_export)
+    argv = ["export", "-m", "gpt2", str(output), "--sequence-lengths", "8,16", "--batch-sizes", "1,2"]
+    assert export.run_export(build_parser().parse_args([*argv, "--device", "ipu"])) == 0
+    config = json.loads((output / "ipu_config.json").read_text())
+    # the decoder with a past also compiles one-token steps, so the file records them for every graph
+    assert config["sequence_lengths"] == [1, 8, 16] and config["batch_size"] == [1, 2]
+    assert config["past_sequence_lengths"][0] == 8
+    captured = capsys.readouterr()
+    assert "The executable cache was not filled: device 'ipu' needs Graphcore's Poplar SDK" in captured.err
+    with pytest.raises(ValueError, match="precision"):  # a bad option fails before anything is exported
+        export.run_export(build_parser().parse_args([*argv, "--precision", "fp8"]))
