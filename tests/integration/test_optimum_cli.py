@@ -177,7 +177,9 @@ def test_export_writes_the_graphs_and_the_buckets(exported):
     assert (output / "model.onnx").is_file() and (output / "config.json").is_file()
     config = json.loads((output / "ipu_config.json").read_text())
     assert config == {"batch_size": [2], "sequence_lengths": [8, 16]}
-    assert "2 executables for device 'emulator' (2 compiled now, 0 already cached)" in result.stdout
+    # both bucket combinations are in the cache now (an identical export elsewhere in the run may have
+    # put one there first: the cache is keyed by the graph's content)
+    assert re.search(r"Executable cache: 2 executables for device 'emulator' \(\d compiled", result.stdout)
 
 
 def test_exported_directory_starts_warm_in_a_new_process_and_matches_cpu(exported):
