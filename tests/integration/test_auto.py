@@ -133,7 +133,7 @@ def test_provider_options_with_auto_are_keyed_by_provider_name():
 SCENARIOS = """
 import json, logging, os, sys, torch
 from optimum.onnxruntime import ORTModelForSequenceClassification as Cls
-from model_zoo import sample_inputs
+from optimum_ipu_backend.conformance.zoo import sample_inputs
 model_dir, onnx_dir, scenarios = json.loads(sys.argv[1])
 class Record(logging.Handler):
     def emit(self, record):
@@ -291,7 +291,7 @@ EVERY_CLASS = """
 import json, sys, torch, transformers
 import optimum.onnxruntime as ort_models
 from optimum.pipelines import pipeline as optimum_pipeline
-from model_zoo import sample_inputs
+from optimum_ipu_backend.conformance.zoo import sample_inputs
 cases = json.loads(sys.argv[1])
 out = {}
 def flat(value):

@@ -188,7 +188,7 @@ def test_exported_directory_starts_warm_in_a_new_process_and_matches_cpu(exporte
         f"""
         import json, torch
         from optimum.onnxruntime import ORTModelForSequenceClassification as Cls
-        from model_zoo import sample_inputs
+        from optimum_ipu_backend.conformance.zoo import sample_inputs
         cpu = Cls.from_pretrained({str(output)!r}, provider="CPUExecutionProvider")
         ipu = Cls.from_pretrained({str(output)!r}, provider="ipu", provider_options={{"device": "emulator"}})
         diffs = []
