@@ -5,8 +5,9 @@
    defaults, and write them to ``ipu_config.json`` beside the graphs, so every later session of this
    directory plans the same shapes. Every graph is pre-checked by the compiler on the way.
 3. Where the chosen device's engine can compile here, legalize and compile every bucket combination of
-   every graph into the executable cache, so ``from_pretrained(OUTPUT, provider="ipu")`` loads them and
-   compiles nothing. Elsewhere (no SDK for device ``ipu``) the cache is left to fill where it can.
+   every graph into the executable cache (``session.precompile.fill_cache``, what ``optimum-ipu
+   compile`` runs), so ``from_pretrained(OUTPUT, provider="ipu")`` loads them and compiles nothing.
+   Elsewhere (no SDK for device ``ipu``) the cache is left to fill where it can.
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
         "--precision", default=None, help="fp32 (default) or fp16: what the executables compute in"
     )
     parser.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=SIZE",
+        help="the size to compile a dimension no bucket plans at (image height/width, audio frames); "
+        "repeatable",
+    )
+    parser.add_argument(
         "--device",
         default=None,
         help="the device to compile the executables for: ipu, ipu-model or emulator (default: "
@@ -87,28 +96,23 @@ def _given_options(args: argparse.Namespace) -> dict[str, Any]:
     return {name: value for name, value in given.items() if value is not None}
 
 
-def _open_sessions(graphs: list[Path], device: str, extra: Mapping[str, Any] | None = None) -> list[Any]:
-    """One ipu session per graph on ``device``; each reads the ``ipu_config.json`` beside it."""
-    from optimum_ipu_backend.session import PROVIDER_NAME, create_session
-
-    options = {"device": device, **(extra or {})}
-    return [
-        create_session(str(graph), providers=[PROVIDER_NAME], provider_options=[options]) for graph in graphs
-    ]
-
-
 def chosen_buckets(graphs: list[Path], given: Mapping[str, Any]) -> dict[str, list[int]]:
     """Every graph's compiled sizes as ``ipu_config.json`` fields (``batch_size``, ``sequence_lengths``,
     ...), from the options given and the runtime's defaults. Graphs that plan a dimension differently
     (a decoder with a past also compiles one-token steps) get the union, so they plan alike."""
     from optimum_ipu_backend.runtime.buckets import option_name
+    from optimum_ipu_backend.session import IPUInferenceSession
+    from optimum_ipu_backend.session.options import IPUProviderOptions
 
     # The emulator resolves everywhere and compiles nothing until a call; the plan does not depend on it.
-    sessions = _open_sessions(graphs, "emulator", {"cache_enabled": "0", **given})
     buckets: dict[str, set[int]] = {}
-    for session in sessions:
-        for dim, sizes in session.bucket_sizes().items():
-            buckets.setdefault(option_name(dim), set()).update(sizes)
+    for graph in graphs:
+        options = IPUProviderOptions.parse(
+            {"device": "emulator", "cache_enabled": "0", **given}, graph.parent
+        )
+        with IPUInferenceSession(str(graph), options=options) as session:
+            for dim, sizes in session.bucket_sizes().items():
+                buckets.setdefault(option_name(dim), set()).update(sizes)
     return {name: sorted(sizes) for name, sizes in sorted(buckets.items())}
 
 
@@ -136,6 +140,7 @@ def run_export(args: argparse.Namespace) -> int:
     given = _given_options(args)
     device = check_device_name(args.device or default_device())
     IPUProviderOptions.parse({"device": device, **given})  # bad sizes or precision fail before the export
+    _fixed_dims(args.dim)
     graphs = export_onnx(args.model, output, args.task)
     fields = {**given, **chosen_buckets(graphs, given)}
     config = write_ipu_config(output, fields)
@@ -148,53 +153,31 @@ def run_export(args: argparse.Namespace) -> int:
     except (DeviceUnavailableError, ValueError) as exc:
         print(f"The executable cache was not filled: {exc}", file=sys.stderr)
         return 0
-    records = fill_cache(graphs, device)
+    from optimum_ipu_backend.session.precompile import fill_cache
+
+    try:
+        report = fill_cache(output, {"device": device}, fixed_dims=_fixed_dims(args.dim))
+    except ValueError as exc:  # a dimension no bucket plans (image sizes, audio frames) and no --dim for it
+        print(f"The executable cache was not filled: {exc} (with --dim NAME=SIZE)", file=sys.stderr)
+        return 1
+    records = [record for graph in report for record in graph["executables"]]
     compiled = sum(1 for record in records if record["source"] == "compiled")
+    where = report[0]["executable_cache"]
+    if where == "disabled":
+        print("The executable cache is disabled (ipu_config.json or OPTIMUM_IPU_CACHE): nothing was kept")
+        return 0
     print(
         f"Executable cache: {len(records)} executables for device {device!r} "
-        f"({compiled} compiled now, {len(records) - compiled} already cached)"
+        f"({compiled} compiled now, {len(records) - compiled} already cached) in {where}"
     )
     return 0
 
 
-def fill_cache(graphs: list[Path], device: str) -> list[dict[str, Any]]:
-    """Build every bucket combination of every graph into the executable cache; one record per executable
-    (its shapes and whether it was ``compiled`` now or found in the ``cache``)."""
-    from optimum_ipu_backend.session import PROVIDER_NAME
-
-    records = []
-    for graph, session in zip(graphs, _open_sessions(graphs, device), strict=True):
-        if session.get_provider_options()[PROVIDER_NAME]["executable_cache"] == "disabled":
-            print("The executable cache is disabled (ipu_config.json or OPTIMUM_IPU_CACHE): nothing to fill")
-            return []
-        skipped = _run_every_bucket(session)
-        if skipped:
-            print(f"{graph.name}: not pre-compiled ({skipped}); it compiles on first use", file=sys.stderr)
-        records.extend(session.compiled_executables())
-    return records
-
-
-def _run_every_bucket(session: Any) -> str | None:
-    """Stand-in until the runtime can compile a runner's buckets directly: one call per combination of
-    compiled sizes, with a feed of exactly those sizes (zeros; masks all ones), so the session compiles
-    (or loads) each executable the way a real call would. Returns why a graph was left alone, if it was."""
-    import itertools
-
-    import numpy as np
-
-    plan = session.bucket_sizes()
-    inputs = session.get_inputs()
-    for arg in inputs:
-        unknown = [dim for dim in arg.shape if isinstance(dim, str) and dim not in plan]
-        if unknown or any(dim is None for dim in arg.shape) or arg.dtype == np.bool_:
-            return f"input {arg.name!r} has dimensions {arg.shape} or a type this stand-in cannot feed"
-    dims = sorted(plan)
-    for sizes in itertools.product(*(plan[dim] for dim in dims)):
-        size_of = dict(zip(dims, sizes, strict=True))
-        feed = {}
-        for arg in inputs:
-            shape = tuple(size_of[dim] if isinstance(dim, str) else int(dim) for dim in arg.shape)
-            fill = 1 if "mask" in arg.name else 0
-            feed[arg.name] = np.full(shape, fill, dtype=arg.dtype)
-        session.run(None, feed)
-    return None
+def _fixed_dims(values: list[str]) -> dict[str, int]:
+    dims = {}
+    for value in values:
+        name, sep, size = value.partition("=")
+        if not sep or not name.strip() or not size.strip().isdigit():
+            raise ValueError(f"--dim {value!r} must look like NAME=SIZE, e.g. height=224")
+        dims[name.strip()] = int(size)
+    return dims

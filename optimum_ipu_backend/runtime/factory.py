@@ -59,6 +59,7 @@ def build_runner(
     trim_padding: bool = False,
     config: Mapping[str, Any],
     output_dtypes: Mapping[str, np.dtype],
+    compile_settings: Mapping[str, Any] | None = None,
 ) -> StaticShapeRunner:
     description = source.description
     input_shapes = {name: tuple(dims) for name, dims in description.served_inputs.items()}
@@ -74,6 +75,7 @@ def build_runner(
         threads=threads,
         device_iterations=runtime.device_iterations,
         replicas=runtime.replication_factor,
+        **(compile_settings or {}),  # the session's engine settings (offline, timeout, PopDist share)
     )
     table = ExecutableTable(
         source.served_model,
