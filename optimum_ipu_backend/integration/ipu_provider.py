@@ -21,12 +21,19 @@ def probe() -> Availability:
     The host emulator and Graphcore's IPU Model simulator both compute on the host: usable when named,
     reported as emulated so that ``provider="auto"`` never takes them.
     """
-    from optimum_ipu_backend.engines.probe import default_device, provider_availability
+    from optimum_ipu_backend.engines.probe import default_device, probe_sdk, provider_availability
 
     available, detail = provider_availability()
     if not available:
         return Availability(False, detail)
     device = default_device()
+    if device == "ipu" and not probe_sdk().hardware_visible:
+        # The SDK lists IPUs only when a session starts; a build host with the SDK and no IPU is common.
+        return Availability(
+            False,
+            f"device 'ipu': {detail}, but no IPU is visible here (no /dev/ipu* device node, no IPUOF_* "
+            "fabric configuration)",
+        )
     if device == "emulator":
         return Availability(True, "the default device 'emulator' is the host emulator", emulated=True)
     if device != "ipu":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from importlib import metadata
 
 import pytest
 from model_zoo import session_zoo
@@ -14,7 +15,7 @@ from subprocess_env import python, python_json
 
 from optimum_ipu_backend.integration import auto, native_providers
 from optimum_ipu_backend.integration.auto import Candidate, ProviderPreferenceError
-from optimum_ipu_backend.integration.discovery import ENTRY_POINT_GROUP, ProviderRegistry
+from optimum_ipu_backend.integration.discovery import ENTRY_POINT_GROUP, Availability, ProviderRegistry
 
 ATOL = 1e-5
 
@@ -93,8 +94,6 @@ def _registry() -> ProviderRegistry:
     module = types.ModuleType("auto_test_plugins")
     module.FAST = {"name": "FastExecutionProvider", "session_factory": "json:loads", "priority": 5}
     sys.modules["auto_test_plugins"] = module
-    from importlib import metadata
-
     return ProviderRegistry(
         lambda: [metadata.EntryPoint("fast", "auto_test_plugins:FAST", ENTRY_POINT_GROUP)]
     )
@@ -223,7 +222,7 @@ def test_with_no_usable_plugin_auto_is_the_cpu(with_plugins):
     for reason in (
         "NimbusExecutionProvider: no Nimbus card",
         "AcmeNPUExecutionProvider: no Acme NPU",
-        "IPUExecutionProvider: device 'ipu' needs Graphcore's Poplar SDK",
+        "IPUExecutionProvider: device 'ipu' cannot be used here: engine 'popart': the Python module popart",
         "broken: the plugin failed to load: ImportError: libbrokenaccel.so",
         "AzureExecutionProvider: forwards inference to a remote Azure endpoint",
     ):
@@ -370,3 +369,30 @@ def test_every_ortmodel_class_and_the_pipelines_take_the_auto_choice(tmp_path_fa
         assert out[name]["diff"] <= ATOL, (name, out[name])
     assert out["pipelines"]["transformers"] <= ATOL and out["pipelines"]["optimum"] <= ATOL
     assert out["pipelines"]["optimum_provider"] == "NimbusExecutionProvider"
+
+
+def test_the_ipu_probe_wants_ipu_hardware_and_reports_host_devices_as_emulated(monkeypatch):
+    from types import SimpleNamespace
+
+    from optimum_ipu_backend.engines import probe as engine_probe
+    from optimum_ipu_backend.integration import ipu_provider
+
+    monkeypatch.setattr(engine_probe, "provider_availability", lambda: (True, "PopART found (test)"))
+    monkeypatch.delenv("OPTIMUM_IPU_DEVICE", raising=False)
+    monkeypatch.setattr(engine_probe, "probe_sdk", lambda: SimpleNamespace(hardware_visible=False))
+    build_host = ipu_provider.probe()  # the SDK, and no IPU: auto must not take it
+    assert not build_host.available and "no IPU is visible here" in build_host.detail
+    monkeypatch.setattr(engine_probe, "probe_sdk", lambda: SimpleNamespace(hardware_visible=True))
+    assert ipu_provider.probe() == Availability(True, "device 'ipu': PopART found (test)")
+    monkeypatch.setattr(
+        auto, "available_providers", lambda: ["AzureExecutionProvider", "CPUExecutionProvider"]
+    )
+    monkeypatch.delenv(auto.PREFERENCE_ENV, raising=False)
+    ours = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == "ipu"]
+    registry = ProviderRegistry(lambda: ours)
+    assert auto.choose(registry).chosen.name == "IPUExecutionProvider"  # an IPU host: ipu first
+    for device, what in (("ipu-model", "IPU Model simulator"), ("emulator", "host emulator")):
+        monkeypatch.setenv("OPTIMUM_IPU_DEVICE", device)
+        availability = ipu_provider.probe()
+        assert availability.available and availability.emulated and what in availability.detail
+        assert auto.choose(registry).chosen.name == "CPUExecutionProvider"
