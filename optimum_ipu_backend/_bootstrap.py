@@ -23,8 +23,15 @@ except ModuleNotFoundError:  # not installed: load it from the source tree
     sys.modules[_NAME] = _hook
     _spec.loader.exec_module(_hook)
 
+if not hasattr(_hook, "PATCHED_GLOBALS"):  # pip copies the hook; an old copy outlives a source update
+    raise ImportError(
+        f"{_hook.__file__} is from an older optimum-ipu-backend than {__file__}; reinstall the package "
+        "(pip install -e . from a checkout, or pip install .)"
+    )
+
 install = _hook.install
 is_installed = _hook.is_installed
 plugins_disabled = _hook.plugins_disabled
 torch_autoload = _hook.torch_autoload
 TARGET_MODULES = _hook.TARGET_MODULES
+PATCHED_GLOBALS = _hook.PATCHED_GLOBALS

@@ -11,17 +11,17 @@ import _thread
 import os
 import sys
 
-# The optimum-onnx modules whose module globals we patch (see integration/patches.py).
-TARGET_MODULES = frozenset(
-    (
-        "optimum.onnxruntime.utils",
-        "optimum.onnxruntime.base",
-        "optimum.onnxruntime.modeling",
-        "optimum.onnxruntime.modeling_decoder",
-        "optimum.onnxruntime.modeling_seq2seq",
-        "optimum.onnxruntime.modeling_diffusion",
-    )
-)
+# The one list of what we patch: each optimum-onnx module and the globals in it that integration/patches.py
+# replaces. The finder below watches these modules; the patches derive their targets from it.
+PATCHED_GLOBALS = {
+    "optimum.onnxruntime.utils": ("validate_provider_availability",),
+    "optimum.onnxruntime.base": ("validate_provider_availability", "IOBinding"),
+    "optimum.onnxruntime.modeling": ("InferenceSession",),
+    "optimum.onnxruntime.modeling_decoder": ("InferenceSession",),
+    "optimum.onnxruntime.modeling_seq2seq": ("InferenceSession",),
+    "optimum.onnxruntime.modeling_diffusion": ("InferenceSession",),
+}
+TARGET_MODULES = frozenset(PATCHED_GLOBALS)
 
 PLUGINS_ENV = "OPTIMUM_PROVIDER_PLUGINS"
 

@@ -7,10 +7,12 @@ import datetime
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from optimum_ipu_backend.runtime.executable_cache import (
     CACHE_ENV,
+    MANIFEST_NAME,
     ExecutableCache,
     format_byte_size,
     parse_byte_size,
@@ -33,8 +35,17 @@ def add_cache_parser(subparsers: Any) -> None:
     )
     common.add_argument("--json", action="store_true", help="print machine-readable JSON")
     actions = parser.add_subparsers(dest="cache_action", required=True)
-    actions.add_parser("list", parents=[common], help="list the entries, most recently used first")
-    actions.add_parser("info", parents=[common], help="location, entry count, total size and size cap")
+    actions.add_parser(
+        "list",
+        parents=[common],
+        help="the entries, most recently used first: model, graph file, shapes, precision, engine, device",
+    )
+    info = actions.add_parser(
+        "info",
+        parents=[common],
+        help="location, entry count, total size and size cap; with KEY, that entry's whole manifest",
+    )
+    info.add_argument("key", nargs="?", default=None, help="an entry's key, or a unique prefix of it")
     actions.add_parser("clear", parents=[common], help="remove every entry")
     prune = actions.add_parser(
         "prune", parents=[common], help="evict least-recently-used entries until the cache fits a size"
@@ -53,12 +64,14 @@ def run_cache(args: argparse.Namespace) -> int:
     action = args.cache_action
     as_json = bool(getattr(args, "json", False))
     if action == "list":
-        entries = [entry.to_dict() for entry in cache.list()]
+        entries = [{**entry.to_dict(), **_facts(entry.path)} for entry in cache.list()]
         if as_json:
             _print_json(entries)
         else:
             _print_entries(cache, entries)
         return 0
+    if action == "info" and getattr(args, "key", None):
+        return _print_manifest(cache, args.key, as_json)
     if action == "info":
         info = cache.info()
         if as_json:
@@ -131,28 +144,73 @@ def _timestamp(seconds: float | None) -> str:
     return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _describe(meta: dict[str, Any]) -> str:
-    """A short description from the entry's metadata (model, shapes) for the table."""
-    parts = [f"{key}={value}" for key, value in sorted(meta.items()) if isinstance(value, str | int | float)]
-    text = ", ".join(parts)
-    return text if len(text) <= 60 else text[:57] + "..."
+def _manifest(entry_dir: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((entry_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _facts(entry_dir: Path) -> dict[str, Any]:
+    """What an entry was built from: its manifest's description, else what its key records."""
+    manifest = _manifest(entry_dir)
+    meta = manifest.get("meta") or {}
+    key = manifest.get("key_inputs") or {}
+    return {
+        "model": meta.get("model"),
+        "graph_file": meta.get("graph_file"),
+        "shapes": meta.get("shapes") or key.get("shapes"),
+        "precision": meta.get("precision") or key.get("precision"),
+        "device": meta.get("device") or (key.get("options") or {}).get("device"),
+    }
+
+
+def _shapes(shapes: Any) -> str:
+    if not isinstance(shapes, dict) or not shapes:
+        return "-"
+    return ", ".join(f"{name}={'x'.join(map(str, dims))}" for name, dims in sorted(shapes.items()))
 
 
 def _print_entries(cache: ExecutableCache, entries: list[dict[str, Any]]) -> None:
     if not entries:
         print(f"The cache at {cache.root} is empty.")
         return
-    print(f"{'KEY':<16}  {'SIZE':>10}  {'LAST USED':<19}  {'ENGINE':<10}  DESCRIPTION")
+    print(f"{'KEY':<16}  {'SIZE':>10}  {'LAST USED':<19}  MODEL / GRAPH FILE")
     for entry in entries:
-        engine = entry["engine"] or ("(unreadable)" if not entry["readable"] else "-")
+        source = "/".join(str(part) for part in (entry["model"], entry["graph_file"]) if part) or "-"
+        if not entry["readable"]:
+            source = "(unreadable manifest)"
         print(
             f"{entry['key'][:16]:<16}  {format_byte_size(entry['size_bytes']):>10}  "
-            f"{_timestamp(entry['last_used']):<19}  {engine:<10}  {_describe(entry['meta'])}"
+            f"{_timestamp(entry['last_used']):<19}  {source}"
+        )
+        print(
+            f"{'':<16}  shapes {_shapes(entry['shapes'])}; precision {entry['precision'] or '-'}; "
+            f"engine {entry['engine'] or '-'}; device {entry['device'] or '-'}"
         )
     total = sum(entry["size_bytes"] for entry in entries)
-    print(
-        f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {format_byte_size(total)} in {cache.root}"
-    )
+    print(f"{_entries(len(entries))}, {format_byte_size(total)} in {cache.root}")
+
+
+def _print_manifest(cache: ExecutableCache, key: str, as_json: bool) -> int:
+    """``cache info KEY``: the whole manifest of the one entry whose key starts with ``key``."""
+    matches = [entry for entry in cache.list() if entry.key.startswith(key)]
+    if len(matches) != 1:
+        found = "no entry" if not matches else f"{len(matches)} entries ({', '.join(e.key for e in matches)})"
+        print(
+            f"optimum-ipu cache info: {found} in {cache.root} has a key starting with {key!r}; "
+            "`optimum-ipu cache list` shows the keys",
+            file=sys.stderr,
+        )
+        return 1
+    manifest = _manifest(matches[0].path)
+    if as_json:
+        _print_json(manifest)
+        return 0
+    print(f"entry: {matches[0].path}")
+    print(json.dumps(manifest, indent=2, sort_keys=True))
+    return 0
 
 
 def _print_info(info: dict[str, Any]) -> None:

@@ -56,10 +56,15 @@ _logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Availability:
-    """What a plugin's cheap probe found."""
+    """What a plugin's cheap probe found.
+
+    ``emulated`` says the default device would be a host emulator or simulator rather than the
+    hardware: usable when named, never chosen by ``provider="auto"``.
+    """
 
     available: bool
     detail: str = ""
+    emulated: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,10 @@ class ProviderSpec:
     signature ``(path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs)``;
     ``providers[0]`` is this provider and any later entries are fallbacks the user listed.
     ``probe``, if given, is ``"module:qualname"`` of a no-argument callable returning an
-    ``Availability`` (or a bool); it must not compile or allocate devices.
+    ``Availability``, a bool, a tuple ``(available, detail[, emulated])`` or a mapping with those
+    keys; it must not compile or allocate devices. ``priority`` places the provider in
+    ``provider="auto"``'s order (higher first; onnxruntime's own accelerators rank at 0, after plugins
+    of equal priority; see ``integration/auto.py``).
     """
 
     name: str
@@ -78,6 +86,7 @@ class ProviderSpec:
     aliases: tuple[str, ...] = ()
     probe: str | None = None
     description: str = ""
+    priority: int = 0
 
     def all_names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
@@ -105,7 +114,7 @@ def _coerce_spec(obj: Any) -> ProviderSpec:
     else:
         fields = {
             key: getattr(obj, key)
-            for key in ("name", "session_factory", "aliases", "probe", "description")
+            for key in ("name", "session_factory", "aliases", "probe", "description", "priority")
             if hasattr(obj, key)
         }
     if not isinstance(fields.get("name"), str) or not isinstance(fields.get("session_factory"), str):
@@ -114,7 +123,26 @@ def _coerce_spec(obj: Any) -> ProviderSpec:
             f"'session_factory' ('module:qualname'); got {type(obj).__name__}"
         )
     fields["aliases"] = tuple(fields.get("aliases") or ())
+    priority = fields.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"a provider's 'priority' must be an int, got {priority!r}")
     return ProviderSpec(**fields)
+
+
+def _coerce_availability(result: Any) -> Availability:
+    if isinstance(result, Availability):
+        return result
+    if isinstance(result, Mapping):
+        return Availability(
+            bool(result.get("available")), str(result.get("detail", "")), bool(result.get("emulated", False))
+        )
+    if isinstance(result, tuple):
+        return Availability(
+            bool(result[0]),
+            str(result[1]) if len(result) > 1 else "",
+            bool(result[2]) if len(result) > 2 else False,
+        )
+    return Availability(bool(result))
 
 
 @dataclass
@@ -138,11 +166,7 @@ class ProviderRegistration:
             result = resolve_qualname(self.spec.probe)()
         except Exception as exc:  # a probe failure is information, not a crash
             return Availability(False, f"probe {self.spec.probe} raised {type(exc).__name__}: {exc}")
-        if isinstance(result, Availability):
-            return result
-        if isinstance(result, tuple):
-            return Availability(bool(result[0]), str(result[1]) if len(result) > 1 else "")
-        return Availability(bool(result))
+        return _coerce_availability(result)
 
     def session_factory(self) -> Callable[..., Any]:
         if self._factory is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from subprocess_env import python, python_json
 
+from integration.one_node import save_one_node_model
+
 PATCH_STATE = """
 import json, sys
 import optimum.onnxruntime.utils as utils, optimum.onnxruntime.base as base
@@ -92,3 +94,132 @@ def test_changed_optimum_internals_fail_loudly_instead_of_running_on_cpu(tmp_pat
     assert "optimum.onnxruntime.modeling" in result.stderr
     assert "InferenceSession" in result.stderr
     assert ">=0.1,<0.2" in result.stderr
+
+
+# -- the patches fail closed (issue 8, item 2) ------------------------------------------------------------
+
+
+def test_one_list_of_patched_modules_drives_the_finder_and_the_patches():
+    from optimum_ipu_backend import _bootstrap
+    from optimum_ipu_backend.integration import patches
+
+    assert _bootstrap.TARGET_MODULES == frozenset(_bootstrap.PATCHED_GLOBALS)
+    assert patches.PATCHED_GLOBALS is _bootstrap.PATCHED_GLOBALS
+    patched_names = {name for names in _bootstrap.PATCHED_GLOBALS.values() for name in names}
+    assert patched_names == set(patches._WRAPPERS)
+    assert set(patches.SESSION_MODULES) == {
+        module for module, names in _bootstrap.PATCHED_GLOBALS.items() if "InferenceSession" in names
+    }
+
+
+def test_every_optimum_module_that_calls_a_patched_name_is_on_the_list():
+    # A new optimum-onnx module that creates sessions or validates providers must be patched, or the
+    # list must say why not: find every module whose code calls one of the names we patch.
+    state = python_json(
+        """
+        import importlib, json, pkgutil, types
+        import optimum.onnxruntime
+        from optimum_ipu_backend._bootstrap import PATCHED_GLOBALS
+        names = {name for names in PATCHED_GLOBALS.values() for name in names}
+        def code_names(code):
+            found = set(code.co_names)
+            for const in code.co_consts:
+                if isinstance(const, types.CodeType):
+                    found |= code_names(const)
+            return found
+        callers = {}
+        for info in pkgutil.walk_packages(optimum.onnxruntime.__path__, "optimum.onnxruntime."):
+            try:
+                module = importlib.import_module(info.name)
+            except Exception:
+                continue  # optional extras (training, diffusers) that are not installed
+            used = set()
+            for value in vars(module).values():
+                functions = []
+                if isinstance(value, type) and value.__module__ == module.__name__:
+                    functions = [v for v in vars(value).values() if isinstance(v, types.FunctionType)]
+                elif isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
+                    functions = [value]
+                for function in functions:
+                    used |= code_names(function.__code__) & names
+            if used:
+                callers[info.name] = sorted(used)
+        print(json.dumps({"callers": callers, "patched": {k: list(v) for k, v in PATCHED_GLOBALS.items()}}))
+        """
+    )
+    assert state["callers"], "found no optimum-onnx module calling a patched name: the scan is broken"
+    for module, used in state["callers"].items():
+        assert module in state["patched"], f"{module} calls {used} and is not patched"
+        assert set(used) <= set(state["patched"][module]), (module, used, state["patched"][module])
+
+
+UNLISTED_MODULE = """
+import sys, types
+import onnxruntime
+import optimum.onnxruntime.modeling  # the patched modules, as a real from_pretrained would have them
+module = types.ModuleType("optimum.onnxruntime.modeling_newkind")
+sys.modules[module.__name__] = module
+exec('''
+from onnxruntime import InferenceSession
+from optimum.onnxruntime.utils import prepare_providers_and_provider_options
+def load(path):
+    providers, options = prepare_providers_and_provider_options(
+        provider="ipu", provider_options={"device": "emulator"})
+    return InferenceSession(path, providers=providers, provider_options=options)
+''', vars(module))
+session = module.load(PATH)
+print("created", session.get_providers())
+"""
+
+
+def test_a_session_creating_module_outside_the_list_is_refused_with_its_name(tmp_path):
+    path = save_one_node_model(tmp_path / "model.onnx")
+    result = python(UNLISTED_MODULE.replace("PATH", repr(str(path))))
+    assert result.returncode != 0, result.stdout  # before: a CPU session and a printed line
+    assert "IntegrationError" in result.stderr
+    assert "optimum.onnxruntime.modeling_newkind" in result.stderr
+    assert "does not patch" in result.stderr
+
+
+def test_a_validated_provider_that_reaches_onnxruntime_is_refused_with_the_module(tmp_path):
+    # A listed module whose session is created some other way (a new helper): onnxruntime's own
+    # InferenceSession refuses the plugin name instead of running on the CPU.
+    path = save_one_node_model(tmp_path / "model.onnx")
+    loader = (
+        "def load(path):\n"
+        "    import onnxruntime\n"
+        "    providers, options = prepare_providers_and_provider_options(provider='ipu')\n"
+        "    return onnxruntime.InferenceSession(path, providers=providers, provider_options=options)\n"
+    )
+    result = python(
+        f"""
+        import onnxruntime, optimum.onnxruntime.modeling as modeling
+        exec({loader!r}, vars(modeling))
+        session = modeling.load({str(path)!r})
+        print("created", session.get_providers())
+        """
+    )
+    assert result.returncode != 0, result.stdout
+    assert (
+        "IntegrationError: module optimum.onnxruntime.modeling created an onnxruntime.InferenceSession"
+        in result.stderr
+    )
+    assert "provider 'ipu'" in result.stderr
+
+
+def test_optimum_onnx_outside_the_checked_range_is_reported(monkeypatch, caplog):
+    from optimum_ipu_backend.integration import patches
+
+    assert patches.optimum_onnx_supported() is True  # the version this environment installs
+    monkeypatch.setattr(patches, "optimum_onnx_version", lambda: "0.3.0")
+    monkeypatch.setattr(patches, "_version_checked", False)
+    assert patches.optimum_onnx_supported() is False
+    with caplog.at_level("WARNING", logger=patches.__name__):
+        patches._check_version_once()
+        patches._check_version_once()
+    messages = [r.getMessage() for r in caplog.records if "outside the range" in r.getMessage()]
+    assert messages == [
+        "optimum-onnx 0.3.0 is outside the range >=0.1,<0.2 that optimum-ipu-backend's patches were checked "
+        "against. The patches still refuse to run a provider plugin when optimum-onnx's internals differ "
+        "from what they expect; report what you see."
+    ]

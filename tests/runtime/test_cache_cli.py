@@ -62,7 +62,8 @@ def test_list_table_and_empty_cache(tmp_path: Path, capsys) -> None:
     digests = fill(tmp_path, 2)
     assert cli("cache", "list", "--dir", str(tmp_path)) == 0
     out = capsys.readouterr().out
-    assert digests[0][:16] in out and digests[1][:16] in out and "model=model-1" in out
+    assert digests[0][:16] in out and digests[1][:16] in out and "model-1" in out
+    assert "shapes x=1x8; precision fp32; engine emulator; device -" in out  # from the key
     assert "2 entries" in out
 
 
@@ -121,3 +122,53 @@ def test_the_main_entry_point_has_the_cache_command(tmp_path: Path, capsys) -> N
     fill(tmp_path, 1)
     assert main(["cache", "info", "--dir", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["entries"] == 1
+
+
+def _session_entry(tmp_path: Path) -> Path:
+    """A real entry: a one-node graph compiled for the emulator by a session, cached under tmp_path."""
+    import numpy as np
+    from integration.one_node import save_one_node_model
+
+    from optimum_ipu_backend.session import PROVIDER_NAME, create_session
+
+    model_dir = save_one_node_model(tmp_path / "tiny-model" / "model.onnx").parent
+    options = {"device": "emulator", "executable_cache_dir": str(tmp_path / "cache")}
+    session = create_session(
+        str(model_dir / "model.onnx"), providers=[PROVIDER_NAME], provider_options=[options]
+    )
+    session.run(None, {"x": np.ones((1, 4), dtype=np.float32)})
+    return model_dir
+
+
+def test_list_shows_model_graph_file_shapes_precision_engine_and_device(tmp_path: Path, capsys) -> None:
+    model_dir = _session_entry(tmp_path)
+    assert cli("cache", "list", "--dir", str(tmp_path / "cache")) == 0
+    out = capsys.readouterr().out
+    assert f"{model_dir}/model.onnx" in out
+    assert "shapes x=1x4; precision fp32; engine emulator; device emulator" in out
+    assert cli("cache", "list", "--dir", str(tmp_path / "cache"), "--json") == 0
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert (entry["model"], entry["graph_file"]) == (str(model_dir), "model.onnx")
+    assert (entry["shapes"], entry["precision"], entry["engine"], entry["device"]) == (
+        {"x": [1, 4]},
+        "fp32",
+        "emulator",
+        "emulator",
+    )
+
+
+def test_info_with_a_key_shows_the_whole_manifest(tmp_path: Path, capsys) -> None:
+    _session_entry(tmp_path)
+    root = tmp_path / "cache"
+    (entry,) = ExecutableCache(root).list()
+    manifest = json.loads((entry.path / "manifest.json").read_text())
+    assert cli("cache", "info", entry.key[:12], "--dir", str(root), "--json") == 0
+    assert json.loads(capsys.readouterr().out) == manifest
+    assert cli("cache", "info", entry.key, "--dir", str(root)) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"entry: {entry.path}\n")
+    assert json.loads(out.split("\n", 1)[1]) == manifest
+    for section in ("key_inputs", "files", "meta", "created", "engine"):
+        assert section in manifest
+    assert cli("cache", "info", "ffffffffffff", "--dir", str(root)) == 1
+    assert "no entry" in capsys.readouterr().err

@@ -2,10 +2,9 @@
 
 import onnxruntime as ort
 
-NAME = "AcmeNPUExecutionProvider"
-
 
 class AcmeSession:
+    NAME = "AcmeNPUExecutionProvider"
     is_provider_plugin_session = True
 
     def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, **kwargs):
@@ -17,10 +16,10 @@ class AcmeSession:
         self.providers_seen = list(providers or [])
 
     def get_providers(self):
-        return [NAME]
+        return [self.NAME]
 
     def get_provider_options(self):
-        return {NAME: {str(k): str(v) for k, v in self._options.items()}}
+        return {self.NAME: {str(k): str(v) for k, v in self._options.items()}}
 
     def io_binding(self):
         return self._inner.io_binding()

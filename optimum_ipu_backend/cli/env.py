@@ -1,0 +1,121 @@
+"""``optimum-ipu env`` (also ``optimum-cli ipu env``): the report to paste into a bug report.
+
+Optimum's own ``optimum-cli env`` report comes first, unchanged (it has no extension hook), then ours:
+versions, whether the optimum-onnx patches are in place, the Poplar SDK, the devices and why each can or
+cannot be used, what ``provider="auto"`` would take, and the executable cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+from typing import Any
+
+
+def add_env_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "env",
+        help="print Optimum's environment report followed by optimum-ipu-backend's (for bug reports)",
+        description=(
+            "Print what `optimum-cli env` prints, then optimum-ipu-backend's part: package versions, "
+            "the optimum-onnx patches, the Poplar SDK, the devices, the auto choice and the cache."
+        ),
+    )
+    parser.add_argument("--json", action="store_true", help="print both parts as one JSON object")
+    parser.set_defaults(func=run_env)
+
+
+def optimum_report() -> tuple[dict[str, Any], str]:
+    """What ``optimum-cli env`` reports, as its dict and its printed text."""
+    from optimum.commands.env import EnvironmentCommand
+
+    command = EnvironmentCommand(None, from_defaults_factory=True, parser=argparse.ArgumentParser())
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        info = command.run()
+    return dict(info), printed.getvalue()
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def backend_report() -> dict[str, Any]:
+    """optimum-ipu-backend's part, as JSON data."""
+    import importlib
+
+    from optimum_ipu_backend import __version__, _bootstrap
+    from optimum_ipu_backend.cli.providers import auto_report, ipu_devices
+    from optimum_ipu_backend.engines.probe import default_device, probe_sdk
+    from optimum_ipu_backend.integration import patches
+    from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
+
+    unimportable = {}
+    for module in sorted(_bootstrap.TARGET_MODULES):  # so the report says whether each one got its patches
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:  # modeling_diffusion without diffusers: nothing there to patch
+            unimportable[module] = f"cannot be imported here ({type(exc).__name__}: {exc})"
+    sdk = probe_sdk()
+    auto = auto_report()
+    return {
+        "optimum-ipu-backend version": __version__,
+        "optimum-onnx version": _version("optimum-onnx"),
+        "optimum-onnx range the patches were checked against": patches.SUPPORTED_OPTIMUM_ONNX,
+        "optimum-onnx within that range": patches.optimum_onnx_supported(),
+        "onnxruntime version": _version("onnxruntime"),
+        "onnx version": _version("onnx"),
+        "activation hook installed": _bootstrap.is_installed(),
+        "patches": {**patches.patch_report(), **unimportable},
+        "Poplar SDK found": sdk.sdk_found,
+        "Poplar SDK probe": sdk.lines(),
+        "default IPU device": default_device(),
+        "IPU devices": {
+            row["device"]: ("usable: " if row["usable"] else "not usable: ") + row["why"]
+            for row in ipu_devices()
+        },
+        "provider='auto' takes": auto["chosen"] or f"nothing: {auto['error']}",
+        "executable cache": ExecutableCache().info(),
+    }
+
+
+def _format(report: dict[str, Any]) -> str:
+    from optimum_ipu_backend.runtime.executable_cache import format_byte_size
+
+    lines = []
+    for key, value in report.items():
+        if key == "executable cache":
+            lines.append(
+                f"- executable cache: {value['root']} ({value['root_source']}), {value['entries']} entries, "
+                f"{format_byte_size(value['total_bytes'])} of {format_byte_size(value['size_limit_bytes'])}"
+            )
+        elif isinstance(value, dict):
+            lines.append(f"- {key}:")
+            lines.extend(f"  - {name}: {item}" for name, item in value.items())
+        elif isinstance(value, list):
+            lines.append(f"- {key}:")
+            lines.extend(f"  - {item}" for item in value)
+        else:
+            lines.append(f"- {key}: {value}")
+    return "\n".join(lines) + "\n"
+
+
+def run_env(args: argparse.Namespace) -> int:
+    optimum_info, optimum_text = optimum_report()
+    ours = backend_report()
+    if args.json:
+        json.dump({"optimum": optimum_info, "optimum-ipu-backend": ours}, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
+    sys.stdout.write(optimum_text)
+    sys.stdout.write("optimum-ipu-backend:\n\n")
+    sys.stdout.write(_format(ours))
+    return 0

@@ -1,0 +1,90 @@
+"""The README's set-up is two commands on a fresh machine (`make demo`, `make test`), each creating the
+virtual environment when it is missing, and `.ci/run` runs the same test command. Checked with make's
+dry run (`make -n`), which prints what it would execute."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SETUP = [
+    "python3 -m venv {venv}",
+    "{venv}/bin/pip install torch==2.13.0",  # first, pinned: an unpinned torch pulls a CUDA build
+    '{venv}/bin/pip install {editable}".[test]"',
+    "{venv}/bin/pip check",
+]
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+def _dry_run(*args: str, env: dict[str, str] | None = None) -> list[str]:
+    result = subprocess.run(
+        ["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+    assert result.returncode == 0, result.stderr
+    return [" ".join(line.split()) for line in result.stdout.splitlines() if line.strip()]
+
+
+def _setup(venv: Path, editable: str = "-e ") -> list[str]:
+    return [step.format(venv=venv, editable=editable) for step in SETUP]
+
+
+def test_the_readme_sets_up_with_two_commands():
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Two commands on a fresh machine\s+```bash\n(.*?)```", text, re.S)
+    assert block, "the README has no 'Two commands on a fresh machine' section"
+    commands = [
+        line.split("#")[0].strip() for line in block.group(1).splitlines() if line.split("#")[0].strip()
+    ]
+    assert commands == ["make demo", "make test"]
+
+
+def test_make_test_and_demo_create_the_environment_when_it_is_missing(tmp_path):
+    venv = tmp_path / "venv"
+    assert _dry_run("test", f"VENV={venv}") == [
+        *_setup(venv),
+        f"touch {venv}/.optimum-ipu-ready",
+        f"{venv}/bin/python -m pytest -n 2",
+    ]
+    assert _dry_run("demo", f"VENV={venv}")[-1] == (
+        f"OPTIMUM_IPU_DEVICE=emulator {venv}/bin/python examples/sentence_embeddings.py"
+    )
+
+
+def test_an_existing_environment_is_reused_until_pyproject_changes(tmp_path):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    ready = venv / ".optimum-ipu-ready"
+    ready.touch()
+    later = time.time() + 60
+    os.utime(ready, (later, later))
+    assert _dry_run("test", f"VENV={venv}") == [f"{venv}/bin/python -m pytest -n 2"]
+    earlier = (ROOT / "pyproject.toml").stat().st_mtime - 60
+    os.utime(ready, (earlier, earlier))
+    assert _dry_run("test", f"VENV={venv}")[0] == f"python3 -m venv {venv}"
+
+
+def test_ci_runs_the_same_test_command_in_a_fresh_environment_with_the_wheel():
+    # MAKEFLAGS=n turns the make inside .ci/run into a dry run.
+    result = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "run")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MAKEFLAGS": "n"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [" ".join(line.split()) for line in result.stdout.splitlines() if line.strip()]
+    venv = Path(lines[0].split()[-1])
+    assert venv.name == "venv" and not venv.exists()  # a fresh one, in a new temporary directory
+    assert lines == [
+        *_setup(venv, editable=""),
+        f"touch {venv}/.optimum-ipu-ready",
+        f"{venv}/bin/python -m pytest -n 2",
+    ]
