@@ -12,7 +12,9 @@ import optimum.onnxruntime
 import pytest
 import torch
 import transformers
-from model_zoo import (
+from model_zoo import session_zoo
+
+from optimum_ipu_backend.conformance.zoo import (
     MODEL_NAMES,
     TASKS,
     ModelZoo,
@@ -20,7 +22,6 @@ from model_zoo import (
     build_model,
     export_onnx,
     sample_inputs,
-    session_zoo,
 )
 
 # Eager torch and ORT CPU run the same fp32 arithmetic in a different order; tiny models stay well inside.

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 from graph_testing import run_ort
-from model_zoo import ModelZoo, export_onnx
 
 from optimum_ipu_backend.compiler import find_unsupported_nodes
 from optimum_ipu_backend.compiler.op_table import (
@@ -23,6 +22,7 @@ from optimum_ipu_backend.compiler.op_table import (
     iter_graphs,
     iter_nodes,
 )
+from optimum_ipu_backend.conformance.zoo import ModelZoo, export_onnx
 
 #: (zoo model, export task) for every model of the matrix.
 MATRIX: tuple[tuple[str, str], ...] = (

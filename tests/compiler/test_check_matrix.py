@@ -34,9 +34,10 @@ from matrix_testing import (
     only_inputs,
     seq2seq_steps,
 )
-from model_zoo import ModelZoo, sample_inputs, session_zoo
+from model_zoo import session_zoo
 
 from optimum_ipu_backend.cli.main import main
+from optimum_ipu_backend.conformance.zoo import ModelZoo, sample_inputs
 from optimum_ipu_backend.engines import load_engine
 from optimum_ipu_backend.engines.base import CompileOptions, Executable
 

@@ -18,7 +18,7 @@ import pytest
 from graph_testing import feeds_for_types, make_model, run_ort, tensor_info
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_zoo import sample_inputs, session_zoo
+from model_zoo import session_zoo
 from onnx import TensorProto, helper
 
 from optimum_ipu_backend.compiler import legalize
@@ -27,6 +27,7 @@ from optimum_ipu_backend.compiler.passes.mask_padded_past import (
     PastPaddingRewrite,
     add_past_padding_mask,
 )
+from optimum_ipu_backend.conformance.zoo import sample_inputs
 
 FP32_ATOL = 1e-5
 # float16 keeps ~3 decimal digits; the zoo's logits are O(1), and an unmasked padded past moves them by

@@ -31,10 +31,11 @@ from matrix_testing import (
     only_inputs,
     seq2seq_steps,
 )
-from model_zoo import sample_inputs, session_zoo
+from model_zoo import session_zoo
 from onnx import helper
 
 from optimum_ipu_backend.compiler import LegalizationError, find_unsupported_nodes, legalize
+from optimum_ipu_backend.conformance.zoo import sample_inputs
 
 
 def test_importing_the_compiler_does_not_import_the_folding_libraries():
@@ -165,7 +166,8 @@ def minilm_classifier(tmp_path_factory) -> tuple[Path, Path]:
 
     import torch
     import transformers
-    from model_zoo import export_onnx, minilm_dir
+
+    from optimum_ipu_backend.conformance.zoo import export_onnx, minilm_dir
 
     root = tmp_path_factory.mktemp("minilm-classifier")
     model_dir = root / "model"

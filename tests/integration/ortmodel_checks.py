@@ -14,12 +14,10 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import optimum.onnxruntime as ort_models
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import optimum.onnxruntime as ort_models  # noqa: E402
-from model_zoo import sample_inputs  # noqa: E402
+from optimum_ipu_backend.conformance.zoo import sample_inputs
 
 IPU = {"provider": "ipu", "provider_options": {"device": "emulator"}}
 CPU = {"provider": "CPUExecutionProvider"}

