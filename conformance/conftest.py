@@ -28,15 +28,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.quick = True
         # Compiled executables of the project's test run go to a cache of that run, never the user's.
         os.environ.setdefault("OPTIMUM_IPU_CACHE", tempfile.mkdtemp(prefix="optimum-ipu-test-cache-"))
-    if config.getoption("work_dir") is None and os.environ.get("OPTIMUM_IPU_TEST_ZOO"):
-        config.option.work_dir = os.environ["OPTIMUM_IPU_TEST_ZOO"]
+    if config.getoption("work_dir") is None:
+        config.option.work_dir = str(_tests_model_zoo().conformance_work_dir())
+
+
+def _tests_model_zoo():
+    if str(TESTS_DIR) not in sys.path:
+        sys.path.insert(0, str(TESTS_DIR))
+    import model_zoo
+
+    return model_zoo
 
 
 @pytest.fixture(scope="session")
 def conformance_zoo(tmp_path_factory: pytest.TempPathFactory):
     """The tests' own zoo, so the test run builds and exports each tiny model once."""
-    if str(TESTS_DIR) not in sys.path:
-        sys.path.insert(0, str(TESTS_DIR))
-    from model_zoo import session_zoo
-
-    return session_zoo(tmp_path_factory)
+    return _tests_model_zoo().session_zoo(tmp_path_factory)

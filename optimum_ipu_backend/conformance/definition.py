@@ -1,7 +1,7 @@
 """The suite's definition: the model matrix, the tolerance tiers, the quick operators and the expectation
 files, read from the TOML files of the top-level ``conformance/`` directory.
 
-A wheel carries those files inside the package (``optimum_ipu_backend/conformance/definition/``, put there
+A wheel carries those files inside the package (``optimum_ipu_backend/conformance/suite/``, put there
 by hatch's ``force-include``); a source checkout or an editable install reads them from ``conformance/``.
 Every file is checked when read, and a mistake is an error naming the file and the key.
 """
@@ -38,7 +38,7 @@ class DefinitionError(ValueError):
 
 def definition_dir() -> Path:
     """Where the definition files are: inside an installed wheel, else the checkout's ``conformance/``."""
-    packaged = Path(str(resources.files(__package__))) / "definition"
+    packaged = Path(str(resources.files(__package__))) / "suite"
     if (packaged / MODELS_FILE).is_file():
         return packaged
     checkout = Path(__file__).resolve().parents[2] / "conformance"
@@ -116,17 +116,20 @@ class ModelMatrix:
     generation_inputs: InputSet
 
     def select(self, quick: bool, names: Sequence[str] | None) -> list[ModelEntry]:
-        """The entries to run: ``names`` are globs over case ids with or without ``model/``; ``none``: no
-        model, ``all``: every entry."""
-        if list(names or ()) == ["none"]:
+        """The entries to run: ``names`` (globs over case ids, with or without ``model/``) win over
+        ``quick``; ``none``: no model, ``all``: every entry."""
+        names = list(names or ())
+        if names == ["none"]:
             return []
-        entries = [entry for entry in self.entries if entry.quick or not quick]
-        if names and list(names) != ["all"]:
-            patterns = [name if name.startswith("model/") else f"model/{name}" for name in names]
-            entries = [e for e in self.entries if any(fnmatch.fnmatchcase(e.case_id, p) for p in patterns)]
-            if not entries:
-                known = ", ".join(e.case_id.removeprefix("model/") for e in self.entries)
-                raise DefinitionError(f"--models {list(names)} matches no matrix entry; entries: {known}")
+        if names == ["all"]:
+            return list(self.entries)
+        if not names:
+            return [entry for entry in self.entries if entry.quick or not quick]
+        patterns = [name if name.startswith("model/") else f"model/{name}" for name in names]
+        entries = [e for e in self.entries if any(fnmatch.fnmatchcase(e.case_id, p) for p in patterns)]
+        if not entries:
+            known = ", ".join(e.case_id.removeprefix("model/") for e in self.entries)
+            raise DefinitionError(f"--models {names} matches no matrix entry; entries: {known}")
         return entries
 
 

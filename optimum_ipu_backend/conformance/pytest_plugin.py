@@ -107,7 +107,7 @@ def conformance_run(config: pytest.Config) -> ConformanceRun:
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
-    if settings_from(config) is None or _is_worker(config):
+    if settings_from(config) is None or _is_worker(config) or config.option.collectonly:
         return
     # Planning here, in the controller, generates the node cases once before any xdist worker starts.
     run = conformance_run(config)
