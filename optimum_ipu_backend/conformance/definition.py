@@ -190,6 +190,9 @@ class Tier:
     span_agreement: float | None = None  # question answering: start and end positions
     embedding_cosine: float | None = None  # feature extraction: mean-pooled embeddings, every row
     identical_new_tokens: int = 16  # greedy generation: this many new tokens, all identical
+    # Operator level: at least these tolerances instead of a node case's own (rtol 1e-3, atol 1e-7).
+    operator_rtol: float | None = None
+    operator_atol: float | None = None
 
     def thresholds(self) -> dict[str, float]:
         keys = (
@@ -199,8 +202,14 @@ class Tier:
             "span_agreement",
             "embedding_cosine",
             "identical_new_tokens",
+            "operator_rtol",
+            "operator_atol",
         )
         return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
+
+    def operator_tolerance(self, rtol: float, atol: float) -> tuple[float, float]:
+        """The tolerances a node case is judged with in this tier."""
+        return max(rtol, self.operator_rtol or 0.0), max(atol, self.operator_atol or 0.0)
 
 
 def load_tiers(directory: Path | None = None) -> dict[str, Tier]:
@@ -208,18 +217,21 @@ def load_tiers(directory: Path | None = None) -> dict[str, Tier]:
     raw = read_toml(path)
     tiers = {}
     numeric = {"atol", "rtol", "top1_agreement", "span_agreement", "embedding_cosine"}
+    numeric |= {"operator_rtol", "operator_atol"}
     for name, table in raw.items():
         where = f"{path} [{name}]"
         _check_keys(where, table, {"description", "identical_new_tokens", *numeric}, {"description"})
-        if ("atol" in table) != ("rtol" in table):
-            raise DefinitionError(f"{where}: atol and rtol go together")
+        for pair in (("atol", "rtol"), ("operator_atol", "operator_rtol")):
+            if (pair[0] in table) != (pair[1] in table):
+                raise DefinitionError(f"{where}: {pair[0]} and {pair[1]} go together")
         for key in numeric & set(table):
             if not isinstance(table[key], (int, float)) or table[key] < 0:
                 raise DefinitionError(f"{where}: {key} must be a non-negative number, got {table[key]!r}")
         tokens = table.get("identical_new_tokens", 16)
         if not isinstance(tokens, int) or tokens <= 0:
             raise DefinitionError(f"{where}: identical_new_tokens must be a positive integer, got {tokens!r}")
-        tiers[name] = Tier(name=name, **{**table, "identical_new_tokens": tokens})
+        description = " ".join(str(table["description"]).split())
+        tiers[name] = Tier(name=name, **{**table, "description": description, "identical_new_tokens": tokens})
     return tiers
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from optimum_ipu_backend.conformance.definition import Tier
 from optimum_ipu_backend.conformance.providers import DEFAULT_DOMAINS, OperatorSupport, ProviderUnderTest
 from optimum_ipu_backend.conformance.results import (
     ERROR,
@@ -299,13 +300,16 @@ def _error_figures(reference: Sequence[Any], actual: Sequence[Any]) -> tuple[flo
     return finite(worst_abs), finite(worst_rel)
 
 
-def run_operator_case(case: NodeCase, store: NodeCaseStore, provider: ProviderUnderTest) -> CaseResult:
+def run_operator_case(
+    case: NodeCase, store: NodeCaseStore, provider: ProviderUnderTest, tier: Tier | None = None
+) -> CaseResult:
     """Run one in-table, applicable node case; the status is PASSED, FAILED or ERROR."""
     from onnx.backend.test.runner import Runner
 
     started = time.perf_counter()
     result = CaseResult(case_id=case.case_id, level=OPERATOR, group=case.operator, status=PASSED)
-    result.info["tolerance"] = {"rtol": case.rtol, "atol": case.atol}
+    rtol, atol = (case.rtol, case.atol) if tier is None else tier.operator_tolerance(case.rtol, case.atol)
+    result.info["tolerance"] = {"rtol": rtol, "atol": atol}
     phase = "loading the case"
     try:
         model, data_sets = store.load(case)
@@ -324,13 +328,13 @@ def run_operator_case(case: NodeCase, store: NodeCaseStore, provider: ProviderUn
                 result.info["max_abs"], result.info["max_rel"] = _error_figures(expected, outputs)
                 phase = f"comparing data set {number}"
                 try:
-                    Runner.assert_similar_outputs(expected, outputs, rtol=case.rtol, atol=case.atol)
+                    Runner.assert_similar_outputs(expected, outputs, rtol=rtol, atol=atol)
                 except AssertionError as exc:
                     text = str(exc).strip()
                     result.status = FAILED
                     result.message = (
                         f"{case.case_id} ({case.operator}): outputs differ from ONNX's reference beyond "
-                        f"rtol {case.rtol:g}, atol {case.atol:g}: {_summary(text)}"
+                        f"rtol {rtol:g}, atol {atol:g}: {_summary(text)}"
                     )
                     result.failures.append(result.message)
                     result.detail = text

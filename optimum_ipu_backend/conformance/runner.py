@@ -192,7 +192,7 @@ class ConformanceRun:
                 self.matrix.generation_inputs,
             )
         else:
-            result = run_operator_case(planned.node, self.node_store(), self.provider)
+            result = run_operator_case(planned.node, self.node_store(), self.provider, self.tier)
         return apply_known_failure(result, planned.known_failure)
 
 
