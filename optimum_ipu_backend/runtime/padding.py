@@ -342,6 +342,35 @@ def _axis_segments(
     return [_Segment(expression.evaluate(actual_dims), expression.evaluate(padded_sizes), False)]
 
 
+def axis_maps(
+    shape: SymbolicShape,
+    actual_dims: Mapping[str, int],
+    padded_dims: Mapping[str, int],
+    left_padded_dims: Iterable[str] = (),
+) -> tuple[np.ndarray | None, ...]:
+    """Per axis of an input declared ``shape``, where ``pad_feed`` puts each real element: an array with
+    one entry per padded position holding the caller's position it carries, or -1 for padding; None
+    for an axis that is not padded. This is the layout the padding proof reasons about."""
+    left = frozenset(left_padded_dims)
+    maps: list[np.ndarray | None] = []
+    for dim in shape:
+        expression = _expression(dim)
+        segments = None if expression is None else _axis_segments(expression, actual_dims, padded_dims, left)
+        if segments is None or all(s.actual == s.padded for s in segments):
+            maps.append(None)
+            continue
+        parts = []
+        real_start = 0
+        for segment in segments:
+            part = np.full(segment.padded, -1, dtype=np.int64)
+            offset = segment.real_offset
+            part[offset : offset + segment.actual] = np.arange(real_start, real_start + segment.actual)
+            parts.append(part)
+            real_start += segment.actual
+        maps.append(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+    return tuple(maps)
+
+
 def _check_padded_sizes(actual_dims: Mapping[str, int], padded_dims: Mapping[str, int]) -> None:
     for dim, padded in padded_dims.items():
         if dim in actual_dims and padded < actual_dims[dim]:
