@@ -220,7 +220,8 @@ def render(report: Report) -> str:
             )
         )
     if data["not_run"]:
-        parts.append(f"<h2>Not run ({len(data['not_run'])}: the run was interrupted)</h2>")
+        why = "the run was interrupted" if data["interrupted"] else "not selected"
+        parts.append(f"<h2>Not run ({len(data['not_run'])}: {why})</h2>")
         parts.append("<p>" + ", ".join(f"<code>{html.escape(c)}</code>" for c in data["not_run"]) + "</p>")
 
     for plot_id, title, png, caption in (

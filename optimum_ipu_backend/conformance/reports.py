@@ -87,7 +87,9 @@ class Report:
         results = sorted(results, key=lambda r: (r.level != MODEL, r.case_id))
         finished = {result.case_id for result in results}
         not_run = [planned.case_id for planned in run.planned if planned.case_id not in finished]
-        passed = not interrupted and not not_run and not any(result.is_failing for result in results)
+        # Cases that did not run (an interruption, or pytest's own -k selection) never count as passed,
+        # but only an interruption fails the run for them.
+        passed = not interrupted and not any(result.is_failing for result in results)
         data = {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "optimum-ipu-backend", "version": _version("optimum-ipu-backend")},
@@ -167,11 +169,13 @@ def summary_lines(report: Report) -> list[str]:
     ]
     lines += [f"FAILED {result.message}" for result in report.results if result.is_failing]
     lines += [f"NOW PASSING {result.message}" for result in report.results if result.status == XPASS]
-    if data["interrupted"] or data["not_run"]:
+    if data["interrupted"]:
         lines.append(
             f"INTERRUPTED: {len(data['not_run'])} case(s) did not run; "
             "the reports hold the ones that finished"
         )
+    elif data["not_run"]:
+        lines.append(f"{len(data['not_run'])} planned case(s) were not selected and did not run")
     lines.append("verdict: " + ("PASS" if data["passed"] else "FAIL"))
     return lines
 
@@ -327,7 +331,8 @@ def markdown(report: Report) -> str:
             f"- `{r.case_id}`: {_md(r.expectation['source'])} ({_md(r.expectation['reason'])})" for r in xpass
         ]
     if data["not_run"]:
-        lines += ["", f"## Not run ({len(data['not_run'])}, the run was interrupted)", ""]
+        why = "the run was interrupted" if data["interrupted"] else "not selected"
+        lines += ["", f"## Not run ({len(data['not_run'])}: {why})", ""]
         lines += [f"- `{case_id}`" for case_id in data["not_run"]]
     if data["models"]:
         lines += [

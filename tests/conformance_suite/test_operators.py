@@ -107,3 +107,18 @@ def test_a_wrong_result_fails_onnx_comparison_and_a_crash_is_an_error(store, cas
     crashed = run_operator_case(cases["test_add"], store, cpu)
     assert crashed.status == ERROR
     assert "creating a CPUExecutionProvider session raised ZeroDivisionError" in crashed.message
+
+
+def test_provider_options_pass_through_to_the_provider(store, cases, tmp_path) -> None:
+    options = {"device": "emulator", "precision": "fp16", "sequence_lengths": "16,32", "batch_size": "1,4"}
+    ipu = resolve_provider("ipu", options)
+    assert ipu.ortmodel_kwargs() == {"provider": "IPUExecutionProvider", "provider_options": options}
+    path = tmp_path / "add.onnx"
+    path.write_bytes(store.load(cases["test_add"])[0].SerializeToString())
+    reported = ipu.create_session(path).get_provider_options()["IPUExecutionProvider"]
+    assert reported["device"] == "emulator" and reported["precision"] == "fp16"
+    # The operator level adds the declared executable_cache_dir="" (no cache); the run's own options win.
+    assert reported["executable_cache"] == "disabled"
+    mine = resolve_provider("ipu", {"device": "emulator", "executable_cache_dir": str(tmp_path / "cache")})
+    reported = mine.create_session(path).get_provider_options()["IPUExecutionProvider"]
+    assert str(tmp_path / "cache") in reported["executable_cache"]
