@@ -20,6 +20,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from filelock import FileLock
 from model_zoo import conformance_work_dir, session_zoo
 from subprocess_env import PLUGIN_SITE, python
 
@@ -29,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 PERTURBED = ("perturb_model=bert-text-classification", "perturb_output=logits", "perturb_by=1e-3")
 
 
-def _command(report: Path, *args: str, jobs: int = 1) -> list[str]:
+def _command(report: Path, *args: str) -> list[str]:
     return [
         "conformance",
         *args,
@@ -38,21 +39,34 @@ def _command(report: Path, *args: str, jobs: int = 1) -> list[str]:
         "--work-dir",
         str(conformance_work_dir()),
         "--jobs",
-        str(jobs),
+        "1",
     ]
 
 
-def _conformance(report: Path, *args: str, jobs: int = 1) -> subprocess.CompletedProcess:
-    argv = _command(report, *args, jobs=jobs)
-    code = f"import sys; from optimum_ipu_backend.cli.main import main; sys.exit(main({argv!r}))"
-    return python(code, plugins=True)
-
-
 class Run:
-    def __init__(self, report: Path, result: subprocess.CompletedProcess) -> None:
-        self.report, self.returncode, self.output = report, result.returncode, result.stdout + result.stderr
+    """One run of the command, done once per test session: pytest-xdist workers share it on disk."""
+
+    def __init__(self, report: Path) -> None:
+        self.report = report
+        outcome = json.loads((report / "outcome.json").read_text())
+        self.returncode, self.output = outcome["returncode"], outcome["output"]
         self.data = json.loads((report / "conformance.json").read_text())
         self.cases = {case["case_id"]: case for case in self.data["cases"]}
+
+    @classmethod
+    def once(cls, tmp_path_factory: pytest.TempPathFactory, name: str, *args: str) -> Run:
+        shared = tmp_path_factory.getbasetemp()
+        shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+        report = shared / "conformance-runs" / name
+        report.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(report) + ".lock"):
+            if not (report / "outcome.json").is_file():
+                argv = _command(report, *args)
+                code = f"import sys; from optimum_ipu_backend.cli.main import main; sys.exit(main({argv!r}))"
+                result = python(code, plugins=True)
+                outcome = {"returncode": result.returncode, "output": result.stdout + result.stderr}
+                (report / "outcome.json").write_text(json.dumps(outcome))
+        return cls(report)
 
 
 @pytest.fixture(scope="session")
@@ -60,9 +74,9 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     zoo = session_zoo(tmp_path_factory)
     transformers_dir = zoo.model("bert", "question-answering")  # exported by the command itself
     exported_dir = zoo.onnx("bert", "fill-mask")
-    report = tmp_path_factory.mktemp("cpu-report")
-    result = _conformance(
-        report,
+    return Run.once(
+        tmp_path_factory,
+        "cpu",
         *(
             "--provider",
             "CPUExecutionProvider",
@@ -72,24 +86,22 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         ),
         *("--model-dir", str(transformers_dir), "--model-dir", str(exported_dir), "--ops", "Add", "Softmax"),
     )
-    return Run(report, result)
 
 
 @pytest.fixture(scope="session")
 def perturbed_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    report = tmp_path_factory.mktemp("perturbed-report")
     options = [arg for option in PERTURBED for arg in ("--provider-option", option)]
-    result = _conformance(
-        report, "--provider", "perturbed", *options, "--models", "bert-text-classification", "--ops", "Add"
+    return Run.once(
+        tmp_path_factory,
+        "perturbed",
+        *("--provider", "perturbed", *options, "--models", "bert-text-classification", "--ops", "Add"),
     )
-    return Run(report, result)
 
 
 @pytest.fixture(scope="session")
 def faithful_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    report = tmp_path_factory.mktemp("faithful-report")
     args = ("--provider", "faithful", "--models", "bert-text-classification", "--ops", "Add", "Relu")
-    return Run(report, _conformance(report, *args, jobs=2))
+    return Run.once(tmp_path_factory, "faithful", *args)
 
 
 def test_cpu_against_itself_passes_exactly(cpu_run: Run) -> None:
