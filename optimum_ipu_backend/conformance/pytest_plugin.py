@@ -176,7 +176,7 @@ class _Collector:
 
     def finish(self, exitstatus: int) -> list[Path]:
         """Build the report of what finished; write it when a report directory was given."""
-        from optimum_ipu_backend.conformance.reports import Report, write_reports
+        from optimum_ipu_backend.conformance.reports import Report
 
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
@@ -187,7 +187,29 @@ class _Collector:
             started=self.started,
             interrupted=self.interrupted,
         )
-        return [] if self.report_dir is None else write_reports(self.report, self.report_dir)
+        return [] if self.report_dir is None else _write_reports(self.report, self.report_dir)
+
+
+def _write_reports(report: Any, directory: Path) -> list[Path]:
+    """The four reports, in the order a reader wants them listed."""
+    from optimum_ipu_backend.conformance.report_html import write_html
+    from optimum_ipu_backend.conformance.reports import (
+        HTML_FILE,
+        JSON_FILE,
+        JUNIT_FILE,
+        MARKDOWN_FILE,
+        write_json,
+        write_junit,
+        write_markdown,
+    )
+
+    directory.mkdir(parents=True, exist_ok=True)
+    return [
+        write_junit(report, directory / JUNIT_FILE),
+        write_json(report, directory / JSON_FILE),
+        write_markdown(report, directory / MARKDOWN_FILE),
+        write_html(report, directory / HTML_FILE),
+    ]
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:

@@ -1,6 +1,6 @@
-"""The four reports of a run, all written from one ``Report``: JUnit XML (for CI), JSON (checked against
-its versioned schema, which ships beside this module), a Markdown summary and a self-contained HTML page
-(``report_html.py``)."""
+"""The reports of a run, all written from one ``Report``: JUnit XML (for CI), JSON (checked against its
+versioned schema, which ships beside this module) and a Markdown summary; the self-contained HTML page is
+``report_html.py``'s."""
 
 from __future__ import annotations
 
@@ -379,15 +379,3 @@ def markdown(report: Report) -> str:
 def write_markdown(report: Report, path: Path) -> Path:
     path.write_text(markdown(report), encoding="utf-8")
     return path
-
-
-def write_reports(report: Report, directory: Path) -> list[Path]:
-    from optimum_ipu_backend.conformance.report_html import write_html
-
-    directory.mkdir(parents=True, exist_ok=True)
-    return [
-        write_junit(report, directory / JUNIT_FILE),
-        write_json(report, directory / JSON_FILE),
-        write_markdown(report, directory / MARKDOWN_FILE),
-        write_html(report, directory / HTML_FILE),
-    ]

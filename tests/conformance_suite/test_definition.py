@@ -3,6 +3,7 @@ carries them."""
 
 from __future__ import annotations
 
+import json
 import sys
 import zipfile
 from pathlib import Path
@@ -135,21 +136,38 @@ def test_the_wheel_carries_the_definition_files() -> None:
     assert (package / "report-schema-1.json").is_file() and (package / "pytest.ini").is_file()
 
 
-def test_definition_is_read_from_the_package_when_installed(tmp_path: Path) -> None:
-    """A wheel's layout (suite/ inside the package) wins over the checkout's conformance/."""
+def test_the_command_runs_from_an_installed_wheel(tmp_path: Path) -> None:
+    """From the wheel's files alone: the packaged definition wins over the checkout's conformance/, and
+    the command finds its pytest configuration, cases, schema and the suite's expectation files."""
     hatchling = pytest.importorskip("hatchling.builders.wheel", reason="hatchling builds the wheel")
     (wheel,) = hatchling.WheelBuilder(str(REPO)).build(directory=str(tmp_path), versions=["standard"])
+    site = tmp_path / "site"
     with zipfile.ZipFile(Path(wheel)) as archive:
         names = set(archive.namelist())
-        archive.extractall(tmp_path / "site")
+        archive.extractall(site)
     for name in ("models.toml", "tiers.toml", "operators.toml", "expectations/IPUExecutionProvider.toml"):
         assert f"optimum_ipu_backend/conformance/suite/{name}" in names
+    for name in ("report-schema-1.json", "pytest.ini", "pytest_cases.py"):
+        assert f"optimum_ipu_backend/conformance/{name}" in names
+    from model_zoo import conformance_work_dir
     from subprocess_env import python
 
-    result = python(
-        "import optimum_ipu_backend.conformance.definition as d; print(d.definition_dir())",
-        env={"PYTHONPATH": str(tmp_path / "site")},
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == str(tmp_path / "site" / "optimum_ipu_backend" / "conformance" / "suite")
+    report = tmp_path / "report"
+    argv = ["conformance", "--provider", "CPUExecutionProvider", "--models", "none", "--ops", "Add"]
+    argv += ["--report", str(report), "--work-dir", str(conformance_work_dir()), "--jobs", "1"]
+    code = f"""
+        import sys
+        import optimum_ipu_backend.conformance.definition as definition
+        from optimum_ipu_backend.cli.main import main
+        print(definition.definition_dir())
+        sys.exit(main({argv!r}))
+    """
+    result = python(code, env={"PYTHONPATH": str(site)}, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    suite = site / "optimum_ipu_backend" / "conformance" / "suite"
+    assert result.stdout.splitlines()[0] == str(suite)
+    data = json.loads((report / "conformance.json").read_text())
+    assert data["provider"]["expectation_files"] == [
+        str(suite / "expectations" / "CPUExecutionProvider.toml")
+    ]
+    assert data["summary"]["by_status"] == {"passed": 8}
