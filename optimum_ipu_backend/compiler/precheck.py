@@ -42,6 +42,7 @@ LOWERED_OPS = frozenset(
         "LogSoftmax",
         "Min",
         "Max",
+        "Einsum",
     }
 )
 

@@ -1,16 +1,18 @@
-"""Compiled sizes ("buckets") for the dynamic dimensions of an exported graph.
+"""Compiled sizes ("buckets") for the dynamic dimensions of an exported graph: the one bucket policy.
 
-An IPU executable has one fixed shape and compiling one takes minutes, so each dynamic ONNX dimension
-(``dim_param``: ``batch_size``, ``sequence_length``, ``past_sequence_length``, ``encoder_sequence_length``,
-``decoder_sequence_length``, ...) is served from a small sorted set of compiled sizes. A call is padded
-up to the smallest bucket that holds it (``BucketPlan.choose``); an input larger than the largest bucket
-is an error (``InputTooLargeError``), never a silent truncation.
+An IPU executable has one fixed shape and compiling one takes minutes, so dynamic ONNX dimensions
+(``dim_param``: ``batch_size``, ``sequence_length``, ``past_sequence_length``, ...) are served from a small
+sorted set of compiled sizes. A call is padded up to the smallest size that holds it
+(``BucketPlan.choose``) where the padding proof allows it; an input larger than the largest size is an
+error (``InputTooLargeError``), never a silent truncation. Executables are compiled lazily, only for the
+shapes calls need, so each dimension gets its own sizes rather than a share of a product.
 
-Default plan (``BucketPlan.default_for``)
------------------------------------------
-* Batch dimensions get one size, 1: a larger batch is split into device steps and a smaller one padded
-  (``runtime.device_steps``), so extra batch buckets would only multiply the executables.
-* Every other dimension gets sizes spaced geometrically from 8 up to the model's maximum positions
+The plan a session uses (``BucketPlan.for_dims``), by the dimension's role (``runtime.roles``):
+
+* **Batch** dimensions: the sizes of ``batch_size`` (default ``1, 2, 4, 8``). A call's samples are split
+  into micro-batches of one of these sizes; the last one is filled by repeating real samples.
+* **Sequence** dimensions (``sequence_length``, ``encoder_sequence_length``, ...): ``sizes_per_dimension``
+  sizes (default 16) spaced geometrically from 8 up to the model's maximum positions
   (``max_position_embeddings``, ``n_positions``, Whisper's ``max_source_positions`` /
   ``max_target_positions``, ...; 512 when the config states none, and never more than 2048 by default
   because an executable for longer inputs rarely fits an IPU's memory), rounded up to multiples of 4.
@@ -19,21 +21,17 @@ Default plan (``BucketPlan.default_for``)
   the Python standard library's docstring paragraphs tokenized for MiniLM (median 18 tokens) the 16
   buckets ``8, 12, 16, 20, 28, 32, 44, 56, 76, 100, 128, 172, 224, 296, 392, 512`` compute 0.88 real
   tokens per computed token for one sequence per call, against 0.70 for powers of two 16..512 and 0.90
-  for the best possible 16 buckets fitted to that very data (``benchmarks/bench_padding.py``).
-* The sequence dimension of a graph that also takes a past (``sequence_length`` next to
-  ``past_sequence_length``) gets size 1 as well, so every generated token runs unpadded.
-* ``max_executables`` bounds the number of distinct shapes the plan can ever compile, i.e. the product
-  of the bucket counts of all its dimensions; sizes are handed out one bucket at a time to the dimension
-  whose spacing is currently the coarsest. Executables are compiled lazily, only for the buckets calls
-  actually touch.
-
-The session's runtime (``runtime.factory.build_plan``) applies ``default_for`` to each dimension on its
-own rather than to all of them together, because executables are compiled only for the shapes calls
-need: each dimension gets up to ``max_executables`` sizes, a past dimension powers of two (a generation
-crosses few of them), and batch the sizes 1, 2, 4, 8 unless ``batch_size`` says otherwise.
+  for the best possible 16 buckets fitted to that very data (``benchmarks/bench_padding.py``). The
+  sequence next to a key/value cache also gets size 1, so each generated token runs unpadded.
+* **Past** dimensions (a key/value cache length): powers of two from 8 up to the model's maximum, because
+  the cache grows by one position per generated token and a generation should cross few sizes.
+* **Other** dimensions (image sizes, audio samples, choices): no sizes; they are compiled at the size
+  they come in, unless the user gives sizes.
 
 Users choose sizes with provider options (``sequence_lengths="64,128,256,512"``, ``batch_size=8``,
-``past_sequence_lengths=...``; see ``option_name``) or the same keys in ``ipu_config.json``.
+``past_sequence_lengths=...``; see ``option_name``) or the same keys in ``ipu_config.json``; those are
+kept as given, and checked against the model's own limit. How many executables a session may compile in
+all is a separate, optional cap (``max_executables``, enforced by the runtime).
 """
 
 from __future__ import annotations
@@ -43,6 +41,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from optimum_ipu_backend.runtime.roles import DimRole, dim_role, is_batch_dim
+
 # Smallest default bucket of a sequence-like dimension: one sequence of a few words still pads to at most 8.
 DEFAULT_SMALLEST_SIZE = 8
 # Largest default bucket when the config states no limit (T5's relative positions, for example).
@@ -51,7 +51,9 @@ FALLBACK_LARGEST_SIZE = 512
 DEFAULT_LARGEST_CAP = 2048
 # Default buckets above 2 * this are rounded up to a multiple of it: tile-friendly sizes, little waste.
 SIZE_MULTIPLE = 4
-DEFAULT_MAX_EXECUTABLES = 16
+DEFAULT_SIZES_PER_DIMENSION = 16
+#: Micro-batch sizes compiled when the user sets none.
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
 
 # Config keys holding a model's maximum number of positions, by the role of the dimension, in order.
 _PLAIN_LIMIT_KEYS = (
@@ -137,16 +139,6 @@ def option_name(dim_name: str) -> str:
     if is_batch_dim(dim_name):
         return dim_name
     return f"{dim_name}s" if dim_name.endswith("length") else dim_name
-
-
-def is_batch_dim(dim_name: str) -> bool:
-    """Whether ``dim_name`` counts samples (``batch_size``, ``text_batch_size``, ...)."""
-    return dim_name == "batch_size" or dim_name.endswith("_batch_size")
-
-
-def is_past_dim(dim_name: str) -> bool:
-    """Whether ``dim_name`` is the length of a key/value cache (``past_sequence_length``, ...)."""
-    return dim_name.startswith("past_")
 
 
 def parse_sizes(option: str, value: Any) -> tuple[int, ...]:
@@ -278,10 +270,6 @@ class BucketPlan:
     def largest(self, dim_name: str) -> int:
         return self._sizes_of(dim_name)[-1]
 
-    def executable_bound(self) -> int:
-        """How many distinct shapes this plan can compile at most (the product of the bucket counts)."""
-        return math.prod(len(sizes) for sizes in self.sizes.values())
-
     def choose(self, dim_name: str, size: int, input_name: str | None = None) -> int:
         """The smallest compiled size >= ``size`` along ``dim_name``.
 
@@ -334,106 +322,57 @@ class BucketPlan:
             ) from None
 
     @classmethod
-    def default_for(
+    def for_dims(
         cls,
         config: Mapping[str, Any],
         dims: Iterable[str],
-        max_executables: int = DEFAULT_MAX_EXECUTABLES,
-        overrides: Mapping[str, Any] | None = None,
+        *,
+        user_sizes: Mapping[str, Any] | None = None,
+        sizes_per_dimension: int = DEFAULT_SIZES_PER_DIMENSION,
     ) -> BucketPlan:
-        """The plan for ``dims`` of a model whose ``config.json`` is ``config`` (a dict).
-
-        ``overrides`` maps dimension names *or* their option names (``sequence_lengths``) to user sizes in
-        any form ``parse_sizes`` accepts; those are validated against the model's limits and kept as given,
-        and the remaining ``max_executables`` budget (divided by the overridden bucket counts) is shared by
-        the other dimensions as the module docstring describes. Raises ``BucketOptionError`` for invalid
-        overrides.
-        """
-        if max_executables < 1:
-            raise BucketOptionError(f"max_executables must be a positive integer, got {max_executables!r}")
+        """The plan for ``dims`` of a model whose ``config.json`` is ``config``, as the module docstring
+        describes. ``user_sizes`` maps dimension names *or* their option names (``sequence_lengths``) to
+        sizes in any form ``parse_sizes`` accepts; other keys are ignored. Raises ``BucketOptionError`` for
+        invalid sizes or sizes beyond the model's limit."""
+        if isinstance(sizes_per_dimension, bool) or sizes_per_dimension < 1:
+            raise BucketOptionError(
+                f"sizes_per_dimension must be a positive integer, got {sizes_per_dimension!r}"
+            )
         dims = list(dict.fromkeys(dims))
         by_option = {option_name(dim): dim for dim in dims}
-        user_sizes: dict[str, tuple[int, ...]] = {}
-        for key, value in (overrides or {}).items():
-            if value is None:
-                continue
+        given: dict[str, tuple[int, ...]] = {}
+        for key, value in (user_sizes or {}).items():
             dim = key if key in dims else by_option.get(key)
-            if dim is None:
-                continue  # a size option for a dimension this graph does not have (e.g. past on an encoder)
-            user_sizes[dim] = parse_sizes(option_name(dim), value)
-
+            if dim is not None and value is not None:
+                given[dim] = parse_sizes(option_name(dim), value)
+        sizes: dict[str, tuple[int, ...]] = {}
         limits: dict[str, int | None] = {}
         sources: dict[str, str | None] = {}
         for dim in dims:
-            limits[dim], sources[dim] = model_limit(config, dim)
-            limit = limits[dim]
-            if dim in user_sizes and limit is not None and user_sizes[dim][-1] > limit:
-                raise BucketOptionError(
-                    f"option {option_name(dim)!r}: size {user_sizes[dim][-1]} exceeds the model's maximum of "
-                    f"{limit} ({sources[dim]} in config.json); the largest allowed size is {limit}"
-                )
-
-        sizes: dict[str, tuple[int, ...]] = dict(user_sizes)
-        free = [dim for dim in dims if dim not in user_sizes]
-        for dim in free:
-            if is_batch_dim(dim):
-                sizes[dim] = (1,)
-        budget = max(1, max_executables // math.prod(len(s) for s in sizes.values()))
-        ranges: dict[str, tuple[int, int]] = {}
-        single_step: set[str] = set()
-        for dim in (d for d in free if not is_batch_dim(d)):
-            largest = min(limits[dim] or FALLBACK_LARGEST_SIZE, DEFAULT_LARGEST_CAP)
-            smallest = min(DEFAULT_SMALLEST_SIZE, largest)
-            ranges[dim] = (smallest, largest)
-            if _needs_single_step_size(dim, dims) and smallest > 1:
-                single_step.add(dim)
-        if 2 ** len(single_step) > budget:
-            single_step.clear()  # not even one more size per dimension fits: plain geometric sizes only
-        counts = _allocate_counts(ranges, {dim: int(dim in single_step) for dim in ranges}, budget)
-        for dim, (smallest, largest) in ranges.items():
-            geometric = geometric_sizes(smallest, largest, counts[dim])
-            sizes[dim] = ((1,) if dim in single_step else ()) + geometric
-        ordered = {dim: sizes[dim] for dim in dims}
-        return cls(ordered, limits, sources)
-
-    @classmethod
-    def from_options(
-        cls,
-        config: Mapping[str, Any],
-        dims: Iterable[str],
-        options: Mapping[str, Any],
-        max_executables: int = DEFAULT_MAX_EXECUTABLES,
-    ) -> BucketPlan:
-        """``default_for`` with the size options found in ``options`` (other keys are ignored)."""
-        return cls.default_for(config, dims, max_executables, overrides=options)
-
-
-def _needs_single_step_size(dim: str, dims: Sequence[str]) -> bool:
-    """A sequence dimension next to its past runs one token per generation step: give it size 1."""
-    return not is_past_dim(dim) and f"past_{dim}" in dims
-
-
-def _allocate_counts(
-    ranges: Mapping[str, tuple[int, int]], extra: Mapping[str, int], budget: int
-) -> dict[str, int]:
-    """Geometric size counts per dimension, coarsest spacing refined first, while the product of
-    ``count + extra`` over all dimensions stays within ``budget``."""
-    counts = dict.fromkeys(ranges, 1)
-
-    def spacing(dim: str) -> float:
-        smallest, largest = ranges[dim]
-        if counts[dim] == 1:
-            return math.inf if largest > smallest else 1.0
-        return (largest / smallest) ** (1 / (counts[dim] - 1))
-
-    while True:
-        total = math.prod(counts[dim] + extra[dim] for dim in ranges)
-        candidates = [
-            dim
-            for dim, (smallest, largest) in ranges.items()
-            if total // (counts[dim] + extra[dim]) * (counts[dim] + extra[dim] + 1) <= budget
-            and counts[dim] < largest - smallest + 1
-        ]
-        if not candidates:
-            return counts
-        counts[max(candidates, key=spacing)] += 1
+            role = dim_role(dim)
+            limit, source = model_limit(config, dim)
+            if dim in given:
+                if limit is not None and given[dim][-1] > limit:
+                    raise BucketOptionError(
+                        f"option {option_name(dim)!r}: size {given[dim][-1]} exceeds the model's maximum of "
+                        f"{limit} ({source} in config.json); the largest allowed size is {limit}"
+                    )
+                dim_sizes = given[dim]
+            elif role is DimRole.BATCH:
+                dim_sizes = DEFAULT_BATCH_SIZES
+            elif role in (DimRole.PAST, DimRole.SEQUENCE):
+                largest = min(limit or FALLBACK_LARGEST_SIZE, DEFAULT_LARGEST_CAP)
+                smallest = min(DEFAULT_SMALLEST_SIZE, largest)
+                if role is DimRole.PAST:
+                    dim_sizes = tuple(
+                        sorted({min(2**k, largest) for k in range(3, largest.bit_length() + 1)})
+                    )
+                    dim_sizes = dim_sizes or (largest,)
+                else:
+                    dim_sizes = geometric_sizes(smallest, largest, sizes_per_dimension)
+            else:
+                continue  # compiled at the size it comes in
+            if role is DimRole.SEQUENCE and f"past_{dim}" in dims and 1 not in dim_sizes:
+                dim_sizes = (1, *dim_sizes)  # the one-token steps of generation
+            sizes[dim], limits[dim], sources[dim] = dim_sizes, limit, source
+        return cls(sizes, limits, sources)

@@ -11,13 +11,13 @@ full rank and accept dropped dimensions back through ``anchor_shape``.
 
 The last step of a call is usually partial: it is filled up by repeating its real samples (a real sample
 is always a valid input, whereas all-zero rows may not be) or with zeros, and the padding is dropped from
-the outputs. The emulator engine runs the same buffers one micro-batch at a time
-(``iter_micro_batches`` / ``stack_micro_batches``), so the host layout is tested without an IPU.
+the outputs. ``split_feed`` and ``merge_outputs`` are what the runtime runs; an engine without native
+steps runs the buffers one micro-batch at a time (``engines.base.Executable.run_step``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -163,7 +163,8 @@ def split_feed(
     fill: BatchFill = "repeat",
 ) -> list[dict[str, np.ndarray]]:
     """One device-layout feed per step. ``batch_axes`` gives each input's batch axis (default 0); an input
-    mapped to None has no batch axis and goes to every step unchanged."""
+    mapped to None has no batch axis: every micro-batch of every step gets it whole, so its buffer is
+    ``[device_iterations, replicas, *shape]`` like every other (a broadcast view, no copy)."""
     batch_axes = batch_axes or {}
     steps = []
     for step in range(plan.steps):
@@ -171,7 +172,9 @@ def split_feed(
         for name, array in feed.items():
             axis = batch_axes.get(name, 0)
             step_feed[name] = (
-                array if axis is None else to_device_layout(array, plan, step, batch_axis=axis, fill=fill)
+                np.broadcast_to(array, (*plan.device_prefix(), *array.shape))
+                if axis is None
+                else to_device_layout(array, plan, step, batch_axis=axis, fill=fill)
             )
         steps.append(step_feed)
     return steps
@@ -181,10 +184,12 @@ def merge_outputs(
     step_outputs: Sequence[Mapping[str, np.ndarray]],
     plan: StepPlan,
     *,
-    batch_axes: Mapping[str, int] | None = None,
+    batch_axes: Mapping[str, int | None] | None = None,
     anchor_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Join the output buffers of all steps back into ``plan.samples`` samples per output, padding dropped."""
+    """Join the output buffers of all steps back into ``plan.samples`` samples per output, padding
+    dropped. An output mapped to None in ``batch_axes`` has no batch axis (or is a placeholder whose batch
+    axis is not the micro-batch): every micro-batch computes the same, and the first one is kept."""
     if len(step_outputs) != plan.steps:
         raise ValueError(f"expected outputs of {plan.steps} step(s), got {len(step_outputs)}")
     if not step_outputs:
@@ -192,8 +197,11 @@ def merge_outputs(
     batch_axes = batch_axes or {}
     anchor_shapes = anchor_shapes or {}
     merged = {}
-    for name in step_outputs[0]:
+    for name, first in step_outputs[0].items():
         axis = batch_axes.get(name, 0)
+        if axis is None or (anchor_shapes.get(name) is None and first.shape[2 + axis] != plan.micro_batch):
+            merged[name] = first[0, 0]
+            continue
         parts = [
             from_device_layout(
                 outputs[name], plan, step, batch_axis=axis, anchor_shape=anchor_shapes.get(name)
@@ -202,28 +210,6 @@ def merge_outputs(
         ]
         merged[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
     return merged
-
-
-def iter_micro_batches(
-    device_feed: Mapping[str, np.ndarray], plan: StepPlan
-) -> Iterator[tuple[int, int, dict[str, np.ndarray]]]:
-    """``(iteration, replica, micro-batch feed)`` in the order the device consumes a step's buffers."""
-    for iteration in range(plan.device_iterations):
-        for replica in range(plan.replicas):
-            yield iteration, replica, {name: array[iteration, replica] for name, array in device_feed.items()}
-
-
-def stack_micro_batches(results: Sequence[Mapping[str, np.ndarray]], plan: StepPlan) -> dict[str, np.ndarray]:
-    """Output buffers ``[device_iterations, replicas, *output_shape]`` from per-micro-batch results given in
-    ``iter_micro_batches`` order."""
-    expected = plan.device_iterations * plan.replicas
-    if len(results) != expected:
-        raise ValueError(f"expected {expected} micro-batch results, got {len(results)}")
-    stacked = {}
-    for name in results[0]:
-        flat = np.stack([result[name] for result in results])
-        stacked[name] = flat.reshape(plan.device_iterations, plan.replicas, *flat.shape[1:])
-    return stacked
 
 
 def _normalize_axis(axis: int, ndim: int) -> int:

@@ -126,8 +126,17 @@ class ExecutableTable:
         device_dtypes = {spec.name: spec.dtype for spec in executable.inputs}
         return CompiledEntry(shapes, branches, executable, seconds, source, device_input_dtypes=device_dtypes)
 
+    @property
+    def count(self) -> int:
+        """How many executables this table holds."""
+        return len(self._entries)
+
+    def has(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> bool:
+        """Whether the executable for these shapes is already loaded or compiled."""
+        return _shape_key(shapes, branches) in self._entries
+
     def entry_for(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> CompiledEntry:
-        key: ShapeKey = tuple(sorted(shapes.items())) + tuple(sorted(branches.items()))
+        key = _shape_key(shapes, branches)
         entry = self._entries.get(key)
         if entry is not None:
             return entry
@@ -174,3 +183,7 @@ class ExecutableTable:
             }
             for entry in self._entries.values()
         ]
+
+
+def _shape_key(shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> ShapeKey:
+    return tuple(sorted(shapes.items())) + tuple(sorted(branches.items()))

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,8 @@ class GraphDescription:
     branch_inputs: list[str] = field(default_factory=list)
     past_mask_input: str | None = None
     past_dim: str | None = None
+    #: Rewrites of the served graph worth telling the user about (what they cost).
+    notes: list[str] = field(default_factory=list)
 
 
 def _io(values, initializers: set[str]) -> list[IOSpec]:
@@ -76,24 +77,63 @@ def past_padding(model: onnx.ModelProto):
         return None
 
 
+@dataclass
+class ServedGraph:
+    """The graph the runtime serves: the export after the rewrites every shape needs."""
+
+    model: onnx.ModelProto
+    notes: list[str]
+    past_mask_input: str | None = None
+    past_dim: str | None = None
+    #: Nodes no rewrite can make static: [name, op_type, domain, reason].
+    unsupported: list[list[str]] = field(default_factory=list)
+
+
+def served_graph(model: onnx.ModelProto) -> ServedGraph:
+    """Mixture-of-experts selections made dense (or reported), then the past-padding mask."""
+    from optimum_ipu_backend.compiler.graph_rewrites.dense_experts import (
+        data_dependent_selections,
+        densify_experts,
+    )
+
+    notes: list[str] = []
+    unsupported: list[list[str]] = []
+    try:
+        dense = densify_experts(model)
+    except ValueError as exc:
+        dense = None
+        unsupported = [[s.node, s.op_type, "", str(exc)] for s in data_dependent_selections(model)]
+    if dense is not None:
+        model = dense.model
+        notes.append(dense.cost)
+    rewrite = past_padding(model)
+    if rewrite is None:
+        return ServedGraph(model, notes, unsupported=unsupported)
+    return ServedGraph(rewrite.model, notes, rewrite.mask_input, rewrite.past_dim, unsupported)
+
+
 def _describe(model: onnx.ModelProto, digest: str) -> GraphDescription:
     from optimum_ipu_backend.compiler.op_table import branch_inputs
     from optimum_ipu_backend.compiler.precheck import precheck_operators
 
     initializers = {init.name for init in model.graph.initializer}
-    rewrite = past_padding(model)
-    served = rewrite.model if rewrite is not None else model
-    served_initializers = {init.name for init in served.graph.initializer}
+    served = served_graph(model)
+    served_initializers = {init.name for init in served.model.graph.initializer}
+    selections = {entry[0] for entry in served.unsupported}
+    unsupported = [
+        [n.name, n.op_type, n.domain, n.reason] for n in precheck_operators(model) if n.name not in selections
+    ]
     return GraphDescription(
         digest=digest,
         inputs=_io(model.graph.input, initializers),
         outputs=_io(model.graph.output, set()),
-        unsupported=[[n.name, n.op_type, n.domain, n.reason] for n in precheck_operators(model)],
-        served_inputs={name: dims for name, dims, _ in _io(served.graph.input, served_initializers)},
-        served_outputs={name: dims for name, dims, _ in _io(served.graph.output, set())},
+        unsupported=served.unsupported + unsupported,
+        served_inputs={name: dims for name, dims, _ in _io(served.model.graph.input, served_initializers)},
+        served_outputs={name: dims for name, dims, _ in _io(served.model.graph.output, set())},
         branch_inputs=branch_inputs(model),
-        past_mask_input=None if rewrite is None else rewrite.mask_input,
-        past_dim=None if rewrite is None else rewrite.past_dim,
+        past_mask_input=served.past_mask_input,
+        past_dim=served.past_dim,
+        notes=served.notes,
     )
 
 
@@ -145,12 +185,11 @@ class GraphSource:
             return self._model
 
     def served_model(self) -> onnx.ModelProto:
-        """The graph the runtime legalizes: the export, with the past-padding rewrite if it gets one."""
+        """The graph the runtime legalizes and proves padding on: the export after ``served_graph``."""
         model = self.model()
         with self._lock:
             if self._served is None:
-                rewrite = past_padding(model) if self.description.past_mask_input else None
-                self._served = rewrite.model if rewrite is not None else model
+                self._served = served_graph(model).model
             return self._served
 
     # -- the description -------------------------------------------------------------------------
@@ -222,6 +261,3 @@ def _write_description(path: Path, description: GraphDescription) -> None:
         os.replace(temporary, path)
     except OSError as exc:  # a read-only cache costs speed, never correctness
         _logger.info("could not store the graph description %s: %s", path, exc)
-
-
-ModelLoader = Callable[[], onnx.ModelProto]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from optimum_ipu_backend.runtime.buckets import DEFAULT_MAX_EXECUTABLES, BucketOptionError, parse_sizes
+from optimum_ipu_backend.runtime.buckets import DEFAULT_SIZES_PER_DIMENSION, BucketOptionError, parse_sizes
 from optimum_ipu_backend.runtime.executable_cache import parse_byte_size
 
 IPU_CONFIG_NAME = "ipu_config.json"
@@ -52,7 +52,13 @@ SIZE_FIELDS = (
     "decoder_sequence_lengths",
     "past_decoder_sequence_lengths",
 )
-_INT_FIELDS = ("device_iterations", "replication_factor", "ipus_per_replica", "max_executables")
+_INT_FIELDS = (
+    "device_iterations",
+    "replication_factor",
+    "ipus_per_replica",
+    "max_executables",
+    "sizes_per_dimension",
+)
 
 # Graphcore names -> our field; when both are in one file the inference_* name wins.
 _GRAPHCORE_ALIASES = {
@@ -111,7 +117,7 @@ class IgnoredIPUConfigFieldsWarning(UserWarning):
 class IPURuntimeConfig:
     """Everything the static-shape runtime takes from the user.
 
-    Bucket sizes are None when not set (``BucketPlan.default_for`` then chooses); ``batch_size`` is the
+    Bucket sizes are None when not set (``BucketPlan.for_dims`` then chooses); ``batch_size`` is the
     tuple of compiled batch sizes (micro-batches). ``executable_cache_dir`` None means the default location
     (``OPTIMUM_IPU_CACHE`` or the platform cache directory); ``cache_enabled`` False turns the cache off.
     ``precision`` None leaves the session's default. ``cache_size_limit`` is in bytes (None: the cache's
@@ -125,7 +131,10 @@ class IPURuntimeConfig:
     encoder_sequence_lengths: tuple[int, ...] | None = None
     decoder_sequence_lengths: tuple[int, ...] | None = None
     past_decoder_sequence_lengths: tuple[int, ...] | None = None
-    max_executables: int = DEFAULT_MAX_EXECUTABLES
+    #: Default sizes per sequence dimension.
+    sizes_per_dimension: int = DEFAULT_SIZES_PER_DIMENSION
+    #: How many executables a session may compile in all; None: no cap.
+    max_executables: int | None = None
     device_iterations: int = 1
     replication_factor: int = 1
     ipus_per_replica: int = 1
@@ -137,7 +146,7 @@ class IPURuntimeConfig:
     ignored_fields: tuple[str, ...] = ()
 
     def bucket_options(self) -> dict[str, tuple[int, ...]]:
-        """The bucket sizes that were set, keyed by option name, for ``BucketPlan.from_options``."""
+        """The bucket sizes that were set, keyed by option name, for ``BucketPlan.for_dims``."""
         return {name: value for name in SIZE_FIELDS if (value := getattr(self, name)) is not None}
 
     def samples_per_step(self, micro_batch: int) -> int:

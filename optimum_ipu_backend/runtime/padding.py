@@ -1,228 +1,50 @@
-"""Pad a feed up to compiled (bucket) sizes and cut the outputs back, with numpy only.
+"""Pad a feed up to compiled (bucket) sizes, with numpy only.
 
-Shapes are described the way the exported ONNX graph declares them: per input or output a tuple of
-ints (fixed), ``None`` (unknown) or ``dim_param`` strings. Those strings are dimension names
-(``"batch_size"``) or small arithmetic expressions over them (``"past_sequence_length + sequence_length"``,
-``"batch_size * num_heads"``, ``"1"``), which ``DimExpression`` parses without ``eval``.
+Shapes are described the way the exported ONNX graph declares them: per input a tuple of ints
+(fixed), ``None`` (unknown) or ``dim_param`` strings (``runtime.dim_expressions``).
 
 Layout of a padded axis. An axis whose expression is a sum of dimension names and constants is a
 concatenation of segments, one per term, in the order written: the attention mask of a decoder with a
-cache (``past_sequence_length + sequence_length``) holds the past positions, then the new ones, and the
-graph's ``present`` outputs are laid out the same way. Each segment is padded on its own (on the right,
-or on the left for the dimensions in ``left_padded_dims``), so every real position keeps its place
-relative to the others inside its segment, and ``slice_outputs`` takes the real part of each segment
-back out. An axis with any other expression is padded and sliced as one block at its end.
+cache (``past_sequence_length + sequence_length``) holds the past positions, then the new ones. Each
+segment is padded on its own (on the right, or on the left for the dimensions in ``left_padded_dims``),
+so every real position keeps its place relative to the others inside its segment. An axis with any
+other expression is padded as one block at its end. ``axis_maps`` describes this layout to the padding
+proof, which decides whether the padding may be used at all and where the real elements of the outputs
+are.
 
-Fill values. ``input_ids`` / ``decoder_input_ids`` get the pad token; attention masks, ``token_type_ids``
-and everything else get 0 (key/value caches included: their padding is hidden by the mask); ``position_ids``
-continue (last + 1, last + 2, ...) so the position-embedding lookup stays in range. Padded batch rows
-repeat the real rows (all-masked rows can turn into NaN in some attention implementations); they are
-dropped again by ``slice_outputs``.
-
-Padding does not change the real part of any output as long as the graph hides padded positions
-through an attention mask (or causality, for positions after the real ones). Dimensions no mask covers
-(audio frames, image sizes, the past of a decoder that takes no self-attention mask) must not be padded.
+Fill values come from the roles table (``runtime.roles.fill_value``): token ids get the pad token, positions
+continue (last + 1, last + 2, ...) so a position-embedding lookup stays in range, everything else 0.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
-SymbolicDim = str | int | None
+from optimum_ipu_backend.runtime.dim_expressions import DimExpression, SymbolicDim, parse_dim
+from optimum_ipu_backend.runtime.roles import CONTINUE, fill_value, is_batch_dim
+
 SymbolicShape = Sequence[SymbolicDim]
 
-# Marker fill for inputs whose padding continues the sequence of real values (position ids).
-CONTINUE = "continue"
-
-
-class DimExpressionError(ValueError):
-    """A ``dim_param`` string is not an expression of names, integers, ``+``, ``-``, ``*`` and parentheses."""
+__all__ = [
+    "CONTINUE",
+    "DimExpression",
+    "DimensionMismatchError",
+    "SymbolicShape",
+    "axis_maps",
+    "evaluate_shape",
+    "infer_dims",
+    "inputs_for_dims",
+    "pad_feed",
+]
 
 
 class DimensionMismatchError(ValueError):
     """Arrays disagree with each other or with their declared symbolic shapes."""
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Dimension expressions
-# ----------------------------------------------------------------------------------------------------------
-
-_TOKEN = re.compile(r"\s*(?:(?P<int>\d+)|(?P<name>[A-Za-z_][A-Za-z0-9_.]*)|(?P<op>[-+*()]))")
-
-# A polynomial: monomial (sorted tuple of names, repeated for powers) -> integer coefficient.
-_Polynomial = dict[tuple[str, ...], int]
-
-
-def _poly_add(left: _Polynomial, right: _Polynomial, sign: int = 1) -> _Polynomial:
-    result = dict(left)
-    for monomial, coefficient in right.items():
-        result[monomial] = result.get(monomial, 0) + sign * coefficient
-    return {monomial: coefficient for monomial, coefficient in result.items() if coefficient}
-
-
-def _poly_mul(left: _Polynomial, right: _Polynomial) -> _Polynomial:
-    result: _Polynomial = {}
-    for (m1, c1), (m2, c2) in itertools.product(left.items(), right.items()):
-        monomial = tuple(sorted(m1 + m2))
-        result[monomial] = result.get(monomial, 0) + c1 * c2
-    return {monomial: coefficient for monomial, coefficient in result.items() if coefficient}
-
-
-class _Parser:
-    """Recursive descent over ``expr := term (('+'|'-') term)*``, ``term := factor ('*' factor)*``,
-    ``factor := INT | NAME | '(' expr ')' | '-' factor``."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.tokens: list[tuple[str, str]] = []
-        position = 0
-        stripped = text.rstrip()
-        while position < len(stripped):
-            match = _TOKEN.match(stripped, position)
-            if match is None:
-                raise DimExpressionError(f"cannot parse dimension {text!r} at {stripped[position:]!r}")
-            kind = match.lastgroup or ""
-            self.tokens.append((kind, match.group(kind)))
-            position = match.end()
-        self.index = 0
-
-    def parse(self) -> tuple[_Polynomial, list[_Polynomial]]:
-        """The whole expression and its top-level additive terms in written order (signs folded in)."""
-        if not self.tokens:
-            raise DimExpressionError(f"empty dimension expression {self.text!r}")
-        terms = [self._term()]
-        while self._peek() in ("+", "-"):
-            sign = 1 if self._next() == "+" else -1
-            terms.append(_poly_mul({(): sign}, self._term()))
-        if self.index != len(self.tokens):
-            raise DimExpressionError(f"unexpected {self.tokens[self.index][1]!r} in dimension {self.text!r}")
-        total: _Polynomial = {}
-        for term in terms:
-            total = _poly_add(total, term)
-        return total, terms
-
-    def _peek(self) -> str | None:
-        return self.tokens[self.index][1] if self.index < len(self.tokens) else None
-
-    def _next(self) -> str:
-        if self.index >= len(self.tokens):
-            raise DimExpressionError(f"dimension {self.text!r} ends too early")
-        value = self.tokens[self.index][1]
-        self.index += 1
-        return value
-
-    def _expr(self) -> _Polynomial:
-        result = self._term()
-        while self._peek() in ("+", "-"):
-            sign = 1 if self._next() == "+" else -1
-            result = _poly_add(result, self._term(), sign)
-        return result
-
-    def _term(self) -> _Polynomial:
-        result = self._factor()
-        while self._peek() == "*":
-            self._next()
-            result = _poly_mul(result, self._factor())
-        return result
-
-    def _factor(self) -> _Polynomial:
-        if self.index >= len(self.tokens):
-            raise DimExpressionError(f"dimension {self.text!r} ends too early")
-        kind, value = self.tokens[self.index]
-        self.index += 1
-        if kind == "int":
-            return {(): int(value)} if int(value) else {}
-        if kind == "name":
-            return {(value,): 1}
-        if value == "(":
-            inner = self._expr()
-            if self._next() != ")":
-                raise DimExpressionError(f"unbalanced parentheses in dimension {self.text!r}")
-            return inner
-        if value == "-":
-            return _poly_mul({(): -1}, self._factor())
-        raise DimExpressionError(f"unexpected {value!r} in dimension {self.text!r}")
-
-
-@dataclass(frozen=True)
-class DimExpression:
-    """A parsed ``dim_param``: evaluate it with dimension sizes, solve it for one unknown, or split it
-    into concatenated segments."""
-
-    text: str
-    polynomial: tuple[tuple[tuple[str, ...], int], ...]
-    # Top-level terms in written order, each a single name (coefficient 1) or a constant; None when the
-    # expression is anything else and therefore has no segment layout.
-    segments: tuple[str | int, ...] | None
-
-    @staticmethod
-    @functools.lru_cache(maxsize=1024)
-    def parse(text: str) -> DimExpression:
-        total, terms = _Parser(text).parse()
-        segments: list[str | int] | None = []
-        for term in terms:
-            if not term:
-                continue  # a literal 0
-            if len(term) == 1 and () in term and term[()] > 0:
-                segments.append(term[()])
-            elif len(term) == 1 and next(iter(term.values())) == 1 and len(next(iter(term))) == 1:
-                segments.append(next(iter(term))[0])
-            else:
-                segments = None
-                break
-        return DimExpression(
-            text, tuple(sorted(total.items())), None if segments is None else tuple(segments)
-        )
-
-    @property
-    def symbols(self) -> frozenset[str]:
-        return frozenset(name for monomial, _ in self.polynomial for name in monomial)
-
-    @property
-    def is_single_name(self) -> bool:
-        return self.segments is not None and len(self.segments) == 1 and isinstance(self.segments[0], str)
-
-    def evaluate(self, sizes: Mapping[str, int]) -> int:
-        """The value with ``sizes``; ``KeyError`` naming the first missing dimension."""
-        total = 0
-        for monomial, coefficient in self.polynomial:
-            value = coefficient
-            for name in monomial:
-                if name not in sizes:
-                    raise KeyError(name)
-                value *= sizes[name]
-            total += value
-        return total
-
-    def solve_for(self, unknown: str, value: int, sizes: Mapping[str, int]) -> int | None:
-        """The size of ``unknown`` that makes the expression equal ``value`` given the other ``sizes``,
-        or None when the expression is not linear in it or the answer is not a non-negative integer."""
-        if any(monomial.count(unknown) > 1 for monomial, _ in self.polynomial):
-            return None
-        base = self.evaluate({**sizes, unknown: 0})
-        slope = self.evaluate({**sizes, unknown: 1}) - base
-        if slope == 0 or (value - base) % slope:
-            return None
-        solution = (value - base) // slope
-        return solution if solution >= 0 else None
-
-
-def _expression(dim: SymbolicDim) -> DimExpression | None:
-    """The parsed dimension, or None for fixed and unknown ones; a ``dim_param`` outside the grammar
-    (``floor(n / 2)``) counts as unknown, so such an axis is never padded or sliced."""
-    if not isinstance(dim, str):
-        return None
-    try:
-        return DimExpression.parse(dim)
-    except DimExpressionError:
-        return None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -254,7 +76,7 @@ def infer_dims(feed: Mapping[str, np.ndarray], input_shapes: Mapping[str, Symbol
                     raise DimensionMismatchError(
                         f"input {name!r} has size {size} on axis {axis} but the graph fixes it to {dim}"
                     )
-            elif (expression := _expression(dim)) is not None:
+            elif (expression := parse_dim(dim)) is not None:
                 equations.append((expression, int(size), name, axis))
 
     known: dict[str, int] = {}
@@ -297,10 +119,24 @@ def inputs_for_dims(input_shapes: Mapping[str, SymbolicShape]) -> dict[str, str]
     carriers: dict[str, str] = {}
     for name, shape in input_shapes.items():
         for dim in shape:
-            expression = _expression(dim)
+            expression = parse_dim(dim)
             if expression is not None and expression.is_single_name:
                 carriers.setdefault(str(expression.segments[0]), name)  # type: ignore[index]
     return carriers
+
+
+def evaluate_shape(shape: SymbolicShape, dims: Mapping[str, int]) -> tuple[int, ...]:
+    """The concrete shape of a declared ``shape`` at dimension sizes ``dims``."""
+    result = []
+    for dim in shape:
+        parsed = parse_dim(dim)
+        if parsed is not None:
+            result.append(parsed.evaluate(dims))
+        elif isinstance(dim, int):
+            result.append(dim)
+        else:
+            raise DimensionMismatchError(f"dimension {dim!r} has no size at {dict(dims)}")
+    return tuple(result)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -354,7 +190,7 @@ def axis_maps(
     left = frozenset(left_padded_dims)
     maps: list[np.ndarray | None] = []
     for dim in shape:
-        expression = _expression(dim)
+        expression = parse_dim(dim)
         segments = None if expression is None else _axis_segments(expression, actual_dims, padded_dims, left)
         if segments is None or all(s.actual == s.padded for s in segments):
             maps.append(None)
@@ -382,40 +218,14 @@ def _check_padded_sizes(actual_dims: Mapping[str, int], padded_dims: Mapping[str
 # ----------------------------------------------------------------------------------------------------------
 
 
-def default_fill_value(input_name: str, pad_token_id: int | None) -> int | str:
-    """What padding of ``input_name`` holds: the pad token for token ids, ``CONTINUE`` for position ids,
-    0 for masks, token types, key/value caches and everything else.
-
-    Without a ``pad_token_id`` token ids are padded with 0: any id in the vocabulary gives the same real
-    outputs, because the attention mask hides the padded positions, and 0 is always in the vocabulary.
-    """
-    if input_name.endswith("input_ids"):
-        return 0 if pad_token_id is None else int(pad_token_id)
-    if "position_ids" in input_name:
-        return CONTINUE
-    return 0
-
-
-def _is_batch_name(dim: str) -> bool:
-    return dim == "batch_size" or dim.endswith("_batch_size")
-
-
 @dataclass(frozen=True)
 class PaddedFeed:
-    """A feed padded to compiled sizes, with what is needed to cut outputs back."""
+    """A feed padded to compiled sizes, with the sizes it was padded from and to."""
 
     feed: dict[str, np.ndarray]
     actual_dims: dict[str, int]
     padded_dims: dict[str, int]
     left_padded_dims: frozenset[str] = field(default_factory=frozenset)
-
-    def slice_outputs(
-        self, outputs: Mapping[str, np.ndarray], output_shapes: Mapping[str, SymbolicShape]
-    ) -> dict[str, np.ndarray]:
-        """``slice_outputs`` with this feed's sizes."""
-        return slice_outputs(
-            outputs, output_shapes, self.actual_dims, self.padded_dims, left_padded_dims=self.left_padded_dims
-        )
 
 
 def pad_feed(
@@ -435,13 +245,13 @@ def pad_feed(
     ``input_shapes`` maps input names to their symbolic shapes (ONNX ``dim_param`` strings, ints, None).
     ``padded_dims`` holds the target size per dimension name (typically ``BucketPlan.padded_dims``);
     dimensions missing from it keep their size. ``actual_dims`` defaults to ``infer_dims(feed,
-    input_shapes)``. ``fill_values`` overrides ``default_fill_value`` per input name (a number, or
+    input_shapes)``. ``fill_values`` overrides ``roles.fill_value`` per input name (a number, or
     ``CONTINUE``). Dimensions in ``left_padded_dims`` are padded before their real part instead of after it.
     ``max_position_id`` caps continued position ids so the embedding lookup stays in range. Padded rows of
     batch dimensions repeat the real rows cyclically (``batch_fill="repeat"``) or hold the inputs' fill
     values (``"zeros"``). Inputs without a declared shape pass through unchanged.
 
-    Returns a ``PaddedFeed`` whose ``slice_outputs`` cuts the graph's outputs back.
+    Returns a ``PaddedFeed``.
     """
     if batch_fill not in ("repeat", "zeros"):
         raise ValueError(f"batch_fill must be 'repeat' or 'zeros', got {batch_fill!r}")
@@ -452,7 +262,7 @@ def pad_feed(
     fills = fill_values or {}
 
     def pad(name: str, array: np.ndarray, shape: SymbolicShape) -> np.ndarray:
-        fill = fills.get(name, default_fill_value(name, pad_token_id))
+        fill = fills.get(name, fill_value(name, pad_token_id))
         return _pad_array(
             name, np.asarray(array), shape, actual, padded, left, fill, batch_fill, max_position_id
         )
@@ -474,7 +284,7 @@ def _pad_array(
     layouts: list[list[_Segment]] = []
     batch_axes = []
     for axis, dim in enumerate(shape):
-        expression = _expression(dim)
+        expression = parse_dim(dim)
         size = array.shape[axis]
         segments = None if expression is None else _axis_segments(expression, actual, padded, left)
         if segments is None:
@@ -485,11 +295,7 @@ def _pad_array(
                 f"input {name!r} has size {size} on axis {axis}, but {text!r} "
                 f"is {sum(s.actual for s in segments)} with {dict(sorted(actual.items()))}"
             )
-        if (
-            expression is not None
-            and expression.is_single_name
-            and _is_batch_name(str(expression.segments[0]))
-        ):
+        if expression is not None and expression.is_single_name and is_batch_dim(str(expression.segments[0])):
             batch_axes.append(axis)
         layouts.append(segments)
 
@@ -570,39 +376,6 @@ def _continue_along(
         start += segment.padded
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Slicing outputs back
-# ----------------------------------------------------------------------------------------------------------
-
-
-def slice_outputs(
-    outputs: Mapping[str, np.ndarray],
-    output_shapes: Mapping[str, SymbolicShape],
-    actual_dims: Mapping[str, int],
-    padded_dims: Mapping[str, int] | None = None,
-    *,
-    left_padded_dims: Iterable[str] = (),
-) -> dict[str, np.ndarray]:
-    """Cut every output back to the real sizes along its dynamic axes.
-
-    ``output_shapes`` maps output names to their symbolic shapes; ``actual_dims`` are the caller's sizes
-    and ``padded_dims`` the sizes the graph ran with (dimensions missing from it were not padded). Axes
-    whose expression is a sum of names keep the real part of each segment (so a ``present`` cache of
-    ``past_sequence_length + sequence_length`` comes back as real past followed by real new positions);
-    other expressions keep their leading block. Without ``padded_dims``, an axis with a single dimension
-    name takes the padded size from the array itself; composite axes then raise ``ValueError``.
-    Fixed and unknown axes, and axes with names ``actual_dims`` lacks, are left as they are. Outputs
-    without a declared shape pass through. Plain leading slices are returned as views.
-
-    Raises ``DimensionMismatchError`` when an output's axis does not have the padded size its expression
-    gives, which means the outputs do not belong to this padding.
-    """
-    cut = functools.partial(
-        _slice_output, actual_dims=actual_dims, padded_dims=padded_dims, left=frozenset(left_padded_dims)
-    )
-    return _map_declared(outputs, output_shapes, cut)
-
-
 def _map_declared(
     arrays: Mapping[str, np.ndarray],
     shapes: Mapping[str, SymbolicShape],
@@ -614,59 +387,3 @@ def _map_declared(
         shape = shapes.get(name)
         result[name] = array if shape is None else transform(name, array, shape)
     return result
-
-
-def _slice_output(
-    name: str,
-    array: np.ndarray,
-    shape: SymbolicShape,
-    *,
-    actual_dims: Mapping[str, int],
-    padded_dims: Mapping[str, int] | None,
-    left: frozenset[str],
-) -> np.ndarray:
-    """One output cut back to its real sizes, as ``slice_outputs`` describes."""
-    if len(shape) != array.ndim:
-        raise DimensionMismatchError(
-            f"output {name!r} has rank {array.ndim} (shape {array.shape}) but the graph declares "
-            f"{len(shape)} dimensions {tuple(shape)}"
-        )
-    result = array
-    for axis, dim in enumerate(shape):
-        expression = _expression(dim)
-        if expression is None or not expression.symbols <= actual_dims.keys():
-            continue
-        length = array.shape[axis]
-        if padded_dims is None:
-            if not expression.is_single_name:
-                raise ValueError(
-                    f"output {name!r} axis {axis} is {expression.text!r}: slicing it needs padded_dims"
-                )
-            dim_name = str(expression.segments[0])  # type: ignore[index]
-            segments = [_Segment(actual_dims[dim_name], length, dim_name in left)]
-        else:
-            segments = _axis_segments(expression, actual_dims, padded_dims, left) or []
-        if sum(s.padded for s in segments) != length:
-            raise DimensionMismatchError(
-                f"output {name!r} has size {length} on axis {axis}, but {expression.text!r} is "
-                f"{sum(s.padded for s in segments)} with the padded sizes"
-            )
-        result = _take_real(result, axis, segments)
-    return result
-
-
-def _take_real(array: np.ndarray, axis: int, segments: Sequence[_Segment]) -> np.ndarray:
-    if all(s.actual == s.padded for s in segments):
-        return array
-    if len(segments) == 1:
-        segment = segments[0]
-        index = [slice(None)] * array.ndim
-        index[axis] = slice(segment.real_offset, segment.real_offset + segment.actual)
-        return array[tuple(index)]
-    pieces = []
-    start = 0
-    for segment in segments:
-        first = start + segment.real_offset
-        pieces.append(np.arange(first, first + segment.actual))
-        start += segment.padded
-    return np.take(array, np.concatenate(pieces), axis=axis)

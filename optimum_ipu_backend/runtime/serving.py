@@ -1,68 +1,38 @@
 """Serving dynamic callers from a few compiled shapes.
 
-Per call: infer every dimension from the feed, pad the dimensions a mask (or causality) hides to the
-smallest compiled size that fits, cut the batch into device steps of ``micro_batch x device_iterations
-x replicas`` laid out as PopART takes them, run each step, and slice every output back along its
-dynamic axes. Dimensions no mask covers (image sizes, audio frames, a decoder's past without a
-self-attention mask) are compiled at the size they come in.
+Per call: infer every dimension from the feed; pick for each the smallest compiled size that holds it;
+keep only the padding the padding proof shows invisible in every real output element
+(``runtime.padding_decisions``); pad; cut the batch into device steps of ``micro_batch x
+device_iterations x replicas`` laid out as PopART takes them; run each step; and keep, in every
+output, the elements the proof says are real. Which axes of an output carry which dimension is found
+by dataflow, never from the names the exporter gave them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from optimum_ipu_backend.runtime.boundary import to_host_dtype
-from optimum_ipu_backend.runtime.buckets import BucketPlan, is_batch_dim
-from optimum_ipu_backend.runtime.device_steps import from_device_layout, plan_steps, to_device_layout
+from optimum_ipu_backend.runtime.buckets import BucketPlan
+from optimum_ipu_backend.runtime.device_steps import merge_outputs, plan_steps, split_feed
 from optimum_ipu_backend.runtime.executables import ExecutableTable
-from optimum_ipu_backend.runtime.padding import (
-    DimExpression,
-    SymbolicShape,
-    infer_dims,
-    inputs_for_dims,
-    pad_feed,
-    slice_outputs,
-)
-
-BATCH_DIM = "batch_size"
-# A decoder's own sequence: positions after the real ones are hidden from them by causality.
-CAUSAL_DIMS = ("decoder_sequence_length",)
+from optimum_ipu_backend.runtime.padding import SymbolicShape, infer_dims, inputs_for_dims, pad_feed
+from optimum_ipu_backend.runtime.padding_decisions import PaddingDecisions, cut_output
+from optimum_ipu_backend.runtime.roles import InputRole, input_role, is_batch_dim, is_past_dim
 
 
-def _symbols(shape: SymbolicShape) -> set[str]:
-    names: set[str] = set()
-    for dim in shape:
-        if isinstance(dim, str):
-            try:
-                names |= DimExpression.parse(dim).symbols
-            except ValueError:
-                continue
-    return names
-
-
-def bucketable_dims(input_shapes: Mapping[str, SymbolicShape], extra_masked: Sequence[str] = ()) -> list[str]:
-    """Dimensions whose padding the graph hides: batch, any dimension an attention mask spans, a
-    decoder's causal sequence, and dimensions the caller knows to be masked (``extra_masked``)."""
-    all_dims: list[str] = []
-    masked: set[str] = set(extra_masked)
-    for name, shape in input_shapes.items():
-        symbols = _symbols(shape)
-        all_dims.extend(s for s in sorted(symbols) if s not in all_dims)
-        if name.endswith("attention_mask"):
-            masked |= symbols
-    chosen = [d for d in all_dims if is_batch_dim(d) or d in masked or d in CAUSAL_DIMS]
-    # A sequence next to a past that cannot be padded is the one-token step of generation: padding it
-    # would only compute (and return) extra tokens.
-    return [d for d in chosen if not (f"past_{d}" in all_dims and f"past_{d}" not in chosen)]
+class ExecutableLimitError(RuntimeError):
+    """A call needs a new executable and the session may compile no more (``max_executables``)."""
 
 
 @dataclass(frozen=True)
 class ServingConfig:
     plan: BucketPlan
-    pad_token_id: int | None = None
+    #: What a padded position of each input holds (``roles.fill_value``).
+    fills: dict[str, int | str] = field(default_factory=dict)
     max_position_id: int | None = None
     device_iterations: int = 1
     replicas: int = 1
@@ -72,11 +42,13 @@ class ServingConfig:
     # Opt-in: group rows by real length and skip the padding they share. Outputs at masked positions
     # are then zeros instead of what the model computes for padding tokens.
     trim_padding: bool = False
+    #: How many executables the session may compile; None: no cap.
+    max_executables: int | None = None
 
 
 def _batch_axis(shape: SymbolicShape) -> int | None:
     for axis, dim in enumerate(shape):
-        if dim == BATCH_DIM:
+        if isinstance(dim, str) and is_batch_dim(dim):
             return axis
     return None
 
@@ -88,26 +60,28 @@ class StaticShapeRunner:
         self,
         table: ExecutableTable,
         input_shapes: Mapping[str, SymbolicShape],
-        output_shapes: Mapping[str, SymbolicShape],
         output_dtypes: Mapping[str, np.dtype],
         config: ServingConfig,
+        decisions: PaddingDecisions,
     ) -> None:
         self._table = table
         self._input_shapes = dict(input_shapes)
-        self._output_shapes = dict(output_shapes)
         self._output_dtypes = dict(output_dtypes)
         self._config = config
+        self._decisions = decisions
         self._carriers = inputs_for_dims(self._input_shapes)
         self._batch_axes = {name: _batch_axis(shape) for name, shape in self._input_shapes.items()}
-        self._output_batch_axes = {name: _batch_axis(shape) for name, shape in self._output_shapes.items()}
-        input_dims = set().union(*(_symbols(shape) for shape in self._input_shapes.values()))
-        output_dims = set().union(*(_symbols(shape) for shape in self._output_shapes.values()))
-        self._output_only_past_dims = sorted(d for d in output_dims - input_dims if d.startswith("past_"))
-        # trim_padding applies to encoders whose mask is [batch, sequence] and that take no past
-        self._trimmable = tuple(self._input_shapes.get("attention_mask", ())) == (
-            BATCH_DIM,
-            "sequence_length",
-        ) and (not any(dim.startswith("past_") for dim in input_dims))
+        self._past_inputs = [name for name in self._input_shapes if input_role(name) is InputRole.PAST]
+        masks = [name for name in self._input_shapes if input_role(name) is InputRole.ATTENTION_MASK]
+        # trim_padding applies to encoders: one [batch, sequence] attention mask and no past
+        self._trim_mask = (
+            masks[0]
+            if len(masks) == 1
+            and len(self._input_shapes[masks[0]]) == 2
+            and _batch_axis(self._input_shapes[masks[0]]) == 0
+            and not self._past_inputs
+            else None
+        )
 
     @property
     def plan(self) -> BucketPlan:
@@ -121,16 +95,145 @@ class StaticShapeRunner:
         """Each compiled executable with its shapes, origin, load time and the calls it served."""
         return self._table.statistics()
 
+    def padding_verdicts(self) -> dict[str, str]:
+        """Per dimension tried so far, whether it is padded (proven) or compiled exactly, and why."""
+        return self._decisions.verdicts()
+
+    def run(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        lengths = self._row_lengths(feed) if self._config.trim_padding else None
+        if lengths is not None:
+            return self._run_regrouped(feed, output_names, lengths)
+        return self._run_exact(feed, output_names)
+
+    # -- one call ---------------------------------------------------------------------------------
+
+    def _run_exact(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        config = self._config
+        branches = {name: bool(np.asarray(feed[name]).reshape(-1)[0]) for name in self._table.branch_inputs}
+        feed = {name: array for name, array in feed.items() if name not in branches}
+        if branches and not all(branches.values()):
+            feed = self._placeholder_past(feed)  # a merged decoder called without its cache
+        actual = infer_dims(feed, self._input_shapes)
+        self._with_generated_masks(feed, actual)
+        samples = next((size for dim, size in actual.items() if is_batch_dim(dim)), None)
+        wanted = {
+            dim: self.plan.choose(dim, size, self._carriers.get(dim))
+            for dim, size in actual.items()
+            if dim in self.plan.sizes and not is_batch_dim(dim) and not self._decisions.is_exact(dim)
+        }
+        proof_actual = dict(actual)
+        micro = None
+        if samples is not None:
+            micro = self._micro_batch(samples)
+            for dim in (d for d in actual if is_batch_dim(d)):
+                # The micro-batch with the fewest real samples is the one whose padding matters.
+                proof_actual[dim] = samples if samples < micro else (samples % micro or micro)
+                wanted[dim] = micro
+        call = self._decisions.decide(proof_actual, wanted, feed, branches)
+        if samples is not None and not call.batch_paddable:
+            micro = samples  # the graph mixes samples: run them all in one micro-batch, no repeats
+        targets = {dim: size for dim, size in call.dims.items() if not is_batch_dim(dim)}
+        padded = pad_feed(
+            feed,
+            self._input_shapes,
+            targets,
+            actual_dims=actual,
+            fill_values=config.fills,
+            left_padded_dims=config.left_padded_dims,
+            max_position_id=config.max_position_id,
+        )
+        outputs = self._run_batched(padded.feed, samples, micro, branches, proof_actual, call.batch_paddable)
+        return [
+            to_host_dtype(
+                np.ascontiguousarray(cut_output(outputs[name], call.cuts.get(name, ()))),
+                self._output_dtypes[name],
+            )
+            for name in output_names
+        ]
+
+    def _micro_batch(self, samples: int) -> int:
+        per_step = self._config.device_iterations * self._config.replicas
+        wanted = min(-(-samples // per_step), self.plan.largest(self._batch_dim()))
+        return self.plan.choose(self._batch_dim(), wanted, self._carriers.get(self._batch_dim()))
+
+    def _batch_dim(self) -> str:
+        return next(dim for dim in self.plan.sizes if is_batch_dim(dim))
+
+    def _run_batched(
+        self,
+        feed: dict[str, np.ndarray],
+        samples: int | None,
+        micro: int | None,
+        branches: Mapping[str, bool],
+        actual: Mapping[str, int],
+        batch_paddable: bool,
+    ) -> dict[str, np.ndarray]:
+        config = self._config
+        if samples is None:  # nothing batched: every input goes whole to one micro-batch
+            samples, micro = 1, 1
+            input_axes: dict[str, int | None] = dict.fromkeys(feed)
+        else:
+            input_axes = {name: self._batch_axes.get(name) for name in feed}
+        assert micro is not None
+        plan = plan_steps(samples, micro, config.device_iterations, config.replicas)
+        if not batch_paddable and plan.padding:
+            raise ValueError(
+                f"this graph mixes the samples of a batch, so a call of {samples} samples cannot be filled "
+                f"up to whole device steps of {plan.samples_per_step}; call it with a multiple of "
+                f"device_iterations x replication_factor samples"
+            )
+        shapes = {}
+        for name, array in feed.items():
+            shape = list(array.shape)
+            if input_axes[name] is not None:
+                shape[input_axes[name]] = micro  # type: ignore[index]
+            shapes[name] = tuple(shape)
+        self._check_limit(shapes, branches)
+        step_outputs = [
+            self._table.run_step(shapes, branches, step)
+            for step in split_feed(feed, plan, batch_axes=input_axes)
+        ]
+        if plan.steps == 1 and plan.samples_per_step == 1:
+            return {name: array[0, 0] for name, array in step_outputs[0].items()}
+        batched = any(axis is not None for axis in input_axes.values())
+        output_axes = self._decisions.output_batch_axes(actual, branches) if batched else {}
+        return merge_outputs(
+            step_outputs, plan, batch_axes={name: output_axes.get(name) for name in step_outputs[0]}
+        )
+
+    def _check_limit(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> None:
+        cap = self._config.max_executables
+        if cap is None or self._table.has(shapes, branches) or self._table.count < cap:
+            return
+        exact = {
+            dim: verdict for dim, verdict in self._decisions.verdicts().items() if verdict.startswith("exact")
+        }
+        why = (
+            "; ".join(
+                f"{dim} is compiled at the size it comes in because {verdict.removeprefix('exact sizes: ')}"
+                for dim, verdict in exact.items()
+            )
+            if exact
+            else "every compiled size of the bucket plan has been used"
+        )
+        raise ExecutableLimitError(
+            f"this call needs a new executable for input shapes {dict(shapes)}, but the session has compiled "
+            f"{self._table.count} and max_executables={cap}: {why}. Raise max_executables, or give sizes "
+            "the calls fit (sequence_lengths=..., batch_size=...)"
+        )
+
+    # -- what the runtime feeds besides the caller's inputs ----------------------------------------
+
     def _placeholder_past(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """optimum's merged decoder without its cache gets placeholder (often empty) past tensors that the
         branch compiled for the call never reads; give them one position so every shape is consistent."""
-        others = {name: array for name, array in feed.items() if not name.startswith("past_key_values")}
+        others = {name: array for name, array in feed.items() if name not in self._past_inputs}
         known = infer_dims(others, self._input_shapes)
-        for name in feed:
-            if name.startswith("past_key_values"):
+        for name in self._past_inputs:
+            if name in feed:
                 shape = [
                     1
-                    if isinstance(dim, str) and dim.startswith("past_")
+                    if isinstance(dim, str) and is_past_dim(dim)
                     else known.get(dim, dim)
                     if isinstance(dim, str)
                     else dim
@@ -141,155 +244,75 @@ class StaticShapeRunner:
 
     def _with_generated_masks(self, feed: dict[str, np.ndarray], actual: Mapping[str, int]) -> None:
         for mask_name, dim in self._config.generated_masks:
-            batch = actual.get(BATCH_DIM, 1)
+            batch = next((size for d, size in actual.items() if is_batch_dim(d)), 1)
             feed[mask_name] = np.ones((batch, actual[dim]), dtype=np.int64)
 
-    def run(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        lengths = self._row_lengths(feed) if self._config.trim_padding else None
-        if lengths is not None:
-            return self._run_regrouped(feed, output_names, lengths)
-        return self._run_exact(feed, output_names)
+    # -- trim_padding ------------------------------------------------------------------------------
 
     def _row_lengths(self, feed: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """Real lengths of right-padded rows of an encoder call, or None when trimming does not apply."""
-        if not self._trimmable or "attention_mask" not in feed:
+        if self._trim_mask is None or self._trim_mask not in feed:
             return None
-        mask = np.asarray(feed["attention_mask"]) != 0
+        mask = np.asarray(feed[self._trim_mask]) != 0
+        if mask.ndim != 2 or mask.shape[0] == 0:
+            return None
         lengths = mask.sum(axis=1)
         right_padded = (mask == (np.arange(mask.shape[1])[None, :] < lengths[:, None])).all()
         return lengths if right_padded and lengths.min() > 0 else None
-
-    def _has_sequence_axis(self, output_name: str) -> bool:
-        shape = self._output_shapes[output_name]
-        return len(shape) > 1 and shape[1] == "sequence_length"
 
     def _run_regrouped(
         self, feed: Mapping[str, np.ndarray], output_names: Sequence[str], lengths: np.ndarray
     ) -> list[np.ndarray]:
         """Rows that fall in one sequence bucket run together, cut to the longest of them."""
+        mask_name = self._trim_mask
+        assert mask_name is not None
+        sequence_dim = str(self._input_shapes[mask_name][1])
+        full_length = np.asarray(feed[mask_name]).shape[1]
         groups: dict[int, list[int]] = {}
         for row, length in enumerate(lengths):
-            groups.setdefault(self.plan.choose("sequence_length", int(length), "input_ids"), []).append(row)
+            bucket = (
+                self.plan.choose(sequence_dim, int(length), mask_name)
+                if sequence_dim in self.plan.sizes
+                else int(length)
+            )
+            groups.setdefault(bucket, []).append(row)
+        sequence_axes = self._decisions.output_axes(sequence_dim, infer_dims(feed, self._input_shapes), {})
+        if not sequence_axes:  # padding this sequence is not proven invisible: trimming it is not either
+            return self._run_exact(feed, output_names)
         results: list[np.ndarray | None] = [None] * len(output_names)
         for rows in groups.values():
             width = int(lengths[rows].max())
             sub_feed = {}
             for name, array in feed.items():
                 shape = self._input_shapes.get(name, ())
-                part = np.asarray(array)[rows] if shape and shape[0] == BATCH_DIM else np.asarray(array)
-                if len(shape) > 1 and shape[1] == "sequence_length":
-                    part = part[:, :width]
+                part = np.asarray(array)
+                if self._batch_axes.get(name) == 0:
+                    part = part[rows]
+                for axis, dim in enumerate(shape):
+                    if dim == sequence_dim:
+                        part = np.take(part, np.arange(width), axis=axis)
                 sub_feed[name] = part
             for index, (name, output) in enumerate(
                 zip(output_names, self._run_exact(sub_feed, output_names), strict=True)
             ):
+                axis = sequence_axes.get(name)
                 if results[index] is None:
                     full = list(output.shape)
                     full[0] = len(lengths)
-                    if self._has_sequence_axis(name):
-                        full[1] = feed["attention_mask"].shape[1]
+                    if axis is not None:
+                        full[axis] = full_length
                     results[index] = np.zeros(full, dtype=output.dtype)
                 target = results[index]
-                if self._has_sequence_axis(name):
-                    target[rows, :width] = output
-                else:
+                if axis is None:
                     target[rows] = output
-        masked = np.asarray(feed["attention_mask"]) == 0
+                else:
+                    selector = [slice(None)] * target.ndim
+                    selector[0] = rows
+                    selector[axis] = slice(0, width)
+                    target[tuple(selector)] = output
+        masked = np.asarray(feed[mask_name]) == 0
         for name, result in zip(output_names, results, strict=True):
-            if result is not None and self._has_sequence_axis(name):
+            axis = sequence_axes.get(name)
+            if result is not None and axis == 1:
                 result[masked] = 0  # one rule for every masked position, whichever group it ran in
         return results  # type: ignore[return-value]
-
-    def _run_exact(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        config = self._config
-        branches = {name: bool(np.asarray(feed[name]).reshape(-1)[0]) for name in self._table.branch_inputs}
-        feed = {name: array for name, array in feed.items() if name not in branches}
-        # a merged decoder called without its cache (its first step)
-        uncached = bool(branches) and not all(branches.values())
-        if uncached:
-            feed = self._placeholder_past(feed)
-        actual = infer_dims(feed, self._input_shapes)
-        self._with_generated_masks(feed, actual)
-        # Non-batch dimensions are padded for the whole call; the batch is cut into device steps below.
-        targets = self.plan.padded_dims(
-            {dim: size for dim, size in actual.items() if not is_batch_dim(dim)}, self._carriers
-        )
-        padded = pad_feed(
-            feed,
-            self._input_shapes,
-            targets,
-            pad_token_id=config.pad_token_id,
-            actual_dims=actual,
-            left_padded_dims=config.left_padded_dims,
-            max_position_id=config.max_position_id,
-        )
-        outputs = self._run_batched(padded.feed, actual.get(BATCH_DIM), branches)
-        # Batch is already back to its real size; cut the other padded dimensions.
-        padded_dims = {
-            **padded.padded_dims,
-            **({BATCH_DIM: actual[BATCH_DIM]} if BATCH_DIM in actual else {}),
-        }
-        # A decoder without a cache still names its present outputs "past_... + ..."; that past is empty.
-        empty = dict.fromkeys(self._output_only_past_dims, 0)
-        if uncached:
-            empty.update({dim: 0 for dim in actual if dim.startswith("past_")})
-        # Empty placeholders (a merged decoder's unused cache outputs) have nothing to cut.
-        placeholders = {name: array for name, array in outputs.items() if array.size == 0}
-        sliced = placeholders | slice_outputs(
-            {name: array for name, array in outputs.items() if name not in placeholders},
-            self._output_shapes,
-            {**actual, **empty},
-            {**padded_dims, **empty},
-            left_padded_dims=config.left_padded_dims,
-        )
-        return [
-            to_host_dtype(np.ascontiguousarray(sliced[name]), self._output_dtypes[name])
-            for name in output_names
-        ]
-
-    def _run_batched(
-        self, feed: dict[str, np.ndarray], samples: int | None, branches: Mapping[str, bool]
-    ) -> dict[str, np.ndarray]:
-        config = self._config
-        per_step = config.device_iterations * config.replicas
-        if samples is None:  # nothing batched: one micro-batch
-            shapes = {name: tuple(array.shape) for name, array in feed.items()}
-            step_feed = {name: array[None, None] for name, array in feed.items()}
-            outputs = self._table.run_step(shapes, branches, step_feed)
-            return {name: array[0, 0] for name, array in outputs.items()}
-        wanted = min(-(-samples // per_step), self.plan.largest(BATCH_DIM))
-        micro = self.plan.choose(BATCH_DIM, wanted, self._carriers.get(BATCH_DIM))
-        steps = plan_steps(samples, micro, config.device_iterations, config.replicas)
-        shapes = {}
-        for name, array in feed.items():
-            axis = self._batch_axes.get(name)
-            shape = list(array.shape)
-            if axis is not None:
-                shape[axis] = micro
-            shapes[name] = tuple(shape)
-        merged: dict[str, list[np.ndarray]] = {}
-        for step in range(steps.steps):
-            step_feed = {}
-            for name, array in feed.items():
-                axis = self._batch_axes.get(name)
-                if axis is None:
-                    step_feed[name] = np.broadcast_to(
-                        array, (config.device_iterations, config.replicas, *array.shape)
-                    )
-                else:
-                    step_feed[name] = to_device_layout(array, steps, step, batch_axis=axis)
-            outputs = self._table.run_step(shapes, branches, step_feed)
-            for name, array in outputs.items():
-                axis = self._output_batch_axes.get(name)
-                if axis is None or array.shape[2 + axis] != micro:
-                    # unbatched, or a placeholder (a merged decoder's empty cross-attention cache)
-                    merged.setdefault(name, [array[0, 0]])
-                else:
-                    merged.setdefault(name, []).append(
-                        from_device_layout(array, steps, step, batch_axis=axis)
-                    )
-        result = {}
-        for name, parts in merged.items():
-            axis = self._output_batch_axes.get(name)
-            result[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
-        return result

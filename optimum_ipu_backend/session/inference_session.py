@@ -213,8 +213,15 @@ class IPUInferenceSession:
         return self._resolution.emulated
 
     def compiled_executables(self) -> list[dict[str, object]]:
-        """Every executable compiled so far, with its input shapes and the calls it served."""
-        return self._runner.statistics()
+        """Every executable compiled so far, with its input shapes, the calls it served, and the padding
+        verdict of each dimension (padded because the padding proof holds, or compiled at exact sizes and
+        the node that breaks the proof)."""
+        verdicts = self._runner.padding_verdicts()
+        return [{**entry, "padding": verdicts} for entry in self._runner.statistics()]
+
+    def padding_verdicts(self) -> dict[str, str]:
+        """Per dimension tried so far: ``"padded (proven)"``, or ``"exact sizes: <node and reason>"``."""
+        return self._runner.padding_verdicts()
 
     def bucket_sizes(self) -> dict[str, list[int]]:
         """The compiled sizes of every padded dimension."""

@@ -128,31 +128,36 @@ def test_geometric_sizes_bound_the_waste_of_every_length(smallest: int, span: in
 
 
 def test_default_plan_for_an_encoder_uses_sixteen_geometric_buckets() -> None:
-    plan = BucketPlan.default_for(BERT_CONFIG, ["batch_size", "sequence_length"])
-    assert plan.sizes["batch_size"] == (1,)
+    plan = BucketPlan.for_dims(BERT_CONFIG, ["batch_size", "sequence_length"])
+    assert plan.sizes["batch_size"] == (1, 2, 4, 8)
     sequence = plan.sizes["sequence_length"]
     assert len(sequence) == 16 and sequence[0] == 8 and sequence[-1] == 512
     ratios = [b / a for a, b in zip(sequence, sequence[1:], strict=False)]
     # Finer than powers of two everywhere, and a multiple of 4 above 8.
     assert max(ratios) < 1.6
     assert all(size % 4 == 0 for size in sequence)
-    assert plan.executable_bound() == 16
 
 
-def test_default_plan_gives_a_generating_decoder_single_token_steps() -> None:
-    plan = BucketPlan.default_for(GPT2_CONFIG, ["batch_size", "sequence_length", "past_sequence_length"])
+def test_default_plan_gives_a_generating_decoder_single_token_steps_and_a_power_of_two_past() -> None:
+    plan = BucketPlan.for_dims(GPT2_CONFIG, ["batch_size", "sequence_length", "past_sequence_length"])
     assert plan.sizes["sequence_length"][0] == 1
     assert plan.sizes["sequence_length"][-1] == 1024
-    assert plan.sizes["past_sequence_length"][-1] == 1024
-    assert plan.executable_bound() <= 16
+    assert plan.sizes["past_sequence_length"] == (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def test_default_plan_caps_the_largest_size_and_falls_back_without_a_limit() -> None:
     long_model = {"model_type": "llama", "max_position_embeddings": 131072}
-    long_plan = BucketPlan.default_for(long_model, ["sequence_length"])
+    long_plan = BucketPlan.for_dims(long_model, ["sequence_length"])
     assert long_plan.largest("sequence_length") == DEFAULT_LARGEST_CAP
-    t5_plan = BucketPlan.default_for({"model_type": "t5"}, ["encoder_sequence_length"])
+    t5_plan = BucketPlan.for_dims({"model_type": "t5"}, ["encoder_sequence_length"])
     assert t5_plan.largest("encoder_sequence_length") == FALLBACK_LARGEST_SIZE
+
+
+def test_dimensions_without_a_size_policy_are_compiled_as_they_come() -> None:
+    plan = BucketPlan.for_dims(BERT_CONFIG, ["batch_size", "num_choices", "height"])
+    assert set(plan.sizes) == {"batch_size"}
+    given = BucketPlan.for_dims(BERT_CONFIG, ["num_choices"], user_sizes={"num_choices": "2,4"})
+    assert given.sizes["num_choices"] == (2, 4)
 
 
 DIM_NAMES = [
@@ -168,35 +173,43 @@ DIM_NAMES = [
 @settings(max_examples=150, deadline=None)
 @given(
     dims=st.lists(st.sampled_from(DIM_NAMES), min_size=1, max_size=6, unique=True),
-    budget=st.integers(1, 200),
+    per_dimension=st.integers(1, 40),
     limit=st.integers(1, 5000),
 )
-def test_default_plan_never_exceeds_the_executable_budget(dims: list[str], budget: int, limit: int) -> None:
+def test_default_plan_gives_each_dimension_its_own_sizes(
+    dims: list[str], per_dimension: int, limit: int
+) -> None:
     config = {"max_position_embeddings": limit}
-    plan = BucketPlan.default_for(config, dims, max_executables=budget)
+    plan = BucketPlan.for_dims(config, dims, sizes_per_dimension=per_dimension)
     assert set(plan.sizes) == set(dims)
-    assert plan.executable_bound() <= budget
     for dim in dims:
-        if dim != "batch_size":
-            assert plan.largest(dim) == min(limit, DEFAULT_LARGEST_CAP)
+        if dim == "batch_size":
+            continue
+        assert plan.largest(dim) == min(limit, DEFAULT_LARGEST_CAP)
+        if dim.startswith("past_"):
+            assert all(size & (size - 1) == 0 for size in plan.sizes[dim][:-1])
+        else:
+            one = 1 if f"past_{dim}" in dims else 0
+            assert len(plan.sizes[dim]) <= per_dimension + one
 
 
-def test_user_sizes_override_defaults_and_share_the_budget() -> None:
-    plan = BucketPlan.from_options(
+def test_user_sizes_are_kept_as_given() -> None:
+    plan = BucketPlan.for_dims(
         BERT_CONFIG,
         ["batch_size", "sequence_length"],
-        {"batch_size": "1,8", "past_sequence_lengths": "64", "device": "emulator"},
+        user_sizes={"batch_size": "1,8", "past_sequence_lengths": "64", "device": "emulator"},
     )
     assert plan.sizes["batch_size"] == (1, 8)
-    assert len(plan.sizes["sequence_length"]) == 8  # 16 executables / 2 batch sizes
-    options = {"sequence_lengths": "64,128,256,512"}
-    explicit = BucketPlan.from_options(BERT_CONFIG, ["sequence_length"], options)
+    assert len(plan.sizes["sequence_length"]) == 16
+    explicit = BucketPlan.for_dims(
+        BERT_CONFIG, ["sequence_length"], user_sizes={"sequence_lengths": "64,128,256,512"}
+    )
     assert explicit.sizes["sequence_length"] == (64, 128, 256, 512)
 
 
 def test_user_sizes_beyond_the_model_limit_are_rejected_naming_the_option() -> None:
     with pytest.raises(BucketOptionError, match=r"'sequence_lengths'.*1024.*512"):
-        BucketPlan.from_options(BERT_CONFIG, ["sequence_length"], {"sequence_lengths": "128,1024"})
+        BucketPlan.for_dims(BERT_CONFIG, ["sequence_length"], user_sizes={"sequence_lengths": "128,1024"})
 
 
 def test_plan_rejects_unsorted_sizes() -> None:
@@ -227,7 +240,7 @@ def test_choose_is_the_smallest_bucket_that_fits(sizes: list[int], size: int) ->
 
 def test_one_token_over_the_largest_bucket_names_input_length_limit_and_option() -> None:
     config = {"model_type": "bert", "max_position_embeddings": 2048}
-    plan = BucketPlan.from_options(config, ["sequence_length"], {"sequence_lengths": "64,128,256,512"})
+    plan = BucketPlan.for_dims(config, ["sequence_length"], user_sizes={"sequence_lengths": "64,128,256,512"})
     with pytest.raises(InputTooLargeError) as caught:
         plan.choose("sequence_length", 513, input_name="input_ids")
     message = str(caught.value)
@@ -240,7 +253,7 @@ def test_one_token_over_the_largest_bucket_names_input_length_limit_and_option()
 
 
 def test_input_over_the_model_limit_asks_for_truncation_not_a_bigger_bucket() -> None:
-    plan = BucketPlan.default_for(BERT_CONFIG, ["sequence_length"])
+    plan = BucketPlan.for_dims(BERT_CONFIG, ["sequence_length"])
     with pytest.raises(InputTooLargeError, match=r"513.*512.*allows at most 512.*max_length=512"):
         plan.choose("sequence_length", 513, input_name="input_ids")
 
@@ -263,7 +276,7 @@ def test_default_plan_reaches_the_padding_efficiency_target_on_a_docstring_like_
     rng = np.random.default_rng(0)
     sigma = math.log(67 / 20) / 1.2816
     lengths = np.clip(np.round(rng.lognormal(math.log(20), sigma, size=20000)), 3, 512).astype(int)
-    default = BucketPlan.default_for(BERT_CONFIG, ["sequence_length"])
+    default = BucketPlan.for_dims(BERT_CONFIG, ["sequence_length"])
     powers_of_two = BucketPlan({"sequence_length": (16, 32, 64, 128, 256, 512)})
     assert _efficiency(lengths, default) >= 0.85
     assert _efficiency(lengths, powers_of_two) < 0.75

@@ -8,13 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from optimum_ipu_backend.engines.base import Executable
 from optimum_ipu_backend.runtime.device_steps import (
     from_device_layout,
-    iter_micro_batches,
     merge_outputs,
     plan_steps,
     split_feed,
-    stack_micro_batches,
     to_device_layout,
 )
 
@@ -100,33 +99,41 @@ def test_round_trip_through_device_steps(plan, trailing: list[int], batch_axis: 
     np.testing.assert_array_equal(merged["x"], host)
 
 
+def _model(feed: dict) -> dict:
+    """Per sample: a masked sum and the table every sample reads; ``table`` comes without a batch axis."""
+    score = (feed["ids"] * feed["mask"]).sum(axis=1, keepdims=True) + feed["table"].sum()
+    return {"score": score.astype(np.float64), "table_copy": feed["table"].copy()}
+
+
+class _PerSample(Executable):
+    """An executable that runs ``_model``; its steps run the engines' own micro-batch loop."""
+
+    def run(self, feed):
+        return _model(feed)
+
+
 @settings(max_examples=100, deadline=None)
 @given(plan=plans)
-def test_emulated_device_runs_micro_batches_and_drops_padding(plan) -> None:
-    """A per-sample function run one micro-batch at a time over the device buffers equals running it on
-    the whole host batch; outputs may have other shapes than inputs."""
+def test_device_steps_split_run_and_merge_like_the_whole_batch(plan) -> None:
+    """What the runtime runs: split_feed, an executable's run_step per step, merge_outputs. A per-sample
+    function gives what it gives on the whole host batch; inputs without a batch axis reach every
+    micro-batch whole, and outputs without one come back once."""
     rng = np.random.default_rng(plan.samples)
-    ids = rng.integers(0, 100, size=(plan.samples, 5))
-    mask = rng.integers(0, 2, size=(plan.samples, 5))
-
-    def model(feed: dict) -> dict:
-        return {"score": (feed["ids"] * feed["mask"]).sum(axis=1, keepdims=True).astype(np.float64)}
-
+    feed = {
+        "ids": rng.integers(0, 100, size=(plan.samples, 5)),
+        "mask": rng.integers(0, 2, size=(plan.samples, 5)),
+        "table": np.arange(3),
+    }
+    executable = _PerSample()
     step_outputs = []
-    for device_feed in split_feed({"ids": ids, "mask": mask}, plan):
-        results = [model(micro) for _, _, micro in iter_micro_batches(device_feed, plan)]
-        anchors = stack_micro_batches(results, plan)
+    for device_feed in split_feed(feed, plan, batch_axes={"table": None}):
+        assert device_feed["table"].shape == (plan.device_iterations, plan.replicas, 3)
+        anchors = executable.run_step(device_feed, plan.device_iterations, plan.replicas)
         assert anchors["score"].shape == (plan.device_iterations, plan.replicas, plan.micro_batch, 1)
         step_outputs.append(anchors)
-    merged = merge_outputs(step_outputs, plan)
-    np.testing.assert_array_equal(merged["score"], model({"ids": ids, "mask": mask})["score"])
-
-
-def test_inputs_without_a_batch_axis_go_to_every_step() -> None:
-    plan = plan_steps(5, micro_batch=2)
-    table = np.arange(3)
-    steps = split_feed({"x": np.zeros((5, 1)), "table": table}, plan, batch_axes={"table": None})
-    assert len(steps) == 3 and all(step["table"] is table for step in steps)
+    merged = merge_outputs(step_outputs, plan, batch_axes={"table_copy": None})
+    np.testing.assert_array_equal(merged["score"], _model(feed)["score"])
+    np.testing.assert_array_equal(merged["table_copy"], feed["table"])
 
 
 def test_from_device_layout_accepts_popart_buffers_with_unit_dimensions_dropped() -> None:

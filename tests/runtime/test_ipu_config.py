@@ -207,8 +207,10 @@ def test_an_ipu_config_option_points_at_another_file(tmp_path: Path) -> None:
 def test_the_config_feeds_a_bucket_plan(tmp_path: Path) -> None:
     write(tmp_path, {"sequence_lengths": "32,64,128", "batch_size": 4})
     config = load_runtime_config(tmp_path)
-    plan = BucketPlan.from_options(
-        {"max_position_embeddings": 512}, ["batch_size", "sequence_length"], config.bucket_options()
+    plan = BucketPlan.for_dims(
+        {"max_position_embeddings": 512},
+        ["batch_size", "sequence_length"],
+        user_sizes=config.bucket_options(),
     )
     assert plan.sizes == {"batch_size": (4,), "sequence_length": (32, 64, 128)}
 

@@ -18,6 +18,7 @@ values of large weights.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -30,8 +31,13 @@ from .evaluate import EvaluationError, Evaluator
 from .rules import RULES, Context, ProofAborted, Value, as_data, describe, rule_not_followed
 from .values import AxisMap, Concrete, Data, Layouts, complete, elem_type_of, inverse, to_data
 
+_logger = logging.getLogger(__name__)
+
 #: Concrete tensors larger than this are kept as Data (their exactness, not their values).
 CONCRETE_LIMIT = 1 << 20
+#: Concrete evaluations of inputs up to this many bytes are remembered (at most this many of them).
+_MEMO_BYTES = 4096
+_MEMO_ENTRIES = 20000
 #: Integer and boolean initializers up to this size are read (position-id buffers, causal masks).
 SMALL_INTEGER_INITIALIZER = 1 << 22
 #: Float initializers up to this size are read; larger ones are weights, assumed finite.
@@ -118,6 +124,9 @@ class PaddingAnalyzer:
         self._inputs = {vi.name: vi for vi in model.graph.input if vi.name not in self._initializers}
         self._index_inputs = _index_inputs(model.graph, set(self._inputs))
         self._cones: dict[tuple, frozenset[str]] = {}
+        self._static: set[int] | None = None
+        self._static_values: dict[int, list[Value]] = {}
+        self._memo: dict[tuple, list[np.ndarray]] = {}
 
     # -- the proof -----------------------------------------------------------------------------------
 
@@ -143,6 +152,11 @@ class PaddingAnalyzer:
             return proof
         except ProofAborted as error:
             return PaddingProof(False, (str(error),))
+        except Exception as error:  # a defect of the proof must never let padding through
+            _logger.warning("the padding proof stopped on an unexpected error; not padding", exc_info=True)
+            return PaddingProof(
+                False, (f"the padding proof could not follow the graph ({type(error).__name__}: {error})",)
+            )
 
     def _mask_candidates(self, inputs: Mapping[str, PaddedInput]) -> frozenset[str]:
         """Integer or boolean inputs that are not indices and that the runtime does not make itself."""
@@ -201,27 +215,51 @@ class PaddingAnalyzer:
             cached = self._cones[key] = frozenset(reached)
         return cached
 
+    def _static_nodes(self) -> set[int]:
+        """Top-level nodes whose every input is a weight, a constant or another such node's output:
+        their results are the same in every run, so each is computed once per analyzer."""
+        if self._static is None:
+            known = set(self._initializers)
+            static: set[int] = set()
+            for index, node in enumerate(self.model.graph.node):
+                if node.op_type == "If" or any(a.type in _GRAPH_ATTRIBUTES for a in node.attribute):
+                    continue
+                if all(not name or name in known for name in node.input):
+                    static.add(index)
+                    known.update(o for o in node.output if o)
+            self._static = static
+        return self._static
+
     def _run_graph(
         self,
         graph: onnx.GraphProto,
         env: dict[str, Value],
         ctx: Context,
         reuse: tuple[Mapping[str, Value], frozenset[str]] | None = None,
+        scope: tuple = (),
     ) -> None:
+        """Run ``graph``'s nodes; ``scope`` names the graph stably (the If branches it sits in)."""
         remaining = set(ctx.watched)
-        for node in graph.node:
+        static = self._static_nodes() if not scope else set()
+        if reuse is not None:
+            # Only what the varied masks reach before a softmax is computed again; the rest is reused.
+            previous, reached = reuse
+            env.update({name: value for name, value in previous.items() if name not in env})
+        for index, node in enumerate(graph.node):
             if reuse is not None:
                 if not remaining:
                     return  # every watched softmax has been seen
-                previous, reached = reuse
-                if node.op_type not in ("Softmax", "LogSoftmax") and not any(
+                # An If reads outer values inside its branches, not through its inputs: always run it.
+                if node.op_type not in ("Softmax", "LogSoftmax", "If") and not any(
                     o in reached for o in node.output
                 ):
-                    for name in node.output:
-                        if name in previous:
-                            env[name] = previous[name]
                     continue
-                remaining.discard(node.name)
+                remaining.discard(node.output[0] if node.output else "")
+            if index in static:
+                cached = self._static_values.get(index)
+                if cached is not None:
+                    env.update(zip(node.output, cached, strict=False))
+                    continue
             values = []
             for name in node.input:
                 if not name:
@@ -231,32 +269,60 @@ class PaddingAnalyzer:
                 else:
                     raise ProofAborted(describe(node, f"reads {name!r}, which nothing computed"))
             if node.op_type == "If":
-                outputs = self._inline_if(node, values, env, ctx)
+                outputs = self._inline_if(node, values, env, ctx, (*scope, index))
             elif (
                 all(v is None or isinstance(v, Concrete) for v in values) and node.op_type not in _ALWAYS_RULE
             ):
-                outputs = self._evaluate(node, values, ctx)
+                outputs = self._evaluate(node, (scope, index), values, ctx)
             else:
                 rule = RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
                 outputs = (rule or rule_not_followed)(ctx, node, values)
+            if index in static:
+                self._static_values[index] = list(outputs)
             for name, value in zip(node.output, outputs, strict=False):
                 if name:
                     env[name] = value
 
-    def _evaluate(self, node: onnx.NodeProto, values: list[Value | None], ctx: Context) -> list[Value]:
+    def _evaluate(
+        self, node: onnx.NodeProto, where: tuple, values: list[Value | None], ctx: Context
+    ) -> list[Value]:
         try:
-            padded = self._evaluator.run(node, [None if v is None else v.padded for v in values])  # type: ignore[union-attr]
-            unpadded = self._evaluator.run(node, [None if v is None else v.unpadded for v in values])  # type: ignore[union-attr]
+            padded = self._memoized(node, where, [None if v is None else v.padded for v in values])  # type: ignore[union-attr]
+            if all(v is None or v.padded is v.unpadded for v in values):  # type: ignore[union-attr]
+                unpadded = padded  # the same arrays in both runs: the same results
+            else:
+                unpadded = self._memoized(node, where, [None if v is None else v.unpadded for v in values])  # type: ignore[union-attr]
         except EvaluationError as error:
             raise ProofAborted(describe(node, f"cannot be evaluated: {error}")) from error
         outputs: list[Value] = []
         for p, u in zip(padded, unpadded, strict=True):
-            value = Concrete(np.asarray(p), np.asarray(u))
+            p = np.asarray(p)
+            value = Concrete(p, p if u is p else np.asarray(u))
             outputs.append(to_data(value, ctx.layouts) if value.size > CONCRETE_LIMIT else value)
         return outputs
 
+    def _memoized(
+        self, node: onnx.NodeProto, where: tuple, arrays: list[np.ndarray | None]
+    ) -> list[np.ndarray]:
+        """``Evaluator.run`` remembered for small inputs: successive call shapes (a generation's growing
+        past) share most of their shape arithmetic at one padded size."""
+        if sum(0 if a is None else a.nbytes for a in arrays) > _MEMO_BYTES:
+            return self._evaluator.run(node, arrays)
+        key = (where, *((None,) if a is None else (a.dtype.str, a.shape, a.tobytes()) for a in arrays))
+        found = self._memo.get(key)
+        if found is None:
+            if len(self._memo) > _MEMO_ENTRIES:
+                self._memo.clear()
+            found = self._memo[key] = self._evaluator.run(node, arrays)
+        return found
+
     def _inline_if(
-        self, node: onnx.NodeProto, values: list[Value | None], env: dict[str, Value], ctx: Context
+        self,
+        node: onnx.NodeProto,
+        values: list[Value | None],
+        env: dict[str, Value],
+        ctx: Context,
+        where: tuple,
     ) -> list[Value]:
         condition = values[0]
         if not isinstance(condition, Concrete):
@@ -270,7 +336,7 @@ class PaddingAnalyzer:
         )
         for init in branch.initializer:
             env[init.name] = _constant_value(init)
-        self._run_graph(branch, env, ctx)
+        self._run_graph(branch, env, ctx, scope=(*where, taken_p))
         return [env[output.name] for output in branch.output]
 
     def _constant(self, name: str) -> Value:
@@ -330,8 +396,8 @@ class PaddingAnalyzer:
                     ),
                     proof.output_maps,
                 )
-            sites[site.node] = (next(iter(masks)), site.axis)
-        masks = {mask for mask, _ in sites.values()}
+            sites[site.output] = (next(iter(masks)), site.axis, site.node)
+        masks = {mask for mask, _, _ in sites.values()}
         unmasked = {}
         for variant in (1, 0):
             _, variant_ctx = self._run(
@@ -339,10 +405,10 @@ class PaddingAnalyzer:
             )
             unmasked[variant] = variant_ctx.recorded
         obligations: dict[tuple, Obligation] = {}
-        for node, (mask, axis) in sites.items():
+        for output, (mask, axis, node) in sites.items():
             real_mask = inputs[mask].real_shape
-            ones = _real_unmasked(unmasked[1].get(node), axis)
-            zeros = _real_unmasked(unmasked[0].get(node), axis)
+            ones = _real_unmasked(unmasked[1].get(output), axis)
+            zeros = _real_unmasked(unmasked[0].get(output), axis)
             rows = int(np.prod(real_mask[:-1])) if len(real_mask) >= 2 else -1
             if ones is None or zeros is None or rows < 0 or ones.ndim < 2:
                 return PaddingProof(
@@ -378,6 +444,8 @@ def _all_nodes(graph: onnx.GraphProto):
             if attr.type == onnx.AttributeProto.GRAPH:
                 yield from _all_nodes(attr.g)
 
+
+_GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 _MASK_TYPES = frozenset(
     {
@@ -474,13 +542,15 @@ def _constant_value(init: onnx.TensorProto) -> Value:
 
 
 def _index_inputs(graph: onnx.GraphProto, inputs: set[str]) -> set[str]:
-    """Graph inputs whose values reach the indices of a Gather-like node (token ids, positions)."""
+    """Graph inputs whose values reach the indices of a Gather-like node (token ids, positions), in the
+    graph or in any of its If/Loop branches."""
+    nodes = list(_all_nodes(graph))
     producers: dict[str, onnx.NodeProto] = {}
-    for node in graph.node:
+    for node in nodes:
         for output in node.output:
             producers[output] = node
     found: set[str] = set()
-    for node in graph.node:
+    for node in nodes:
         slot = _GATHER_INDEX_SLOTS.get(node.op_type)
         if slot is None or slot >= len(node.input):
             continue

@@ -6,10 +6,11 @@ padding must be hidden: a padded key must weigh exactly 0 in a softmax (its scor
 padded element multiplied by a zero weight must be finite (``0 * inf`` is NaN). Everywhere else the
 proof reasons about exactness, not values.
 
-Assumption, stated once: values computed from finite inputs by the model's own functions stay
-finite and far from the masking constants (``SMALL``); only the huge constants models use for masking
-(``finfo.min``, ``-inf``) are tracked as such. The same assumption holds for the unpadded computation
-the proof compares with.
+Assumption, stated once: values computed from finite inputs by the model's own functions (activations,
+attention scores) stay finite and below 1e3 in magnitude (``SMALL``); only the constants models use for
+masking, -1e4 or lower (``-10000.0``, ``-1e9``, ``finfo.min``, ``-inf``), are tracked as such. A masked score
+is then at least 4e3 below an unmasked one in its row, so its softmax weight is exactly 0 in float32 and
+float16. The same assumption holds for the unpadded computation the proof compares with.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import numpy as np
 # Numeric classes.
 ZERO = 0  # exactly 0
 ONE = 1  # exactly 1
-SMALL = 2  # finite, |x| < 1e30
-NEG = 3  # finite and <= -1e30: a masking constant (exp(x - max) is exactly 0)
+SMALL = 2  # finite, |x| < 1e4 (computed values: below 1e3)
+NEG = 3  # finite and <= -1e4 (an ordinary value added: <= -9e3): a masking constant
 MAYBE_NEG = 4  # ordinary or NEG, depending on data (a user's mask)
-NEGINF = 5  # <= -1e30 or -inf: masked, but maybe not finite
+NEGINF = 5  # <= -1e4 or -inf: masked, but maybe not finite
 ANY = 6  # possibly NaN, +inf or huge and positive
 # Boolean classes.
 FALSE = 7
@@ -48,8 +49,8 @@ NAMES = (
     "MAYBE_NEGINF",
 )
 
-#: Below this a float is a masking constant.
-HUGE = 1e30
+#: At or below minus this a float is a masking constant.
+HUGE = 1e4
 
 #: Ordinary values: certainly not masked, finite.
 ORDINARY = frozenset({ZERO, ONE, Z01, SMALL})

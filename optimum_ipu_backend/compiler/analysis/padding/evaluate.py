@@ -144,7 +144,8 @@ def slice_indices(shape: Sequence[int], starts, ends, axes=None, steps=None) -> 
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         axis = axis + rank if axis < 0 else axis
         size = shape[axis]
-        result.append((axis, np.arange(size)[slice(*slice(start, end, step).indices(size))]))
+        # range(), not slicing: .indices() may return -1 as a stop, which slicing would read as 'last'
+        result.append((axis, np.arange(*slice(start, end, step).indices(size), dtype=np.int64)))
     return result
 
 
@@ -236,7 +237,7 @@ class Evaluator:
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self._opsets = {opset.domain or "": opset.version for opset in model.opset_import}
-        self._reference: dict[int, Any] = {}
+        self._reference: dict[bytes, Any] = {}
 
     def run(self, node: onnx.NodeProto, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         try:
@@ -255,7 +256,9 @@ class Evaluator:
         from onnx.reference import ReferenceEvaluator
         from onnx.reference.ops import load_op
 
-        key = id(node)
+        # The node's content: protobuf hands out new Python objects (``id()`` is not stable), and the two
+        # branches of an If may hold nodes of the same name and outputs that differ.
+        key = node.SerializeToString()
         op = self._reference.get(key)
         if op is None:
             domain = node.domain or ""

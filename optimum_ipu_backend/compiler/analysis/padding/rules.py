@@ -50,7 +50,8 @@ class SoftmaxSite:
     """A softmax over an axis with padding whose real rows may, depending on user data, have every
     real element masked; the runtime must check its data (see ``Obligation``)."""
 
-    node: str
+    node: str  # for messages
+    output: str  # identifies the site (node names may be empty)
     sources: frozenset[str]
     axis: int
 
@@ -59,7 +60,7 @@ class SoftmaxSite:
 class Context:
     layouts: Layouts
     evaluator: Evaluator
-    #: Softmax nodes whose inputs' classes the current run records (by node name).
+    #: Softmax nodes whose inputs' classes the current run records (by their output's name).
     watched: frozenset[str] = frozenset()
     recorded: dict[str, Data] = field(default_factory=dict)
     softmax_sites: list[SoftmaxSite] = field(default_factory=list)
@@ -1131,34 +1132,24 @@ def rule_gemm(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) ->
 
 
 def rule_einsum(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
-    equation = attributes(node)["equation"].replace(" ", "")
+    from optimum_ipu_backend.compiler.passes.rewrites.common import CannotLower
+    from optimum_ipu_backend.compiler.passes.rewrites.einsum import parse_equation
+
+    equation = attributes(node)["equation"]
+    equation = equation.decode() if isinstance(equation, bytes) else equation
     operands = [as_data(v, ctx) for v in inputs if v is not None]
-    left, _, right = equation.partition("->")
-    terms = left.split(",")
-    if len(terms) != len(operands) or len(operands) > 2:
-        raise ProofAborted(describe(node, f"einsum {equation!r} with {len(operands)} operands"))
-    used = set(equation) - set(",->.")
-    spare = [c for c in _LETTERS if c not in used]
-    ellipsis_rank = max(
-        (op.rank - len(t.replace("...", "")) for op, t in zip(operands, terms, strict=True) if "..." in t),
-        default=0,
-    )
-    ellipsis = "".join(spare[:ellipsis_rank])
-    labels = []
-    for op, term in zip(operands, terms, strict=True):
-        if "..." in term:
-            own = op.rank - len(term.replace("...", ""))
-            term = term.replace("...", ellipsis[ellipsis_rank - own :])
-        labels.append(term)
-    if not _:
-        counts = {c: "".join(labels).count(c) for c in set("".join(labels))}
-        right = ellipsis + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ellipsis))
-    else:
-        right = right.replace("...", ellipsis)
+    try:
+        labels, output = parse_equation(equation, [op.rank for op in operands])
+    except CannotLower as error:
+        raise ProofAborted(describe(node, error.reason)) from error
+    if len(operands) > 2:
+        raise ProofAborted(
+            describe(node, f"einsum {equation!r} with {len(operands)} operands is not followed")
+        )
     if len(operands) == 1:
         operands = [operands[0], _one(operands[0])]
         labels = [labels[0], ""]
-    return [contract(ctx, node, operands, labels, right)]
+    return [contract(ctx, node, operands, labels, output)]
 
 
 def _one(template: Data) -> Data:
@@ -1168,8 +1159,8 @@ def _one(template: Data) -> Data:
 def rule_softmax(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
     data = as_data(inputs[0], ctx)  # type: ignore[arg-type]
     axis = _normalize_axis(attributes(node).get("axis", -1), data.rank)
-    if node.name in ctx.watched:
-        ctx.recorded[node.name] = data
+    if node.output[0] in ctx.watched:
+        ctx.recorded[node.output[0]] = data
     exact_rows = np.all(
         expand_axis(data.exact, axis, data.shape[axis]) | ~_axis_real(data, axis), axis=axis, keepdims=True
     )
@@ -1197,7 +1188,9 @@ def rule_softmax(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None])
             )
         needs_data = maybe_real & ~unmasked_real & _rows_real(data, axis)
         if np.any(needs_data):
-            ctx.softmax_sites.append(SoftmaxSite(node.name, data.sources, axis))
+            ctx.softmax_sites.append(
+                SoftmaxSite(node.name or node.output[0], node.output[0], data.sources, axis)
+            )
     any_row = np.any(classes == C.ANY, axis=axis, keepdims=True) | (
         np.any(classes == C.NEGINF, axis=axis, keepdims=True) & ~unmasked_real & ~maybe_real
     )

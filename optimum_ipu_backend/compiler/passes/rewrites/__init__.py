@@ -8,6 +8,7 @@ from .common import CannotLower, GraphScope, Rewrite
 from .comparisons import ComparisonRewrite
 from .constant_values import ConstantValueRewrite
 from .dropout import DropoutRewrite
+from .einsum import EinsumRewrite
 from .gather_scatter import GatherElementsRewrite, GatherNDRewrite, ScatterNDRewrite
 from .identity_castlike import CastLikeRewrite, IdentityRewrite
 from .integer_min_max import IntegerMinMaxRewrite
@@ -44,6 +45,7 @@ REWRITES: tuple[Rewrite, ...] = (
     ScatterNDRewrite(),
     SizeRewrite(),
     XorRewrite(),
+    EinsumRewrite(),
 )
 
 __all__ = ["REWRITES", "CannotLower", "GraphScope", "Rewrite"]

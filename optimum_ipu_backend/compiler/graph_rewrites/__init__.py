@@ -1,0 +1,5 @@
+"""Rewrites of the exported graph the runtime serves (before any shape is fixed), each proven or refused.
+
+Unlike the legalization passes, which turn one static-shape graph into PopART's opset 11, these change
+what the runtime serves for every shape: a mixture of experts computed densely (``dense_experts``).
+"""

@@ -1,0 +1,337 @@
+"""Mixture-of-experts layers computed densely, so that their shapes no longer depend on the routing.
+
+optimum exports a top-k mixture of experts (Mixtral, Qwen-MoE, ...) as one selection per expert: a
+``NonZero`` over that expert's one-hot routing mask ``[top_k, tokens]`` yields the (slot, token) pairs
+routed to it; the expert runs on just those tokens, its outputs are weighted by the router's weight of
+each pair (gathered at ``token * top_k + slot``) and scattered back into a zero tensor. How many tokens
+an expert gets is known only at run time, which no static-shape device can compile.
+
+``densify_experts`` replaces each such ``NonZero`` with one (slot, token) pair for *every* token: the
+slot is where the token's mask holds 1 (a token selects an expert at most once), and the router weight
+of the pair is multiplied by whether the token was routed there at all (1 or 0). The expert then runs
+on every token, tokens not routed to it contribute exactly ``expert(x) * 0 = 0``, and every shape is
+static. The result equals the sparse computation (the same products, summed in the same order, plus
+exact zeros), at the cost of running every expert on every token: ``num_experts / top_k`` times the
+expert compute of the routed model. A selection that does not follow this pattern is reported with the
+layer it belongs to, never guessed at.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+_SELECTIONS = frozenset({"NonZero", "Compress", "Unique"})
+
+
+@dataclass(frozen=True)
+class DataDependentSelection:
+    """A node that selects elements at run time, with where it sits in the exported model."""
+
+    node: str
+    op_type: str
+    layer: str  # the node's name path without its last part, e.g. "/model/layers.0/mlp"
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"{self.op_type} node {self.node!r} in layer {self.layer!r} selects elements at run time from "
+            "values computed from the inputs, so the shapes after it are known only while the model runs, "
+            "and an IPU executable has fixed shapes"
+        )
+
+
+@dataclass
+class DenseExperts:
+    """The rewritten graph, and what the rewrite costs."""
+
+    model: onnx.ModelProto
+    layers: list[str] = field(default_factory=list)
+    num_experts: int | None = None
+    top_k: int | None = None
+
+    @property
+    def cost(self) -> str:
+        experts = self.num_experts if self.num_experts is not None else "all"
+        factor = (
+            f"{self.num_experts / self.top_k:g}x the expert compute of top-{self.top_k} routing"
+            if self.num_experts and self.top_k
+            else "more expert compute than the routed model"
+        )
+        return (
+            f"mixture of experts in {', '.join(self.layers)} computed densely: {experts} experts run on "
+            f"every token ({factor}) so that every shape is static; results are the routed model's"
+        )
+
+
+def data_dependent_selections(model: onnx.ModelProto) -> list[DataDependentSelection]:
+    """Nodes of the main graph whose output shape depends on the values of the graph's inputs."""
+    graph = model.graph
+    initializers = {init.name for init in graph.initializer}
+    data = {vi.name for vi in graph.input if vi.name not in initializers}
+    found = []
+    for node in graph.node:
+        if node.op_type == "Shape" or not any(name in data for name in node.input):
+            continue
+        data.update(output for output in node.output if output)
+        if node.op_type in _SELECTIONS:
+            layer = node.name.rsplit("/", 1)[0] or node.name
+            found.append(DataDependentSelection(node.name, node.op_type, layer))
+    return found
+
+
+def densify_experts(model: onnx.ModelProto) -> DenseExperts | None:
+    """A copy of ``model`` with every top-k expert selection made dense; None when it has no selection.
+
+    Raises ValueError saying which node and layer select at run time when one is not of that pattern.
+    """
+    selections = data_dependent_selections(model)
+    if not selections:
+        return None
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    graph = rewritten.graph
+    nodes = list(graph.node)
+    producer = {output: node for node in nodes for output in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in nodes:
+        for name in node.input:
+            consumers[name].append(node)
+    constants = _constant_values(graph)
+    names = _Names({n.name for n in nodes} | set(producer) | {i.name for i in graph.initializer})
+    result = DenseExperts(rewritten)
+    replace: dict[int, list[onnx.NodeProto]] = {}  # node index -> nodes that take its place
+    after: dict[int, list[onnx.NodeProto]] = defaultdict(list)  # node index -> nodes right after it
+    position = {node.output[0]: index for index, node in enumerate(nodes)}
+    for selection in selections:
+        index = next(
+            i for i, n in enumerate(nodes) if n.name == selection.node and n.op_type == selection.op_type
+        )
+        node = nodes[index]
+        match = _match_expert_selection(node, producer, consumers, constants)
+        if isinstance(match, str):
+            raise ValueError(
+                f"{selection.reason}. It is not the top-k mixture-of-experts selection that can be computed "
+                f"densely ({match}); export the model with static routing or serve it on another provider"
+            )
+        weight_gather, experts, top_k = match
+        result.num_experts = experts if experts is not None else result.num_experts
+        result.top_k = top_k if top_k is not None else result.top_k
+        if selection.layer not in result.layers:
+            result.layers.append(selection.layer)
+        dense_nodes, routed = _dense_pairs(node, names)
+        replace[index] = dense_nodes
+        # The gathered router weight of each pair, times whether the token was routed here at all.
+        sparse = names.fresh(f"{weight_gather.output[0]}/before_routing_mask")
+        weight_index = position[weight_gather.output[0]]
+        kept = weight_gather.output[0]
+        nodes[weight_index].output[0] = sparse
+        routed_as_weight = names.fresh(f"{node.name}/routed_as_weight")
+        # The gathered weights are [tokens, *rest of the table's axes]: the 0/1 factor gets those axes too.
+        trailing = _rank(rewritten, producer, weight_gather.input[0]) - 1
+        routed_column = routed
+        column = []
+        if trailing:
+            axes = names.fresh(f"{node.name}/trailing_axes")
+            routed_column = names.fresh(f"{node.name}/routed_column")
+            column = [
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [axes],
+                    name=names.fresh(f"{node.name}/trailing_axes_node"),
+                    value=numpy_helper.from_array(np.arange(1, trailing + 1, dtype=np.int64), axes),
+                ),
+                helper.make_node(
+                    "Unsqueeze", [routed, axes], [routed_column], name=names.fresh(f"{node.name}/column")
+                ),
+            ]
+        after[weight_index].extend(
+            [
+                *column,
+                helper.make_node(
+                    "CastLike",
+                    [routed_column, sparse],
+                    [routed_as_weight],
+                    name=names.fresh(f"{node.name}/cast"),
+                ),
+                helper.make_node(
+                    "Mul",
+                    [sparse, routed_as_weight],
+                    [kept],
+                    name=names.fresh(f"{node.name}/weight_if_routed"),
+                ),
+            ]
+        )
+    rebuilt = []
+    for index, node in enumerate(nodes):
+        rebuilt.extend(replace.get(index, [node]))
+        rebuilt.extend(after.get(index, []))
+    del graph.node[:]
+    graph.node.extend(rebuilt)
+    return result
+
+
+def _dense_pairs(nonzero: onnx.NodeProto, names: _Names) -> tuple[list[onnx.NodeProto], str]:
+    """Nodes computing, in place of ``NonZero(mask)`` over a ``[slots, tokens]`` mask, the pairs
+    ``[argmax over slots, token]`` for every token, and the name of a ``[tokens]`` 0/1 tensor saying
+    whether the token's mask holds a 1 at all."""
+    hint = nonzero.name or "NonZero"
+    mask = nonzero.input[0]
+
+    def fresh(suffix: str) -> str:
+        return names.fresh(f"{hint}/dense_{suffix}")
+
+    def constant(value, suffix: str) -> tuple[onnx.NodeProto, str]:
+        name = fresh(suffix)
+        return helper.make_node(
+            "Constant",
+            [],
+            [name],
+            name=fresh(suffix + "_node"),
+            value=numpy_helper.from_array(np.asarray(value), name),
+        ), name
+
+    as_int = fresh("mask_int")
+    slot = fresh("slot")
+    shape = fresh("mask_shape")
+    count = fresh("token_count")
+    tokens = fresh("tokens")
+    tokens_row = fresh("tokens_row")
+    routed = fresh("routed")
+    one_node, one = constant(np.array(1, np.int64), "one")
+    zero_node, zero = constant(np.array(0, np.int64), "zero")
+    axis0_node, axis0 = constant(np.array([0], np.int64), "axis0")
+    nodes = [
+        one_node,
+        zero_node,
+        axis0_node,
+        helper.make_node("Cast", [mask], [as_int], name=fresh("cast"), to=TensorProto.INT32),
+        helper.make_node("ArgMax", [as_int], [slot], name=fresh("argmax"), axis=0, keepdims=1),
+        helper.make_node("Shape", [mask], [shape], name=fresh("shape")),
+        helper.make_node("Gather", [shape, one], [count], name=fresh("count"), axis=0),
+        helper.make_node("Range", [zero, count, one], [tokens], name=fresh("range")),
+        helper.make_node("Unsqueeze", [tokens, axis0], [tokens_row], name=fresh("unsqueeze")),
+        helper.make_node("Concat", [slot, tokens_row], [nonzero.output[0]], name=fresh("pairs"), axis=0),
+        helper.make_node("ReduceMax", [as_int, axis0], [routed], name=fresh("routed"), keepdims=0),
+    ]
+    return nodes, routed
+
+
+def _match_expert_selection(
+    nonzero: onnx.NodeProto,
+    producer: dict[str, onnx.NodeProto],
+    consumers: dict[str, list[onnx.NodeProto]],
+    constants: dict[str, np.ndarray],
+) -> tuple[onnx.NodeProto, int | None, int | None] | str:
+    """The router-weight Gather of a top-k expert selection, with the number of experts and k; or why
+    ``nonzero`` is not one."""
+    if nonzero.op_type != "NonZero":
+        return f"{nonzero.op_type} is not a NonZero"
+    mask = _through(producer, nonzero.input[0], ("Cast", "Identity"))
+    gather = producer.get(mask)
+    if gather is None or gather.op_type != "Gather" or _attribute(gather, "axis", 0) != 0:
+        return "its mask is not one expert's row of a routing table"
+    table = _through(producer, gather.input[0], ("Cast", "Identity"))
+    transpose = producer.get(table)
+    if (
+        transpose is None
+        or transpose.op_type != "Transpose"
+        or list(_attribute(transpose, "perm", [])) != [2, 1, 0]
+    ):
+        return "its routing table is not a transposed one-hot of the selected experts"
+    one_hot = producer.get(_through(producer, transpose.input[0], ("Cast", "Identity")))
+    if one_hot is None or one_hot.op_type != "OneHot":
+        return "its routing table is not a one-hot of the selected experts"
+    depth = constants.get(one_hot.input[1])
+    experts = int(np.asarray(depth).reshape(-1)[0]) if depth is not None else None
+    top_k_node = producer.get(one_hot.input[0])
+    top_k = None
+    if top_k_node is not None and top_k_node.op_type == "TopK" and top_k_node.input[1] in constants:
+        top_k = int(np.asarray(constants[top_k_node.input[1]]).reshape(-1)[0])
+    # NonZero -> Transpose -> Split -> (slot, token), each perhaps squeezed.
+    pairs = [c for c in consumers.get(nonzero.output[0], []) if c.op_type == "Transpose"]
+    splits = [c for p in pairs for c in consumers.get(p.output[0], []) if c.op_type == "Split"]
+    if len(splits) != 1 or len(splits[0].output) != 2:
+        return "its (slot, token) pairs are not split into a slot and a token"
+    slot = _squeezed(consumers, splits[0].output[0])
+    token = _squeezed(consumers, splits[0].output[1])
+    for multiply in consumers.get(token, []):
+        if multiply.op_type != "Mul":
+            continue
+        for add in consumers.get(multiply.output[0], []):
+            if add.op_type == "Add" and set(add.input) == {slot, multiply.output[0]}:
+                for weight in consumers.get(add.output[0], []):
+                    if weight.op_type == "Gather" and weight.input[1] == add.output[0]:
+                        return weight, experts, top_k
+    return "no router weight is gathered at token * top_k + slot"
+
+
+def _rank(model: onnx.ModelProto, producer: dict[str, onnx.NodeProto], name: str) -> int:
+    """The rank of tensor ``name`` (Flatten outputs directly, anything else by shape inference)."""
+    node = producer.get(name)
+    if node is not None and node.op_type == "Flatten":
+        return 2
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    del light.graph.initializer[:]
+    listed = {vi.name for vi in light.graph.input}
+    for init in model.graph.initializer:  # weights as typed inputs: inference needs no values
+        if init.name not in listed:
+            light.graph.input.append(
+                helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False)
+    for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+        if value.name == name and value.type.tensor_type.HasField("shape"):
+            return len(value.type.tensor_type.shape.dim)
+    raise ValueError(f"the rank of the router weights {name!r} is unknown")
+
+
+def _squeezed(consumers: dict[str, list[onnx.NodeProto]], name: str) -> str:
+    squeezes = [c for c in consumers.get(name, []) if c.op_type == "Squeeze"]
+    return squeezes[0].output[0] if len(squeezes) == 1 else name
+
+
+def _through(producer: dict[str, onnx.NodeProto], name: str, op_types: tuple[str, ...]) -> str:
+    while (node := producer.get(name)) is not None and node.op_type in op_types:
+        name = node.input[0]
+    return name
+
+
+def _attribute(node: onnx.NodeProto, name: str, default):
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return helper.get_attribute_value(attribute)
+    return default
+
+
+def _constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    values = {
+        init.name: numpy_helper.to_array(init) for init in graph.initializer if int(np.prod(init.dims)) <= 16
+    }
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    values[node.output[0]] = numpy_helper.to_array(attribute.t)
+                elif attribute.name in ("value_int", "value_ints"):
+                    values[node.output[0]] = np.asarray(helper.get_attribute_value(attribute))
+    return values
+
+
+class _Names:
+    def __init__(self, taken: set[str]) -> None:
+        self._taken = set(taken)
+
+    def fresh(self, hint: str) -> str:
+        name, counter = hint, 0
+        while name in self._taken:
+            counter += 1
+            name = f"{hint}_{counter}"
+        self._taken.add(name)
+        return name

@@ -1,0 +1,102 @@
+"""What each input and each dimension of an exported Hugging Face graph is, declared once.
+
+The exporters name inputs and dynamic axes after what they hold (``input_ids``, ``attention_mask``,
+``past_key_values.0.key``, ``batch_size``, ``past_sequence_length``, ...). The runtime needs those roles
+for three things only: what a padded position holds (the fill), how many sizes a dimension is compiled
+at (the bucket policy), and which inputs to make up for a merged decoder's first step. Whether padding
+is *allowed* is never decided here: the padding proof (``compiler.analysis.padding``) decides that from
+the graph. A new model family with new names is one entry in a table below.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+
+class InputRole(enum.Enum):
+    TOKEN_IDS = "token ids"
+    ATTENTION_MASK = "attention mask"
+    TOKEN_TYPES = "token types"
+    POSITIONS = "positions"
+    PAST = "past keys and values"
+    CACHE_BRANCH = "cache branch"
+    PIXELS = "pixel values"
+    AUDIO = "audio values"
+    OTHER = "other"
+
+
+class DimRole(enum.Enum):
+    BATCH = "batch"  # samples: split into micro-batches, padded by repeating real samples
+    PAST = "past"  # a key/value cache length: grows one position per generated token
+    SEQUENCE = "sequence"  # token positions: compiled at a few sizes up to the model's limit
+    OTHER = "other"  # compiled at the size it comes in unless the user gives sizes
+
+
+#: Marker fill: padded positions continue the real values (last + 1, last + 2, ...).
+CONTINUE = "continue"
+
+
+@dataclass(frozen=True)
+class _InputRule:
+    role: InputRole
+    pattern: re.Pattern[str]
+
+
+# First match wins; patterns are matched against the whole input name.
+_INPUT_RULES = tuple(
+    _InputRule(role, re.compile(pattern))
+    for role, pattern in (
+        (InputRole.PAST, r"past_key_values(\..*)?|past_.*\.(key|value)"),
+        (InputRole.CACHE_BRANCH, r"use_cache_branch"),
+        (InputRole.ATTENTION_MASK, r".*attention_mask|.*_mask"),
+        (InputRole.TOKEN_TYPES, r"token_type_ids"),
+        (InputRole.POSITIONS, r".*position_ids|cache_position"),
+        (InputRole.TOKEN_IDS, r".*input_ids"),
+        (InputRole.PIXELS, r"pixel_values|pixel_mask"),
+        (InputRole.AUDIO, r"input_features|input_values"),
+    )
+)
+
+
+def input_role(name: str) -> InputRole:
+    """The role of the graph input called ``name``."""
+    for rule in _INPUT_RULES:
+        if rule.pattern.fullmatch(name):
+            return rule.role
+    return InputRole.OTHER
+
+
+def fill_value(name: str, pad_token_id: int | None) -> int | str:
+    """What a padded position of input ``name`` holds: the pad token for token ids, ``CONTINUE`` for
+    positions, 0 for everything else (masks, token types, caches, pixel and audio values).
+
+    Without a ``pad_token_id`` token ids are padded with 0, which every vocabulary has; which id pads
+    does not matter where the proof shows padded positions are hidden.
+    """
+    role = input_role(name)
+    if role is InputRole.TOKEN_IDS:
+        return 0 if pad_token_id is None else int(pad_token_id)
+    if role is InputRole.POSITIONS:
+        return CONTINUE
+    return 0
+
+
+def dim_role(dim: str) -> DimRole:
+    """The role of a dynamic dimension, from the name the exporter gave it."""
+    if dim == "batch_size" or dim.endswith("_batch_size"):
+        return DimRole.BATCH
+    if dim.startswith("past_"):
+        return DimRole.PAST
+    if dim.endswith("sequence_length"):
+        return DimRole.SEQUENCE
+    return DimRole.OTHER
+
+
+def is_batch_dim(dim: str) -> bool:
+    return dim_role(dim) is DimRole.BATCH
+
+
+def is_past_dim(dim: str) -> bool:
+    return dim_role(dim) is DimRole.PAST
