@@ -21,8 +21,8 @@ import onnxruntime as ort
 import pytest
 import torch
 from model_zoo import session_zoo
-from optimum_ipu_backend.conformance.zoo import TASKS, sample_inputs
 
+from optimum_ipu_backend.conformance.zoo import TASKS, sample_inputs
 from optimum_ipu_backend.runtime.buckets import BucketPlan
 from optimum_ipu_backend.runtime.factory import dynamic_dims
 from optimum_ipu_backend.runtime.graph_source import GraphSource
