@@ -85,17 +85,11 @@ def interleaved(args: list[str], runs: int) -> tuple[float, float]:
     return statistics.median(on), statistics.median(off)
 
 
-def per_call(calls: int, workdir: Path) -> dict[str, float]:
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
+def export_bert_base(workdir: Path) -> str:
+    """A BERT-base-sized model (random weights) exported for feature extraction; returns model.onnx."""
     import torch
     import transformers
     from optimum.exporters.onnx import main_export
-
-    from optimum_ipu_backend.compiler import legalize
-    from optimum_ipu_backend.session import IPUInferenceSession
-    from optimum_ipu_backend.session.options import IPUProviderOptions
 
     torch.manual_seed(0)
     config = transformers.BertConfig(
@@ -115,14 +109,31 @@ def per_call(calls: int, workdir: Path) -> dict[str, float]:
         library_name="transformers",
         no_post_process=True,
     )
-    path = str(onnx_dir / "model.onnx")
-    batch, seq = 8, 128
+    return str(onnx_dir / "model.onnx")
+
+
+def bert_base_feed(batch: int = 8, seq: int = 128) -> dict:
+    import numpy as np
+
     rng = np.random.default_rng(0)
-    feed = {
+    return {
         "input_ids": rng.integers(0, 30522, (batch, seq), dtype=np.int64),
         "attention_mask": np.ones((batch, seq), np.int64),
         "token_type_ids": np.zeros((batch, seq), np.int64),
     }
+
+
+def per_call(calls: int, workdir: Path) -> dict[str, float]:
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from optimum_ipu_backend.compiler import legalize
+    from optimum_ipu_backend.session import IPUInferenceSession
+    from optimum_ipu_backend.session.options import IPUProviderOptions
+
+    path = export_bert_base(workdir)
+    feed = bert_base_feed()
     session = IPUInferenceSession(path, options=IPUProviderOptions.parse({"device": "emulator"}))
     session.run(None, feed)  # compile
     legalized = legalize(onnx.load(path), {k: v.shape for k, v in feed.items()})

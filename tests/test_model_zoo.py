@@ -17,6 +17,7 @@ from model_zoo import session_zoo
 from optimum_ipu_backend.conformance.definition import load_models
 from optimum_ipu_backend.conformance.zoo import (
     MODEL_NAMES,
+    PATTERN_TASKS,
     TASKS,
     ModelZoo,
     auto_model_class,
@@ -36,6 +37,8 @@ CASES: list[tuple[str, str, str]] = [
     (entry.ort_class, entry.architecture, entry.export_task) for entry in load_models().entries
 ]
 TINY_NAMES = [name for name in MODEL_NAMES if name != "minilm"]
+# The pattern models are only used with their heads (LongT5's base model reloads its embeddings by tying).
+PATTERN_HEADS = {case.model: case.task for cases in PATTERN_TASKS.values() for case in cases}
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +70,13 @@ def build_auto_model(model_dir: Path) -> transformers.PreTrainedModel:
     model, loading_info = auto_model_class(model_dir).from_pretrained(
         model_dir, local_files_only=True, output_loading_info=True
     )
+    missing = set(loading_info.pop("missing_keys"))
     assert not any(loading_info.values()), f"{model_dir.name}: {loading_info}"
+    # A key saved only once because it is tied (LongT5's embeddings share `shared`) is missing but not fresh.
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    loaded_storage = {parameters[name].data_ptr() for name in parameters.keys() - missing}
+    fresh = {key for key in missing if parameters[key].data_ptr() not in loaded_storage}
+    assert not fresh, f"{model_dir.name}: newly initialised {sorted(fresh)}"
     return model.eval()
 
 
@@ -75,18 +84,20 @@ def test_tasks_name_real_ort_classes_and_zoo_models() -> None:
     assert set(MODEL_NAMES) == {
         "bert", "roberta", "camembert", "distilbert", "albert", "electra",
         "gpt2", "t5", "bart", "vit", "whisper", "minilm",
+        "convbert", "esm", "m2m100", "longt5", "qwen3_moe", "wav2vec2",
     }  # fmt: skip
-    for class_name in TASKS:
-        assert hasattr(optimum.onnxruntime, class_name), class_name
-    assert {case.model for cases in TASKS.values() for case in cases} <= set(MODEL_NAMES)
-    # Every case the tests use per class is in the conformance matrix, which covers every zoo name.
-    assert {(c, case.model, case.task) for c, cases in TASKS.items() for case in cases} <= set(CASES)
+    for tasks in (TASKS, PATTERN_TASKS):
+        for class_name in tasks:
+            assert hasattr(optimum.onnxruntime, class_name), class_name
+        assert {case.model for cases in tasks.values() for case in cases} <= set(MODEL_NAMES)
+        # Every case the tests use per class is in the conformance matrix, which covers every zoo name.
+        assert {(c, case.model, case.task) for c, cases in tasks.items() for case in cases} <= set(CASES)
     assert {name for _, name, _ in CASES} == set(MODEL_NAMES)
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_model_reloads_offline_with_auto_classes(zoo: ModelZoo, name: str) -> None:
-    model_dir = zoo.model(name)
+    model_dir = zoo.model(name, PATTERN_HEADS.get(name))
     config = transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True)
     model = build_auto_model(model_dir)
     assert type(model).__name__ == config.architectures[0]
@@ -94,6 +105,9 @@ def test_model_reloads_offline_with_auto_classes(zoo: ModelZoo, name: str) -> No
         assert sum(p.numel() for p in model.parameters()) < 200_000, "zoo models must stay tiny"
     if name == "vit":
         transformers.AutoImageProcessor.from_pretrained(model_dir, local_files_only=True)
+        return
+    if name == "wav2vec2":
+        transformers.AutoFeatureExtractor.from_pretrained(model_dir, local_files_only=True)
         return
     if name == "whisper":
         processor = transformers.AutoProcessor.from_pretrained(model_dir, local_files_only=True)
@@ -138,6 +152,10 @@ def test_sample_inputs_exercise_padding(zoo: ModelZoo, name: str) -> None:
         assert features.dtype == np.float32 and np.ptp(features[0]) > 0
     if name == "vit":
         assert inputs["pixel_values"].shape == (3, 3, 32, 32)
+    if name == "wav2vec2":
+        values = inputs["input_values"]
+        assert values.dtype == np.float32 and values.shape == (3, 200)
+        assert np.all(values[-1, -100:] == 0) and np.all(values[0] != 0)
 
 
 def test_export_is_cached_and_refuses_a_different_request(zoo: ModelZoo, tmp_path: Path) -> None:
@@ -159,6 +177,9 @@ def test_generation_models_do_not_repeat_one_token(zoo: ModelZoo) -> None:
         ("t5", "text2text-generation"),
         ("bart", "text2text-generation"),
         ("whisper", "automatic-speech-recognition"),
+        ("m2m100", "text2text-generation"),
+        ("longt5", "text2text-generation"),
+        ("qwen3_moe", "text-generation"),
     ):
         model_dir = zoo.model(name, task)
         model = build_auto_model(model_dir)

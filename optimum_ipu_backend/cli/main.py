@@ -15,6 +15,7 @@ SUBCOMMANDS = (
     ("optimum_ipu_backend.compiler.check", "add_check_parser"),
     ("optimum_ipu_backend.cli.cache", "add_cache_parser"),
     ("optimum_ipu_backend.cli.conformance", "add_conformance_parser"),
+    ("optimum_ipu_backend.cli.compile", "add_compile_parser"),
 )
 
 

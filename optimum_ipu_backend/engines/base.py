@@ -1,14 +1,28 @@
 """The engine interface: ``compile`` a fixed-shape graph once, ``run`` the executable many times.
 
-It is deliberately as small as onnx's ``Backend.prepare`` / ``BackendRep.run``: everything about
+It is deliberately small, like onnx's ``Backend.prepare`` / ``BackendRep.run``: everything about
 shapes, padding and caching lives in the runtime above, everything about ONNX rewriting in the
-compiler above that.
+compiler above that. What an engine adds to that minimum is what real devices need:
+
+* **Lifecycle.** Executables and engines hold devices and processes. ``close()`` releases them; both are
+  context managers, and ``close`` also runs when they are garbage-collected and at interpreter exit.
+* **Paths, not bytes.** ``compile`` and ``load`` take the legalized graph as a file and an artifact
+  directory the engine writes into (PopART's ``.popef``), so nothing is serialized whole in memory.
+* **Identity.** Each engine class declares its name, the devices it serves, a cheap availability probe
+  (which imports no SDK), a priority among engines serving one device, and the graph form it takes;
+  ``engines.ENGINE_CLASSES`` lists the classes. An instance knows its SDK version (a worker process
+  reports it), and ``key_settings`` names every engine setting that changes a binary: both go into every
+  cache key.
+* **Residency.** An IPU holds one loaded executable at a time; an executable that shares a device
+  with others counts the reloads (``switches``) its runs caused.
+* **Thread safety** is declared (``thread_safe``); the runtime serializes calls to engines that are not.
 """
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,11 +38,34 @@ class EngineContractError(ValueError):
     """A graph or feed breaks what the device accepts (dynamic shape, forbidden dtype, ...)."""
 
 
+class EngineClosedError(RuntimeError):
+    """An executable or engine was used after ``close()``."""
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class Availability:
+    """What an engine's probe found: usable or not, and why, in words a user can act on."""
+
+    available: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class DistributedReplicas:
+    """This process's share of a replicated graph spread over several processes (PopRun/PopDist):
+    ``total`` replicas in all, this instance runs ``CompileOptions.replicas`` of them from ``offset``."""
+
+    total: int
+    offset: int
+    ipus_per_replica: int = 1
+    device_id: int | None = None  # the IPU group PopDist assigns this instance, when it says
 
 
 @dataclass
@@ -42,14 +79,71 @@ class CompileOptions:
     # replicated graphs); host buffers then have the layout [device_iterations, replicas, *shape].
     device_iterations: int = 1
     replicas: int = 1
+    distributed: DistributedReplicas | None = None
+    # Compile for the device without running on it (an offline IPU target): fills the cache entry a
+    # later process on the device reads, so it is not part of the key.
+    offline: bool = False
+    # IPU architecture to compile for when it cannot be asked of the hardware (offline compiles).
+    ipu_version: str | None = None
+    # Seconds a compile may take before the engine gives up (None: no limit).
+    compile_timeout: float | None = None
+    # Engine settings that change the binary, passed through to the engine; part of every cache key.
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def binary_settings(self) -> dict[str, Any]:
+        """Everything here that changes a compiled binary (threads, offline and timeouts do not; nor
+        does a distributed instance's replica offset, so instances share one binary)."""
+        settings: dict[str, Any] = {
+            "device": self.device,
+            "precision": self.precision,
+            "device_iterations": self.device_iterations,
+            "replicas": self.replicas,
+            "extra": dict(sorted(self.extra.items())),
+        }
+        if self.distributed is not None:
+            settings["global_replicas"] = self.distributed.total
+            settings["ipus_per_replica"] = self.distributed.ipus_per_replica
+        return settings
 
-class Executable(ABC):
+
+class _Closable:
+    """Close once, explicitly, on garbage collection or at interpreter exit (``weakref.finalize`` runs
+    at exit unless already called), and work as a context manager."""
+
+    _finalizer: weakref.finalize | None = None
+    _closed = False
+
+    def _on_close(self, release: Callable[..., Any], *args: Any) -> None:
+        """Register ``release(*args)``; it must not reference ``self``, or ``self`` is never collected."""
+        self._finalizer = weakref.finalize(self, release, *args)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._closed = True
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise EngineClosedError(f"{type(self).__name__} was closed; create a new session to run again")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class Executable(_Closable, ABC):
     """A graph compiled for one set of input shapes."""
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # Engine reloads this executable's runs caused on a device it shares with other executables.
+    switches: int = 0
 
     @abstractmethod
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -78,26 +172,72 @@ class Executable(ABC):
             for name in results[0]
         }
 
+    def relocated(self, graph: Path, artifacts: Path | None) -> None:
+        """The files it was compiled from moved (its cache entry was committed); an engine that may have to
+        build it again (after its worker process restarted) keeps the new location."""
 
-class Engine(ABC):
+    def residency(self) -> dict[str, object]:
+        """Where the executable lives and how often it was reloaded there (reported to users)."""
+        return {"switches": self.switches}
+
+
+class Engine(_Closable, ABC):
+    # -- declared by each engine class; read by the registry without instantiating anything ----------
     name: ClassVar[str]
+    devices: ClassVar[tuple[str, ...]]
+    # Among the available engines serving a device, the highest priority is the default.
+    priority: ClassVar[int] = 0
+    # What ``compile`` takes: every engine here takes the legalized, static, opset-11 ONNX file.
+    graph_form: ClassVar[str] = "legalized-onnx"
     # True when results are computed somewhere other than an IPU; surfaced to users everywhere.
-    emulated: ClassVar[bool]
-    # Version of the vendor SDK the executables are built with; part of every cache key.
-    sdk_version: ClassVar[str | None] = None
+    emulated: ClassVar[bool] = False
+    # False: the runtime serializes calls into the engine's executables.
+    thread_safe: ClassVar[bool] = False
+    # The pip extra that installs the engine's host-side dependencies, for error messages.
+    pip_extra: ClassVar[str | None] = None
+
+    @classmethod
+    @abstractmethod
+    def probe(cls) -> Availability:
+        """Can this engine run here? Cheap (``importlib.util.find_spec``, environment variables): it
+        never imports the SDK."""
+
+    def __init__(self, device: str, *, offline: bool = False) -> None:
+        if device not in self.devices:
+            raise EngineUnavailableError(
+                f"the {self.name!r} engine serves device(s) {', '.join(self.devices)}, not {device!r}"
+            )
+        self.device = device
+        self.offline = offline
+        # Version of the vendor SDK the executables are built with, known once the engine has started;
+        # part of every cache key.
+        self.sdk_version: str | None = None
+        self._executables: weakref.WeakSet[Executable] = weakref.WeakSet()
+
+    def _track(self, executable: Executable) -> Executable:
+        """Remember ``executable`` so that closing the engine closes it."""
+        self._executables.add(executable)
+        return executable
+
+    def close(self) -> None:
+        for executable in list(self._executables):
+            executable.close()
+        super().close()
 
     @abstractmethod
-    def compile(self, model_bytes: bytes, options: CompileOptions) -> Executable:
-        """Compile a serialized, legalized, fully static ONNX model."""
+    def compile(self, graph: Path, options: CompileOptions, artifacts: Path | None = None) -> Executable:
+        """Compile the legalized, fully static ONNX file ``graph``. Engine artifacts worth caching (PopART:
+        the ``.popef``) are written into the directory ``artifacts`` when it is given."""
 
-    def export(self, executable: Executable) -> dict[str, bytes]:
-        """Engine artifacts worth caching beside the legalized graph (PopART: the ``.popef``)."""
+    def load(self, graph: Path, artifacts: Path, options: CompileOptions) -> Executable:
+        """Rebuild an executable from a cached legalized graph and the artifact directory ``compile``
+        wrote; the engine reads its files itself, without a copy through Python."""
+        return self.compile(graph, options, artifacts)
+
+    def key_settings(self, options: CompileOptions) -> dict[str, Any]:
+        """Engine settings beyond ``options.binary_settings()`` that change the binary (the target IPU
+        architecture, tile count, ...). The runtime puts them, and ``sdk_version``, into the cache key."""
         return {}
-
-    def load(self, graph_path: Path, artifacts: Mapping[str, Path], options: CompileOptions) -> Executable:
-        """Rebuild an executable from a cached legalized graph and the artifacts ``export`` returned
-        (files, so that an engine can hand them to its runtime without a copy through Python)."""
-        return self.compile(graph_path.read_bytes(), options)
 
     def describe(self) -> str:
         return self.name

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from optimum_ipu_backend.engines.base import (
+    Availability,
     CompileOptions,
     Engine,
     EngineContractError,
@@ -60,8 +61,12 @@ def _io_specs(values) -> tuple[TensorSpec, ...]:
     return tuple(specs)
 
 
+def _drop_session(holder: dict) -> None:
+    holder.clear()  # the onnxruntime session and its memory go with the last reference
+
+
 class HostEmulatorExecutable(Executable):
-    def __init__(self, model: bytes | str, options: CompileOptions) -> None:
+    def __init__(self, model: str, options: CompileOptions) -> None:
         import onnxruntime as ort
 
         session_options = ort.SessionOptions()
@@ -73,8 +78,15 @@ class HostEmulatorExecutable(Executable):
         self.inputs = _io_specs(self._session.get_inputs())
         self.outputs = _io_specs(self._session.get_outputs())
         self._output_names = [spec.name for spec in self.outputs]
+        self._holder = {"session": self._session}
+        self._on_close(_drop_session, self._holder)
+
+    def close(self) -> None:
+        super().close()
+        self._session = None
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._check_open()
         for spec in self.inputs:
             array = feed.get(spec.name)
             if array is None:
@@ -90,15 +102,21 @@ class HostEmulatorExecutable(Executable):
 
 class HostEmulatorEngine(Engine):
     name = "emulator"
+    devices = ("emulator",)
+    priority = 0
     emulated = True
+    # onnxruntime sessions may be run from several threads at once.
+    thread_safe = True
 
-    def compile(self, model_bytes: bytes, options: CompileOptions) -> Executable:
+    @classmethod
+    def probe(cls) -> Availability:
+        return Availability(True, f"device 'emulator' was asked for: {EMULATION_NOTICE}")
+
+    def compile(self, graph: Path, options: CompileOptions, artifacts: Path | None = None) -> Executable:
+        self._check_open()
         _logger.info("compiling for the host emulator (%s)", EMULATION_NOTICE)
-        return HostEmulatorExecutable(model_bytes, options)
-
-    def load(self, graph_path: Path, artifacts: Mapping[str, Path], options: CompileOptions) -> Executable:
-        # onnxruntime reads the cached file itself: no copy of the weights through Python.
-        return HostEmulatorExecutable(str(graph_path), options)
+        # onnxruntime reads the file itself (external data beside it included): no copy through Python.
+        return self._track(HostEmulatorExecutable(str(graph), options))
 
     def describe(self) -> str:
         return f"emulator ({EMULATION_NOTICE})"

@@ -57,7 +57,7 @@ class SdkProbe:
         ]
 
 
-def _module_origin(name: str) -> str | None:
+def module_origin(name: str) -> str | None:
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
@@ -70,8 +70,8 @@ def _module_origin(name: str) -> str | None:
 def probe_sdk() -> SdkProbe:
     fabric = os.environ.get("IPUOF_CONFIG_PATH") or os.environ.get("IPUOF_VIPU_API_PARTITION_ID")
     return SdkProbe(
-        popart=_module_origin("popart"),
-        poptorch=_module_origin("poptorch"),
+        popart=module_origin("popart"),
+        poptorch=module_origin("poptorch"),
         sdk_enabled=os.environ.get("POPLAR_SDK_ENABLED"),
         device_nodes=tuple(sorted(p for p in glob.glob("/dev/ipu[0-9]*") if not p.endswith(("_ex", "_mem")))),
         fabric_config=fabric,
@@ -100,39 +100,39 @@ def check_device_name(device: str) -> str:
 
 
 def resolve_device(device: str | None = None, engine: str | None = None) -> DeviceResolution:
-    """Pick the engine for ``device`` or raise ``DeviceUnavailableError`` saying what was found."""
+    """Pick the engine for ``device`` from the registry (``engines.ENGINE_CLASSES``): the given one, or the
+    available engine of highest priority. ``DeviceUnavailableError`` says what each probe found.
+
+    Probes are cheap and import no SDK; whether IPUs exist is asked of the SDK itself when the engine
+    starts (``DeviceManager().enumerateDevices()`` in its worker process)."""
+    from optimum_ipu_backend.engines import engine_class, engine_classes
+
     device = check_device_name(device or default_device())
-    if device == "emulator":
-        if engine not in (None, "emulator"):
-            raise ValueError(f"device 'emulator' runs on the 'emulator' engine, not {engine!r}")
-        return DeviceResolution(
-            "emulator", "emulator", True, f"device 'emulator' was asked for: {EMULATION_NOTICE}"
-        )
-    if engine == "emulator":
-        raise ValueError(f"engine 'emulator' only serves device 'emulator', not {device!r}")
-
+    if engine is not None:
+        chosen = engine_class(engine)
+        if device not in chosen.devices:
+            raise ValueError(
+                f"engine {engine!r} serves device(s) {', '.join(chosen.devices)}, not {device!r}"
+            )
+        candidates = [chosen]
+    else:
+        candidates = [cls for cls in engine_classes() if device in cls.devices]
+    reasons = []
+    for cls in candidates:
+        availability = cls.probe()
+        if availability.available:
+            return DeviceResolution(device, cls.name, cls.emulated, availability.reason)
+        reasons.append(f"engine {cls.name!r}: {availability.reason}")
     probe = probe_sdk()
-    found = "; ".join(probe.lines())
-    if not probe.sdk_found:
-        raise DeviceUnavailableError(
-            f"device {device!r} needs Graphcore's Poplar SDK (PopART or PopTorch), which was not found. "
-            f"Probed: {found}. Enable the SDK (source <sdk>/enable) in this environment, or ask for "
-            f"another device. {OPT_IN_HINT}"
-        )
-    if device == "ipu" and not probe.hardware_visible:
-        raise DeviceUnavailableError(
-            f"device 'ipu' needs IPU hardware, and none is visible. Probed: {found}. Use device "
-            f"'ipu-model' for Graphcore's IPU Model simulator (needs the SDK), or: {OPT_IN_HINT}"
-        )
-    chosen = engine or ("popart" if probe.popart else "poptorch")
-    from optimum_ipu_backend.engines import ENGINES
-
-    if chosen not in ENGINES:
-        raise DeviceUnavailableError(
-            f"the Poplar SDK was found ({found}), but the {chosen!r} engine that device {device!r} needs is "
-            f"not part of this release of optimum-ipu-backend. {OPT_IN_HINT}"
-        )
-    return DeviceResolution(device, chosen, False, f"Poplar SDK found; engine {chosen!r}")
+    hint = (
+        "Enable the SDK (source <sdk>/enable) in this environment, or ask for another device. "
+        if not probe.sdk_found
+        else ""
+    )
+    raise DeviceUnavailableError(
+        f"device {device!r} cannot be used here: {'; '.join(reasons)}. Probed: {'; '.join(probe.lines())}. "
+        f"{hint}{OPT_IN_HINT}"
+    )
 
 
 def provider_availability() -> tuple[bool, str]:

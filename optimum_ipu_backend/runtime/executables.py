@@ -4,13 +4,23 @@ An IPU executable has one fixed shape. The first call of a shape signature looks
 cache (a new process reuses what an earlier one compiled); on a miss it legalizes the graph for that
 shape, compiles it on the engine and stores both. Concurrent first calls of one signature compile
 once: a per-key lock in this process, and the cache's file lock across processes.
+
+Graphs go to engines as files (``legalized.onnx`` in the cache entry, weights in an external-data file
+beside it when they are large), never as one serialized buffer: protobuf cannot serialize more than
+2 GiB, and a copy would double the memory. An engine writes its own artifacts (PopART's ``.popef``)
+into the entry's ``artifacts/`` directory while it compiles, so they fall under the cache's integrity
+checks. Calls into an engine that does not declare itself thread-safe are serialized here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from optimum_ipu_backend.engines.base import CompileOptions, Engine, Executable
+from optimum_ipu_backend.engines.base import CompileOptions, Engine, EngineClosedError, Executable
 from optimum_ipu_backend.runtime.boundary import to_device_dtype
 from optimum_ipu_backend.runtime.executable_cache import CacheKey, ExecutableCache
 from optimum_ipu_backend.runtime.progress import step_progress
@@ -26,6 +36,9 @@ from optimum_ipu_backend.runtime.progress import step_progress
 _logger = logging.getLogger(__name__)
 
 LEGALIZED_GRAPH_FILE = "legalized.onnx"
+ARTIFACTS_DIR = "artifacts"
+# Graphs whose initializers exceed this keep their weights in one external-data file beside them.
+EXTERNAL_DATA_BYTES = 1 << 30
 ShapeKey = tuple[tuple[str, object], ...]
 
 
@@ -53,6 +66,7 @@ class ExecutableTable:
         branch_inputs: Sequence[str] = (),
         cache: ExecutableCache | None = None,
         progress: bool = False,
+        model_path: Path | None = None,
     ) -> None:
         # The graph is parsed only when an executable must be built (a warm start builds none).
         self._load_model = load_model
@@ -62,11 +76,25 @@ class ExecutableTable:
         self._cache = cache
         self._progress = progress
         self.branch_inputs = frozenset(branch_inputs)
+        self._model_path = model_path
         self._entries: dict[ShapeKey, CompiledEntry] = {}
         self._key_locks: dict[ShapeKey, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._run_lock: contextlib.AbstractContextManager = (
+            contextlib.nullcontext() if engine.thread_safe else threading.Lock()
+        )
+        self._scratch: Path | None = None  # legalized graphs when there is no cache
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _remove_scratch, [])
 
-    def _legalized_bytes(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> bytes:
+    def _save_legalized(
+        self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool], directory: Path
+    ) -> Path:
+        key = self._legalized_key(shapes, branches)
+        earlier = _legalized_files.get(key)
+        if earlier is not None and earlier.is_file():
+            # Legalization does not depend on the engine or device: reuse this process's earlier result.
+            return _copy_graph(earlier, directory / LEGALIZED_GRAPH_FILE)
         # The compiler is imported on the first cache miss, keeping it off warm loads.
         from optimum_ipu_backend.compiler import legalize
         from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
@@ -77,7 +105,17 @@ class ExecutableTable:
         passes = 8  # an upper bound of the pipeline's length, for the bar
         with step_progress(f"legalizing for {shapes}", passes, self._progress) as advance:
             legalized = legalize(model, shapes, precision=self._options.precision, progress=advance)
-        return legalized.model.SerializeToString()
+        path = save_graph(legalized.model, directory / LEGALIZED_GRAPH_FILE)
+        _legalized_files[key] = path
+        return path
+
+    def _legalized_key(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> tuple:
+        return (
+            self._graph_digest,
+            tuple(sorted(shapes.items())),
+            tuple(sorted(branches.items())),
+            self._options.precision,
+        )
 
     def _cache_key(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> CacheKey:
         return CacheKey.build(
@@ -88,38 +126,53 @@ class ExecutableTable:
             sdk_version=self._engine.sdk_version,
             options={
                 "branches": branches,
-                "device": self._options.device,
-                "device_iterations": self._options.device_iterations,
-                "replicas": self._options.replicas,
+                **self._options.binary_settings(),
+                "engine_settings": self._engine.key_settings(self._options),
             },
         )
+
+    def _manifest_meta(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> dict:
+        """What ``optimum-ipu cache list/info`` show of an entry."""
+        return {
+            "model": None if self._model_path is None else str(self._model_path.parent),
+            "graph_file": None if self._model_path is None else self._model_path.name,
+            "shapes": {name: list(shape) for name, shape in shapes.items()},
+            "branches": branches,
+            "precision": self._options.precision,
+            "engine": self._engine.name,
+            "device": self._options.device,
+            "sdk_version": self._engine.sdk_version,
+        }
 
     def _compile(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> CompiledEntry:
         started = time.perf_counter()
         if self._cache is None:
-            executable = self._engine.compile(self._legalized_bytes(shapes, branches), self._options)
+            if self._scratch is None:
+                self._scratch = Path(tempfile.mkdtemp(prefix="optimum-ipu-graphs-"))
+                self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, _remove_scratch, [self._scratch])
+            directory = Path(tempfile.mkdtemp(dir=self._scratch))
+            graph = self._save_legalized(shapes, branches, directory)
+            executable = self._engine.compile(graph, self._options)
             source = "compiled"
         else:
             built: dict[str, Executable] = {}
 
             def build(directory: Path) -> None:
-                graph = self._legalized_bytes(shapes, branches)
-                built["executable"] = self._engine.compile(graph, self._options)
-                (directory / LEGALIZED_GRAPH_FILE).write_bytes(graph)
-                for name, payload in self._engine.export(built["executable"]).items():
-                    (directory / name).write_bytes(payload)
+                graph = self._save_legalized(shapes, branches, directory)
+                artifacts = directory / ARTIFACTS_DIR
+                artifacts.mkdir()
+                built["executable"] = self._engine.compile(graph, self._options, artifacts)
 
             key = self._cache_key(shapes, branches)
-            entry = self._cache.get_or_create(
-                key,
-                build,
-                meta={"shapes": {k: list(v) for k, v in shapes.items()}, "engine": self._engine.name},
-            )
+            entry = self._cache.get_or_create(key, build, meta=self._manifest_meta(shapes, branches))
+            graph, artifacts = entry.file(LEGALIZED_GRAPH_FILE), entry.path / ARTIFACTS_DIR
+            _legalized_files[self._legalized_key(shapes, branches)] = graph
             if "executable" in built:
                 executable, source = built["executable"], "compiled"
+                executable.relocated(graph, artifacts)
             else:
-                artifacts = {name: path for name, path in entry.files.items() if name != LEGALIZED_GRAPH_FILE}
-                executable = self._engine.load(entry.file(LEGALIZED_GRAPH_FILE), artifacts, self._options)
+                executable = self._engine.load(graph, artifacts, self._options)
                 source = "cache"
         seconds = time.perf_counter() - started
         _logger.info("%s %s for %s in %.2f s", source, self._engine.describe(), shapes, seconds)
@@ -136,6 +189,9 @@ class ExecutableTable:
         return _shape_key(shapes, branches) in self._entries
 
     def entry_for(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> CompiledEntry:
+        """The executable of these static shapes: in memory, from the cache, or compiled now."""
+        if self._closed:
+            raise EngineClosedError("this executable table was closed; create a new session to run again")
         key = _shape_key(shapes, branches)
         entry = self._entries.get(key)
         if entry is not None:
@@ -163,9 +219,14 @@ class ExecutableTable:
             for name, dtype in entry.device_input_dtypes.items()
         }
         options = self._options
-        outputs = entry.executable.run_step(device_feed, options.device_iterations, options.replicas)
+        with self._run_lock:
+            outputs = entry.executable.run_step(device_feed, options.device_iterations, options.replicas)
         entry.calls += 1  # a statistic; an occasional lost increment under threads is acceptable
         return outputs
+
+    @property
+    def engine_thread_safe(self) -> bool:
+        return self._engine.thread_safe
 
     @property
     def cache_description(self) -> str:
@@ -180,9 +241,61 @@ class ExecutableTable:
                 "source": entry.source,
                 "compile_seconds": entry.seconds,
                 "calls": entry.calls,
+                **entry.executable.residency(),
             }
             for entry in self._entries.values()
         ]
+
+    def close(self) -> None:
+        """Close every executable (releasing the devices they hold) and forget them."""
+        self._closed = True
+        with self._lock:
+            entries, self._entries = list(self._entries.values()), {}
+        for entry in entries:
+            entry.executable.close()
+        self._finalizer()
+
+    def __enter__(self) -> ExecutableTable:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# (graph digest, shapes, branches, precision) -> a legalized graph this process wrote (in a cache entry or
+# a table's scratch directory); checked for existence before use.
+_legalized_files: dict[tuple, Path] = {}
+
+
+def _copy_graph(source: Path, target: Path) -> Path:
+    shutil.copyfile(source, target)
+    data = source.with_name(f"{source.name}.data")
+    if data.is_file():
+        shutil.copyfile(data, target.with_name(f"{target.name}.data"))
+    return target
+
+
+def _remove_scratch(directories: list[Path]) -> None:
+    for directory in directories:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def save_graph(model: onnx.ModelProto, path: Path) -> Path:
+    """Write ``model`` to ``path``; weights above ``EXTERNAL_DATA_BYTES`` go to one file beside it, so
+    graphs of any size are written (protobuf serializes at most 2 GiB) without a second copy in memory."""
+    weights = sum(len(tensor.raw_data) for tensor in model.graph.initializer)
+    if weights > EXTERNAL_DATA_BYTES:
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=f"{path.name}.data",
+            size_threshold=1024,
+        )
+    else:
+        onnx.save_model(model, str(path))
+    return path
 
 
 def _shape_key(shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> ShapeKey:

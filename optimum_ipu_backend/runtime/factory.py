@@ -59,6 +59,7 @@ def build_runner(
     trim_padding: bool = False,
     config: Mapping[str, Any],
     output_dtypes: Mapping[str, np.dtype],
+    compile_settings: Mapping[str, Any] | None = None,
 ) -> StaticShapeRunner:
     description = source.description
     input_shapes = {name: tuple(dims) for name, dims in description.served_inputs.items()}
@@ -74,6 +75,7 @@ def build_runner(
         threads=threads,
         device_iterations=runtime.device_iterations,
         replicas=runtime.replication_factor,
+        **(compile_settings or {}),  # the session's engine settings (offline, timeout, PopDist share)
     )
     table = ExecutableTable(
         source.served_model,
@@ -83,6 +85,7 @@ def build_runner(
         branch_inputs=description.branch_inputs,
         cache=cache,
         progress=progress_enabled(progress),
+        model_path=source.path,
     )
     pad_token_id = config.get("pad_token_id") if isinstance(config.get("pad_token_id"), int) else None
     fills = {name: fill_value(name, pad_token_id) for name in input_shapes}

@@ -91,6 +91,11 @@ class StaticShapeRunner:
     def cache_description(self) -> str:
         return self._table.cache_description
 
+    @property
+    def executables(self) -> ExecutableTable:
+        """The runner's table: its cache keys are the ones calls look up (ahead-of-time compiles use it)."""
+        return self._table
+
     def statistics(self) -> list[dict[str, object]]:
         """Each compiled executable with its shapes, origin, load time and the calls it served."""
         return self._table.statistics()
@@ -316,3 +321,55 @@ class StaticShapeRunner:
             if result is not None and axis == 1:
                 result[masked] = 0  # one rule for every masked position, whichever group it ran in
         return results  # type: ignore[return-value]
+
+    def compiled_shapes(
+        self, fixed_dims: Mapping[str, int] | None = None
+    ) -> list[tuple[dict[str, tuple[int, ...]], dict[str, bool]]]:
+        """Every static signature ``(input shapes, branches)`` a call can compile: each combination of
+        bucket sizes, merged-decoder branch and micro-batch (a call whose sizes equal buckets needs no
+        padding, so its shapes are the symbolic shapes evaluated there). Dimensions no bucket plans, or
+        compiled at exact sizes, take their size from ``fixed_dims`` (a size given for a bucketed dimension
+        selects the bucket holding it); ``ValueError`` names those missing.
+        For ahead-of-time compiles (``runtime.precompile``)."""
+        import itertools
+
+        from optimum_ipu_backend.runtime.dim_expressions import DimExpression
+
+        def evaluate(dim: int | str, values: Mapping[str, int]) -> int:
+            return dim if isinstance(dim, int) else DimExpression.parse(dim).evaluate(values)
+
+        padded = [d for d in self.plan.sizes if not self._decisions.is_exact(d)]
+        # a size given for a padded dimension means "calls of that size": its bucket is what compiles
+        fixed = {
+            dim: self.plan.choose(dim, size) if dim in padded else size
+            for dim, size in (fixed_dims or {}).items()
+        }
+        planned = [d for d in padded if d not in fixed]
+        symbols: set[str] = set()
+        for shape in self._input_shapes.values():
+            for dim in shape:
+                if isinstance(dim, str):
+                    symbols |= DimExpression.parse(dim).symbols
+        missing = sorted(symbols - set(planned) - set(fixed))
+        if missing:
+            raise ValueError(
+                f"dimension(s) {', '.join(missing)} have no compiled sizes (they are compiled at the size "
+                "they come in); give each one a size to compile for"
+            )
+        branch_names = sorted(self._table.branch_inputs)
+        branch_sets = [dict.fromkeys(branch_names, flag) for flag in (True, False)] if branch_names else [{}]
+        signatures: dict[tuple, tuple[dict[str, tuple[int, ...]], dict[str, bool]]] = {}
+        for branches in branch_sets:
+            uncached = bool(branches) and not all(branches.values())
+            for sizes in itertools.product(*(self.plan.sizes[dim] for dim in planned)):
+                values = {**fixed, **dict(zip(planned, sizes, strict=True))}
+                if uncached:  # placeholder past of one position (``_placeholder_past``)
+                    values.update({dim: 1 for dim in values if is_past_dim(dim)})
+                shapes = {
+                    name: tuple(evaluate(dim, values) for dim in shape)
+                    for name, shape in self._input_shapes.items()
+                    if name not in branches
+                }
+                key = (tuple(sorted(shapes.items())), tuple(sorted(branches.items())))
+                signatures.setdefault(key, (shapes, dict(branches)))
+        return list(signatures.values())

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from optimum_ipu_backend.compiler.errors import LegalizationError
-from optimum_ipu_backend.engines.probe import DeviceUnavailableError
+from optimum_ipu_backend.engines.base import EngineUnavailableError
+from optimum_ipu_backend.engines.errors import DeviceFaultError
 from optimum_ipu_backend.session.inference_session import PROVIDER_NAME, IPUInferenceSession
 from optimum_ipu_backend.session.options import IPUProviderOptions
 
@@ -54,7 +55,8 @@ def create_session(
     fallbacks = pairs[1:]
     try:
         return IPUInferenceSession(path_or_bytes, sess_options, options)
-    except (DeviceUnavailableError, LegalizationError) as exc:
+    # Device and engine failures (and, with compile="eager", compile failures) at creation.
+    except (EngineUnavailableError, DeviceFaultError, LegalizationError) as exc:
         if not fallbacks:
             raise
         names = [name for name, _ in fallbacks]

@@ -11,21 +11,24 @@ import json
 import logging
 import os
 import threading
+import warnings
+import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from optimum_ipu_backend.engines import load_engine
+from optimum_ipu_backend.engines import Engine, EngineClosedError, load_engine
+from optimum_ipu_backend.engines.popdist import read_popdist
 from optimum_ipu_backend.engines.probe import EMULATION_NOTICE, resolve_device
 from optimum_ipu_backend.runtime.buckets import option_name
 from optimum_ipu_backend.runtime.factory import build_runner, open_cache
 from optimum_ipu_backend.runtime.graph_source import GraphSource
 from optimum_ipu_backend.session.io_binding import HostIOBinding
 from optimum_ipu_backend.session.node_arg import NodeArg, node_arg
-from optimum_ipu_backend.session.options import IPUProviderOptions
+from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
 
 PROVIDER_NAME = "IPUExecutionProvider"
 
@@ -86,7 +89,14 @@ class IPUInferenceSession:
         self._source = GraphSource(path_or_bytes, None if cache is None else cache.root)
         self._check_graph()
         self._sess_options = sess_options
-        self._engine = load_engine(self._resolution.engine)
+        runtime, compile_settings = self._engine_settings()
+        self._runtime = runtime  # with PopRun's share of the replicas
+        # Engines with a worker process start it here and ask the SDK which IPUs exist.
+        self._engine = load_engine(
+            self._resolution.engine, self._resolution.device, offline=self._options.offline
+        )
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _close_engine, self._engine)
         description = self._source.description
         self._inputs = [node_arg(*spec) for spec in description.inputs]
         self._outputs = [node_arg(*spec) for spec in description.outputs]
@@ -97,19 +107,76 @@ class IPUInferenceSession:
             cache,
             self._engine,
             self._resolution.device,
-            self._options.runtime,
+            runtime,
             precision=self._options.precision,
             threads=self._options.threads or _threads_from(sess_options),
             progress=self._options.progress,
             trim_padding=self._options.trim_padding,
             config=_read_config(model_dir),
             output_dtypes={arg.name: arg.dtype for arg in self._outputs},
+            compile_settings=compile_settings,
         )
+        if self._options.compile == "eager":
+            # Compile errors surface now, while providers listed after ipu can still take over.
+            from optimum_ipu_backend.runtime.precompile import compile_buckets
+
+            try:
+                self._runner.compiled_shapes()
+            except ValueError as exc:  # a dimension compiled at the size it comes in: no shape is known yet
+                warnings.warn(
+                    f"compile='eager' compiled nothing at creation: {exc}", RuntimeWarning, stacklevel=2
+                )
+            else:
+                try:
+                    compile_buckets(self._runner, limit=1)
+                except BaseException:
+                    self.close()
+                    raise
         if self._resolution.emulated:
             if not _emulation_announced.is_set():
                 _emulation_announced.set()
                 _logger.warning("IPUExecutionProvider is running on device 'emulator': %s", EMULATION_NOTICE)
             _logger.info("session for %s uses device 'emulator' (%s)", self._model_path, EMULATION_NOTICE)
+
+    def _engine_settings(self) -> tuple[Any, dict[str, Any]]:
+        """The runtime settings and engine compile settings, with this instance's share of the replicas
+        when PopRun started the process (PopDist's environment)."""
+        runtime = self._options.runtime
+        settings: dict[str, Any] = {
+            "offline": self._options.offline,
+            "ipu_version": self._options.ipu_version,
+            "compile_timeout": self._options.compile_timeout,
+        }
+        try:
+            share = read_popdist()
+        except ValueError as exc:
+            raise ProviderOptionError(str(exc)) from None
+        if share is None:
+            return runtime, settings
+        if share.ipus_per_replica != 1:
+            raise ProviderOptionError(
+                f"PopRun gives each replica {share.ipus_per_replica} IPUs (POPDIST_NUM_IPUS_PER_REPLICA); "
+                "splitting one model over several IPUs is not supported yet: run poprun with "
+                "--ipus-per-replica 1"
+            )
+        given = runtime.sources.get("replication_factor")
+        if given is not None and runtime.replication_factor != share.local_replicas:
+            raise ProviderOptionError(
+                f"replication_factor={runtime.replication_factor} ({given}) conflicts with PopRun, "
+                f"which gives "
+                f"this instance {share.local_replicas} of {share.total_replicas} replicas (poprun "
+                "--num-replicas / --num-instances); remove the setting"
+            )
+        _logger.info(
+            "PopRun instance %d of %d: replicas %d..%d of %d",
+            share.instance_index,
+            share.instances,
+            share.replica_offset,
+            share.replica_offset + share.local_replicas - 1,
+            share.total_replicas,
+        )
+        settings["distributed"] = share.replicas()
+        return replace(runtime, replication_factor=share.local_replicas), settings
 
     def _check_graph(self) -> None:
         """Fail at creation, not on the first call, for a graph the compiler cannot take."""
@@ -137,7 +204,7 @@ class IPUInferenceSession:
         return [ProviderName(self._resolution.device)]
 
     def get_provider_options(self) -> dict[str, dict[str, str]]:
-        runtime = self._options.runtime
+        runtime = self._runtime
         options = {
             "device": self._resolution.device,
             "engine": self._resolution.engine,
@@ -152,6 +219,8 @@ class IPUInferenceSession:
             options["note"] = EMULATION_NOTICE
         if self._options.threads:
             options["threads"] = str(self._options.threads)
+        if self._engine.sdk_version:
+            options["sdk_version"] = self._engine.sdk_version
         return {PROVIDER_NAME: options}
 
     def get_session_options(self) -> Any:
@@ -185,6 +254,12 @@ class IPUInferenceSession:
         input_feed: Mapping[str, Any],
         run_options: Any = None,
     ) -> list[np.ndarray]:
+        if self._closed:
+            raise EngineClosedError(
+                "this IPUInferenceSession was closed, which released its IPUs; create a new session "
+                "(load the "
+                "model again) to run"
+            )
         names = list(output_names) if output_names else self._output_names
         unknown = [name for name in names if name not in self._output_names]
         if unknown:
@@ -204,6 +279,26 @@ class IPUInferenceSession:
 
     # -- beyond onnxruntime -----------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Release the session's executables, IPUs and (when no other session uses it) the SDK worker
+        process. Also runs when the session is garbage-collected and at interpreter exit."""
+        self._closed = True
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> IPUInferenceSession:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
     @property
     def device(self) -> str:
         return self._resolution.device
@@ -213,15 +308,33 @@ class IPUInferenceSession:
         return self._resolution.emulated
 
     def compiled_executables(self) -> list[dict[str, object]]:
-        """Every executable compiled so far, with its input shapes, the calls it served, and the padding
-        verdict of each dimension (padded because the padding proof holds, or compiled at exact sizes and
-        the node that breaks the proof)."""
+        """Every executable compiled so far, with its input shapes, where it came from, the calls it
+        served, the engine reloads (``switches``) its runs caused on a device shared with other
+        executables, and the padding verdict of each dimension (padded because the padding proof holds,
+        or compiled at exact sizes and the node that breaks the proof)."""
         verdicts = self._runner.padding_verdicts()
         return [{**entry, "padding": verdicts} for entry in self._runner.statistics()]
 
     def padding_verdicts(self) -> dict[str, str]:
         """Per dimension tried so far: ``"padded (proven)"``, or ``"exact sizes: <node and reason>"``."""
         return self._runner.padding_verdicts()
+
+    def precompile(
+        self,
+        fixed_dims: Mapping[str, int] | None = None,
+        *,
+        progress: bool = False,
+        parallel: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Compile every bucket signature into the executable cache now (``optimum-ipu compile``); one
+        record per signature: shapes, branches, ``source`` ("compiled" or "cache"), seconds."""
+        from optimum_ipu_backend.runtime.precompile import compile_buckets
+
+        return compile_buckets(self._runner, fixed_dims=fixed_dims, progress=progress, parallel=parallel)
+
+    def graph_notes(self) -> list[str]:
+        """What serving changed in the exported graph and what it costs (e.g. experts computed densely)."""
+        return list(self._source.description.notes)
 
     def bucket_sizes(self) -> dict[str, list[int]]:
         """The compiled sizes of every padded dimension."""
@@ -271,6 +384,10 @@ class IPUInferenceSession:
                     )
             feed[name] = array
         return feed
+
+
+def _close_engine(engine: Engine) -> None:
+    engine.close()
 
 
 def _read_config(model_dir: Path | None) -> dict[str, Any]:

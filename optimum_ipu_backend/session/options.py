@@ -13,15 +13,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optimum_ipu_backend.engines import engine_names
 from optimum_ipu_backend.engines.probe import DEVICES, check_device_name, default_device
 from optimum_ipu_backend.runtime.buckets import BucketOptionError
 from optimum_ipu_backend.runtime.ipu_config import IPUConfigError, IPURuntimeConfig, load_runtime_config
 
-ENGINE_NAMES = ("emulator", "popart", "poptorch")
+COMPILE_MODES = ("lazy", "eager")
 
 SESSION_OPTION_HELP = {
     "device": f"one of {', '.join(DEVICES)}; default from OPTIMUM_IPU_DEVICE, else 'ipu'",
-    "engine": f"one of {', '.join(ENGINE_NAMES)}; default: chosen from the device and the SDK found",
+    "engine": (
+        f"one of {', '.join(engine_names())}; default: the available engine of highest priority "
+        "for the device"
+    ),
+    "compile": (
+        "'lazy' (compile each shape on its first call) or 'eager' (also compile the smallest shape while the "
+        "session is created, so that a failure there lets providers listed after ipu take over); default lazy"
+    ),
+    "compile_timeout": "seconds one compile may take before it is stopped (positive number); "
+    "default: no limit",
     "threads": "host threads the emulator may use (positive integer); default: onnxruntime's choice",
     "progress": (
         "1 or 0: progress bars for legalization and compilation; default: on when stderr is a terminal"
@@ -53,6 +63,11 @@ class IPUProviderOptions:
     threads: int | None = None
     progress: bool | None = None
     trim_padding: bool = False
+    compile: str = "lazy"
+    compile_timeout: float | None = None
+    # Compile for an offline IPU target (fills the cache; nothing runs). Set by `optimum-ipu compile`.
+    offline: bool = False
+    ipu_version: str | None = None  # the IPU architecture an offline compile targets
     runtime: IPURuntimeConfig = field(default_factory=IPURuntimeConfig)
 
     @property
@@ -68,8 +83,24 @@ class IPUProviderOptions:
         except ValueError as exc:
             raise ProviderOptionError(str(exc)) from None
         engine = raw.get("engine")
-        if engine is not None and str(engine) not in ENGINE_NAMES:
+        if engine is not None and str(engine) not in engine_names():
             raise ProviderOptionError(f"option 'engine'={engine!r}: {SESSION_OPTION_HELP['engine']}")
+        compile_mode = str(raw.get("compile", "lazy")).strip().lower()
+        if compile_mode not in COMPILE_MODES:
+            raise ProviderOptionError(
+                f"option 'compile'={raw['compile']!r}: {SESSION_OPTION_HELP['compile']}"
+            )
+        compile_timeout = raw.get("compile_timeout")
+        if compile_timeout is not None:
+            try:
+                compile_timeout = float(compile_timeout)
+            except (TypeError, ValueError):
+                compile_timeout = 0.0
+            if not compile_timeout > 0:
+                raise ProviderOptionError(
+                    f"option 'compile_timeout'={raw['compile_timeout']!r}: "
+                    f"{SESSION_OPTION_HELP['compile_timeout']}"
+                )
         threads = raw.get("threads")
         if threads is not None:
             try:
@@ -99,5 +130,7 @@ class IPUProviderOptions:
             threads=threads,
             progress=progress,
             trim_padding=trim_padding,
+            compile=compile_mode,
+            compile_timeout=compile_timeout,
             runtime=runtime,
         )

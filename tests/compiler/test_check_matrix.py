@@ -159,7 +159,7 @@ def _assert_matches_the_original(entry: Mapping, feeds: Mapping[str, np.ndarray]
     if key[1] is not None:
         original_feeds[BRANCH_INPUT] = np.array([key[1]])
     expected = run_ort(original, original_feeds)
-    executable = load_engine("emulator").compile(Path(entry["saved_to"]).read_bytes(), CompileOptions())
+    executable = load_engine("emulator").compile(Path(entry["saved_to"]), CompileOptions())
     actual = executable.run(_executable_feed(executable, feeds))
     assert set(actual) == set(expected), (label, sorted(actual), sorted(expected))
     for output, want in expected.items():

@@ -55,6 +55,12 @@ def _session_facts(model) -> dict:
                 "type": type(session).__name__,
                 "providers": [str(p) for p in session.get_providers()],
                 "options": session.get_provider_options().get("IPUExecutionProvider", {}),
+                "padding": session.padding_verdicts(),
+                "graph_notes": session.graph_notes(),
+                "compiled_shapes": [
+                    {name: list(shape) for name, shape in compiled["shapes"].items()}
+                    for compiled in session.compiled_executables()
+                ],
                 "compiled_batches": sorted(
                     {
                         shape[0]

@@ -1,0 +1,553 @@
+"""The legalized ONNX graph as a ``torch.nn.Module``, the form PopTorch compiles.
+
+Why our own converter rather than onnx2torch: onnx2torch requires torchvision, which pins one torch build
+(the Poplar SDK pins torch 2.0.1 for PopTorch, and on a CPU machine it pulls a CUDA torch), and its
+converters target opsets 9-16 in general. What PopTorch gets from us is narrower: a legalized graph,
+static shapes, PopART's opset 11 operators, no control flow. One interpreter of that graph with torch
+operators, executed node by node in topological order, is straightforward for PopTorch to trace, keeps
+weights as module buffers (uploaded with the executable), and fails at conversion, naming the operator,
+when the graph holds anything it does not implement. Each operator follows the ONNX opset-11 definition;
+the engine tests compare the result with onnxruntime on the same graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from optimum_ipu_backend.engines.base import EngineContractError
+
+_TORCH_TYPES = {
+    onnx.TensorProto.FLOAT: torch.float32,
+    onnx.TensorProto.FLOAT16: torch.float16,
+    onnx.TensorProto.DOUBLE: torch.float64,
+    onnx.TensorProto.INT32: torch.int32,
+    onnx.TensorProto.INT64: torch.int64,
+    onnx.TensorProto.INT16: torch.int16,
+    onnx.TensorProto.INT8: torch.int8,
+    onnx.TensorProto.UINT8: torch.uint8,
+    onnx.TensorProto.BOOL: torch.bool,
+}
+
+Attrs = dict[str, Any]
+Op = Callable[[list[Any], Attrs], Sequence[torch.Tensor] | torch.Tensor]
+
+
+def _ints(tensor: torch.Tensor | None) -> list[int]:
+    return [] if tensor is None else [int(v) for v in tensor.reshape(-1).tolist()]
+
+
+def _axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+def _reduce(fn: Callable[..., torch.Tensor]) -> Op:
+    def op(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+        data = inputs[0]
+        axes = attrs.get("axes")
+        keep = bool(attrs.get("keepdims", 1))
+        dims = list(range(data.dim())) if axes is None else [_axis(a, data.dim()) for a in axes]
+        if not dims:
+            return data
+        return fn(data, dims, keep)
+
+    return op
+
+
+def _reduce_max(data: torch.Tensor, dims: list[int], keep: bool) -> torch.Tensor:
+    return torch.amax(data, dim=dims, keepdim=keep)
+
+
+def _reduce_min(data: torch.Tensor, dims: list[int], keep: bool) -> torch.Tensor:
+    return torch.amin(data, dim=dims, keepdim=keep)
+
+
+def _reduce_prod(data: torch.Tensor, dims: list[int], keep: bool) -> torch.Tensor:
+    for dim in sorted(dims, reverse=True):
+        data = torch.prod(data, dim=dim, keepdim=keep)
+    return data
+
+
+def _flat_softmax(fn: Callable[..., torch.Tensor]) -> Op:
+    """Opset-11 (Log)Softmax: the input coerced to 2-D at ``axis``, normalized over the second part."""
+
+    def op(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+        data = inputs[0]
+        axis = _axis(attrs.get("axis", 1), data.dim())
+        rows = math.prod(data.shape[:axis])
+        return fn(data.reshape(rows, -1), dim=1).reshape(data.shape)
+
+    return op
+
+
+def _div(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    a, b = inputs
+    if a.is_floating_point():
+        return a / b
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+def _gather(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data, indices = inputs
+    axis = _axis(attrs.get("axis", 0), data.dim())
+    indices = torch.where(indices < 0, indices + data.shape[axis], indices).to(torch.int64)
+    picked = torch.index_select(data, axis, indices.reshape(-1))
+    return picked.reshape(*data.shape[:axis], *indices.shape, *data.shape[axis + 1 :])
+
+
+def _reshape(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data, shape = inputs
+    target = [data.shape[i] if size == 0 else size for i, size in enumerate(_ints(shape))]
+    return data.reshape(target)
+
+
+def _unsqueeze(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data = inputs[0]
+    rank = data.dim() + len(attrs["axes"])
+    for axis in sorted(_axis(a, rank) for a in attrs["axes"]):
+        data = data.unsqueeze(axis)
+    return data
+
+
+def _squeeze(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data = inputs[0]
+    axes = attrs.get("axes")
+    if axes is None:
+        return data.squeeze()
+    for axis in sorted((_axis(a, data.dim()) for a in axes), reverse=True):
+        data = data.squeeze(axis)
+    return data
+
+
+def _slice(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data = inputs[0]
+    starts, ends = _ints(inputs[1]), _ints(inputs[2])
+    axes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(len(starts)))
+    steps = _ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else [1] * len(starts)
+    index: list[Any] = [slice(None)] * data.dim()
+    flips = []
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        axis = _axis(axis, data.dim())
+        size = data.shape[axis]
+        if step > 0:
+            start = min(max(start + size if start < 0 else start, 0), size)
+            end = min(max(end + size if end < 0 else end, 0), size)
+            index[axis] = slice(start, max(end, start), step)
+        else:  # torch has no negative steps: take the range forwards, then flip
+            start = min(max(start + size if start < 0 else start, -1), size - 1)
+            end = min(max(end + size if end < 0 else end, -1), size - 1)
+            chosen = list(range(start, end, step))
+            index[axis] = slice(0, 0) if not chosen else slice(chosen[-1], chosen[0] + 1, -step)
+            flips.append(axis)
+    result = data[tuple(index)]
+    return torch.flip(result, flips) if flips else result
+
+
+def _split(inputs: list[Any], attrs: Attrs) -> list[torch.Tensor]:
+    data = inputs[0]
+    axis = _axis(attrs.get("axis", 0), data.dim())
+    sizes = attrs.get("split")
+    if sizes is None:
+        count = attrs["_outputs"]
+        sizes = [data.shape[axis] // count] * count
+    return list(torch.split(data, list(sizes), dim=axis))
+
+
+def _expand(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data, shape = inputs
+    target = torch.broadcast_shapes(tuple(data.shape), tuple(_ints(shape)))
+    return data.expand(target)
+
+
+def _cast(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    return inputs[0].to(_TORCH_TYPES[attrs["to"]])
+
+
+def _constant(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    return attrs["value"]
+
+
+def _constant_of_shape(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    value = attrs.get("value")
+    fill = torch.zeros(1, dtype=torch.float32) if value is None else value.reshape(-1)
+    return fill.reshape([]).expand(_ints(inputs[0])).clone()
+
+
+def _gemm(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    a, b = inputs[0], inputs[1]
+    a = a.t() if attrs.get("transA", 0) else a
+    b = b.t() if attrs.get("transB", 0) else b
+    result = attrs.get("alpha", 1.0) * (a @ b)
+    if len(inputs) > 2 and inputs[2] is not None:
+        result = result + attrs.get("beta", 1.0) * inputs[2]
+    return result
+
+
+def _conv(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data, weight = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    spatial = data.dim() - 2
+    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        raise EngineContractError("Conv with auto_pad is not supported by the PopTorch graph converter")
+    pads = attrs.get("pads", [0] * 2 * spatial)
+    begin, end = pads[:spatial], pads[spatial:]
+    if begin != end:
+        data = torch.nn.functional.pad(
+            data, [p for pair in zip(reversed(begin), reversed(end), strict=True) for p in pair]
+        )
+        begin = [0] * spatial
+    conv = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[spatial - 1]
+    return conv(
+        data,
+        weight,
+        bias,
+        stride=attrs.get("strides", [1] * spatial),
+        padding=begin,
+        dilation=attrs.get("dilations", [1] * spatial),
+        groups=attrs.get("group", 1),
+    )
+
+
+def _pad(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data = inputs[0]
+    pads = _ints(inputs[1])
+    value = float(inputs[2].reshape(-1)[0]) if len(inputs) > 2 and inputs[2] is not None else 0.0
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    rank = data.dim()
+    flat = [p for axis in reversed(range(rank)) for p in (pads[axis], pads[axis + rank])]
+    if mode != "constant":
+        raise EngineContractError(f"Pad mode {mode!r} is not supported by the PopTorch graph converter")
+    return torch.nn.functional.pad(data, flat, value=value)
+
+
+def _clip(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data = inputs[0]
+    low = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+    high = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    if low is not None:
+        data = torch.maximum(data, low.to(data.dtype))
+    if high is not None:
+        data = torch.minimum(data, high.to(data.dtype))
+    return data
+
+
+def _cumsum(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data, axis = inputs[0], _ints(inputs[1])[0]
+    axis = _axis(axis, data.dim())
+    if attrs.get("reverse", 0):
+        data = torch.flip(data, [axis])
+    result = torch.cumsum(data, dim=axis).to(data.dtype)
+    if attrs.get("exclusive", 0):
+        result = result - data
+    return torch.flip(result, [axis]) if attrs.get("reverse", 0) else result
+
+
+def _topk(inputs: list[Any], attrs: Attrs) -> list[torch.Tensor]:
+    data, k = inputs[0], _ints(inputs[1])[0]
+    values, indices = torch.topk(
+        data, k, dim=attrs.get("axis", -1), largest=bool(attrs.get("largest", 1)), sorted=True
+    )
+    return [values, indices.to(torch.int64)]
+
+
+def _arg(fn: Callable[..., torch.Tensor]) -> Op:
+    def op(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+        data = inputs[0]
+        axis = _axis(attrs.get("axis", 0), data.dim())
+        if attrs.get("select_last_index", 0):
+            flipped = fn(torch.flip(data, [axis]), dim=axis, keepdim=bool(attrs.get("keepdims", 1)))
+            return (data.shape[axis] - 1 - flipped).to(torch.int64)
+        return fn(data, dim=axis, keepdim=bool(attrs.get("keepdims", 1))).to(torch.int64)
+
+    return op
+
+
+def _variadic(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Op:
+    def op(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+        result = inputs[0]
+        for other in inputs[1:]:
+            result = fn(result, other)
+        return result
+
+    return op
+
+
+def _unary(fn: Callable[[torch.Tensor], torch.Tensor]) -> Op:
+    return lambda inputs, attrs: fn(inputs[0])
+
+
+def _binary(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Op:
+    return lambda inputs, attrs: fn(inputs[0], inputs[1])
+
+
+def _batch_norm(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data, scale, bias, mean, var = inputs[:5]
+    return torch.nn.functional.batch_norm(
+        data, mean, var, scale, bias, training=False, eps=attrs.get("epsilon", 1e-5)
+    )
+
+
+def _pool(kind: str) -> Op:
+    def op(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+        data = inputs[0]
+        spatial = data.dim() - 2
+        kernel = attrs["kernel_shape"]
+        pads = attrs.get("pads", [0] * 2 * spatial)
+        if pads[:spatial] != pads[spatial:]:
+            raise EngineContractError(
+                f"{kind} with asymmetric pads is not supported by the PopTorch converter"
+            )
+        strides = attrs.get("strides", [1] * spatial)
+        functional = torch.nn.functional
+        if kind == "MaxPool":
+            pool = (functional.max_pool1d, functional.max_pool2d, functional.max_pool3d)[spatial - 1]
+            return pool(data, kernel, strides, pads[:spatial], ceil_mode=bool(attrs.get("ceil_mode", 0)))
+        pool = (functional.avg_pool1d, functional.avg_pool2d, functional.avg_pool3d)[spatial - 1]
+        return pool(
+            data,
+            kernel,
+            strides,
+            pads[:spatial],
+            ceil_mode=bool(attrs.get("ceil_mode", 0)),
+            count_include_pad=bool(attrs.get("count_include_pad", 0)),
+        )
+
+    return op
+
+
+def _where(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    return torch.where(inputs[0].to(torch.bool), inputs[1], inputs[2])
+
+
+def _pow(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    base, exponent = inputs
+    return torch.pow(base, exponent.to(base.dtype))
+
+
+def _mod(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    a, b = inputs
+    return torch.fmod(a, b) if attrs.get("fmod", 0) else torch.remainder(a, b)
+
+
+def _one_hot(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    indices, depth, values = inputs
+    depth = _ints(depth)[0]
+    indices = torch.where(indices < 0, indices + depth, indices).to(torch.int64)
+    hot = torch.nn.functional.one_hot(indices, depth)
+    axis = _axis(attrs.get("axis", -1), indices.dim() + 1)
+    hot = torch.movedim(hot, -1, axis)
+    return torch.where(hot.to(torch.bool), values[1], values[0])
+
+
+def _shape(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    return torch.tensor(list(inputs[0].shape), dtype=torch.int64)
+
+
+def _tile(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    return inputs[0].repeat(_ints(inputs[1]))
+
+
+def _flatten(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data = inputs[0]
+    axis = _axis(attrs.get("axis", 1), data.dim())
+    return data.reshape(math.prod(data.shape[:axis]), -1)
+
+
+def _scatter_elements(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data, indices, updates = inputs
+    axis = _axis(attrs.get("axis", 0), data.dim())
+    indices = torch.where(indices < 0, indices + data.shape[axis], indices).to(torch.int64)
+    return data.scatter(axis, indices, updates)
+
+
+OPS: dict[str, Op] = {
+    "Abs": _unary(torch.abs),
+    "Add": _binary(torch.add),
+    "And": _binary(torch.logical_and),
+    "ArgMax": _arg(torch.argmax),
+    "ArgMin": _arg(torch.argmin),
+    "Asin": _unary(torch.asin),
+    "Atan": _unary(torch.atan),
+    "AveragePool": _pool("AveragePool"),
+    "BatchNormalization": _batch_norm,
+    "Cast": _cast,
+    "Ceil": _unary(torch.ceil),
+    "Clip": _clip,
+    "Concat": lambda inputs, attrs: torch.cat(list(inputs), dim=attrs["axis"]),
+    "Constant": _constant,
+    "ConstantOfShape": _constant_of_shape,
+    "Conv": _conv,
+    "Cos": _unary(torch.cos),
+    "Cosh": _unary(torch.cosh),
+    "CumSum": _cumsum,
+    "Div": _div,
+    "Dropout": lambda inputs, attrs: [inputs[0], torch.ones_like(inputs[0], dtype=torch.bool)],
+    "Elu": lambda inputs, attrs: torch.nn.functional.elu(inputs[0], attrs.get("alpha", 1.0)),
+    "Equal": _binary(torch.eq),
+    "Erf": _unary(torch.erf),
+    "Exp": _unary(torch.exp),
+    "Expand": _expand,
+    "Flatten": _flatten,
+    "Floor": _unary(torch.floor),
+    "Gather": _gather,
+    "Gemm": _gemm,
+    "GlobalAveragePool": lambda inputs, attrs: inputs[0].mean(
+        dim=list(range(2, inputs[0].dim())), keepdim=True
+    ),
+    "GlobalMaxPool": lambda inputs, attrs: torch.amax(
+        inputs[0], dim=list(range(2, inputs[0].dim())), keepdim=True
+    ),
+    "Greater": _binary(torch.gt),
+    "HardSigmoid": lambda inputs, attrs: torch.clamp(
+        attrs.get("alpha", 0.2) * inputs[0] + attrs.get("beta", 0.5), 0, 1
+    ),
+    "Identity": _unary(lambda x: x),
+    "IsInf": _unary(torch.isinf),
+    "IsNaN": _unary(torch.isnan),
+    "LeakyRelu": lambda inputs, attrs: torch.nn.functional.leaky_relu(inputs[0], attrs.get("alpha", 0.01)),
+    "Less": _binary(torch.lt),
+    "Log": _unary(torch.log),
+    "LogSoftmax": _flat_softmax(torch.log_softmax),
+    "MatMul": _binary(torch.matmul),
+    "Max": _variadic(torch.maximum),
+    "MaxPool": _pool("MaxPool"),
+    "Mean": lambda inputs, attrs: _variadic(torch.add)(inputs, attrs) / len(inputs),
+    "Min": _variadic(torch.minimum),
+    "Mod": _mod,
+    "Mul": _binary(torch.mul),
+    "Neg": _unary(torch.neg),
+    "Not": _unary(torch.logical_not),
+    "OneHot": _one_hot,
+    "Or": _binary(torch.logical_or),
+    "Pad": _pad,
+    "Pow": _pow,
+    "PRelu": _binary(lambda x, slope: torch.where(x < 0, x * slope, x)),
+    "Reciprocal": _unary(torch.reciprocal),
+    "ReduceL1": _reduce(lambda d, dims, keep: d.abs().sum(dim=dims, keepdim=keep)),
+    "ReduceL2": _reduce(lambda d, dims, keep: d.pow(2).sum(dim=dims, keepdim=keep).sqrt()),
+    "ReduceLogSum": _reduce(lambda d, dims, keep: d.sum(dim=dims, keepdim=keep).log()),
+    "ReduceLogSumExp": _reduce(lambda d, dims, keep: torch.logsumexp(d, dim=dims, keepdim=keep)),
+    "ReduceMax": _reduce(_reduce_max),
+    "ReduceMean": _reduce(lambda d, dims, keep: d.mean(dim=dims, keepdim=keep)),
+    "ReduceMin": _reduce(_reduce_min),
+    "ReduceProd": _reduce(_reduce_prod),
+    "ReduceSum": _reduce(lambda d, dims, keep: d.sum(dim=dims, keepdim=keep).to(d.dtype)),
+    "ReduceSumSquare": _reduce(lambda d, dims, keep: (d * d).sum(dim=dims, keepdim=keep)),
+    "Relu": _unary(torch.relu),
+    "Reshape": _reshape,
+    "Round": _unary(torch.round),
+    "ScatterElements": _scatter_elements,
+    "Selu": lambda inputs, attrs: (
+        attrs.get("gamma", 1.0507)
+        * torch.where(inputs[0] > 0, inputs[0], attrs.get("alpha", 1.67326) * (torch.exp(inputs[0]) - 1))
+    ),
+    "Shape": _shape,
+    "Sigmoid": _unary(torch.sigmoid),
+    "Sign": _unary(torch.sign),
+    "Sin": _unary(torch.sin),
+    "Sinh": _unary(torch.sinh),
+    "Slice": _slice,
+    "Softmax": _flat_softmax(torch.softmax),
+    "Softplus": _unary(torch.nn.functional.softplus),
+    "Softsign": _unary(torch.nn.functional.softsign),
+    "Split": _split,
+    "Sqrt": _unary(torch.sqrt),
+    "Squeeze": _squeeze,
+    "Sub": _binary(torch.sub),
+    "Sum": _variadic(torch.add),
+    "Tan": _unary(torch.tan),
+    "Tanh": _unary(torch.tanh),
+    "Tile": _tile,
+    "TopK": _topk,
+    "Transpose": lambda inputs, attrs: inputs[0].permute(
+        attrs.get("perm", list(reversed(range(inputs[0].dim()))))
+    ),
+    "Unsqueeze": _unsqueeze,
+    "Where": _where,
+}
+
+
+def _attributes(node: onnx.NodeProto) -> Attrs:
+    attrs: Attrs = {}
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            raise EngineContractError(
+                f"node {node.name!r} ({node.op_type}) holds a subgraph; the PopTorch graph converter takes "
+                "graphs without control flow"
+            )
+        value = helper.get_attribute_value(attribute)
+        if isinstance(value, onnx.TensorProto):
+            value = torch.from_numpy(np.array(numpy_helper.to_array(value)))
+        elif attribute.type == onnx.AttributeProto.FLOAT and node.op_type == "Constant":
+            value = torch.tensor(value, dtype=torch.float32)
+        elif attribute.type == onnx.AttributeProto.INT and node.op_type == "Constant":
+            value = torch.tensor(value, dtype=torch.int64)
+        elif attribute.type == onnx.AttributeProto.FLOATS and node.op_type == "Constant":
+            value = torch.tensor(list(value), dtype=torch.float32)
+        elif attribute.type == onnx.AttributeProto.INTS and node.op_type == "Constant":
+            value = torch.tensor(list(value), dtype=torch.int64)
+        elif isinstance(value, list | tuple):
+            value = list(value)
+        attrs[attribute.name] = value
+    if node.op_type == "Constant":
+        attrs = {"value": next(iter(attrs.values()))}
+    attrs["_outputs"] = len(node.output)
+    return attrs
+
+
+class OnnxGraphModule(torch.nn.Module):
+    """Runs one static ONNX graph with torch operators. Initializers and constants are buffers."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        super().__init__()
+        graph = model.graph
+        unsupported = sorted(
+            {
+                node.op_type
+                for node in graph.node
+                if node.op_type not in OPS or node.domain not in ("", "ai.onnx")
+            }
+        )
+        if unsupported:
+            raise EngineContractError(
+                f"the PopTorch graph converter has no implementation of {', '.join(unsupported)}; serve this "
+                "model with engine='popart'"
+            )
+        self._tensor_names: dict[str, str] = {}
+        for index, initializer in enumerate(graph.initializer):
+            array = np.array(numpy_helper.to_array(initializer))
+            self.register_buffer(f"initializer_{index}", torch.from_numpy(array), persistent=True)
+            self._tensor_names[initializer.name] = f"initializer_{index}"
+        self.input_names = [value.name for value in graph.input if value.name not in self._tensor_names]
+        self.output_names = [value.name for value in graph.output]
+        self._nodes: list[tuple[str, list[str], list[str], Attrs]] = []
+        for index, node in enumerate(graph.node):
+            attrs = _attributes(node)
+            for name, value in list(attrs.items()):
+                if isinstance(value, torch.Tensor):  # constant tensors become buffers, like weights
+                    self.register_buffer(f"constant_{index}_{name}", value, persistent=True)
+                    attrs[name] = f"constant_{index}_{name}"
+                    attrs.setdefault("_buffers", []).append(name)
+            self._nodes.append((node.op_type, list(node.input), list(node.output), attrs))
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        values: dict[str, Any] = dict(zip(self.input_names, inputs, strict=True))
+        for name, buffer_name in self._tensor_names.items():
+            values[name] = getattr(self, buffer_name)
+        for op_type, input_names, output_names, attrs in self._nodes:
+            if "_buffers" in attrs:
+                attrs = {**attrs, **{name: getattr(self, attrs[name]) for name in attrs["_buffers"]}}
+            args = [values[name] if name else None for name in input_names]
+            result = OPS[op_type](args, attrs)
+            results = [result] if isinstance(result, torch.Tensor) else list(result)
+            for name, value in zip(output_names, results, strict=False):
+                if name:
+                    values[name] = value
+        return tuple(values[name] for name in self.output_names)

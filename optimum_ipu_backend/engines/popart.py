@@ -1,0 +1,233 @@
+"""The PopART engine: the legalized ONNX graph as a ``popart.InferenceSession``.
+
+``PopARTEngine`` is the host side (no SDK import); ``PopARTBackend`` runs inside the worker process,
+after ``import popart``, and follows the documented call order (graphcore-sdk-api.md §1.1):
+
+1. ``GraphTransformer(path).convertINT64ToINT32(clip=True)``: a safety net, the compiler already
+   made every tensor int32;
+2. ``DataFlow(batches_per_step=device_iterations, {output: AnchorReturnType("All")})``;
+3. a new ``SessionOptions`` for every session (the default argument object is created at import and
+   picks up ``POPART_CACHE_DIR``): replication, ``partialsTypeMatMuls`` from the precision, and engine
+   caching into the artifact directory of *our* cache entry. PopART's own cache key ignores initializer
+   values, so a shared ``cachePath`` would serve a binary with old weights; each entry of ours is keyed
+   by content that includes the weights and has its own ``cachePath``;
+4. the device from ``DeviceManager``: ``acquireAvailableDevice(n)`` for ``ipu``,
+   ``createIpuModelDevice({"numIPUs": n, "tilesPerIPU": 1472})`` for ``ipu-model`` (the default of 4
+   tiles is far from a real IPU), ``createOfflineIPUDevice`` to compile without hardware;
+5. ``prepareDevice()``, ``weightsFromHost()``, ``initAnchorArrays()``; each run is ``PyStepIO`` over
+   C-contiguous arrays of exactly the declared dtypes, laid out ``[device_iterations, replicas,
+   *shape]`` (§1.5: only element counts are checked), then ``run()``; devices are detached on release.
+
+Weights stay constants (``constantWeights`` True, the inference default), so an engine switch on a
+shared device reloads them with the executable and needs no ``weightsFromHost``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from optimum_ipu_backend.engines.base import Availability, CompileOptions
+from optimum_ipu_backend.engines.probe import module_origin
+from optimum_ipu_backend.engines.worker import WorkerEngine
+
+# A Mk2/Bow or C600 IPU; createIpuModelDevice defaults to 4 tiles otherwise (§0.6).
+TILES_PER_IPU = 1472
+_NUMPY_TYPES = {
+    "float": "float32",
+    "float16": "float16",
+    "int32": "int32",
+    "uint32": "uint32",
+    "int16": "int16",
+    "uint16": "uint16",
+    "int8": "int8",
+    "uint8": "uint8",
+    "bool": "bool",
+}
+
+
+class PopARTEngine(WorkerEngine):
+    name = "popart"
+    devices = ("ipu", "ipu-model")
+    priority = 20
+    thread_safe = False
+    sdk_module = "popart"
+    backend = "optimum_ipu_backend.engines.popart:PopARTBackend"
+
+    @classmethod
+    def probe(cls) -> Availability:
+        origin = module_origin("popart")
+        if origin is None:
+            return Availability(
+                False,
+                "the Python module popart of Graphcore's Poplar SDK was not found; enable the SDK in this "
+                "environment (source <sdk>/enable)",
+            )
+        return Availability(True, f"PopART found ({origin}); the SDK lists the IPUs when a session starts")
+
+    def key_settings(self, options: CompileOptions) -> dict[str, Any]:
+        return {**super().key_settings(options), "tiles_per_ipu": TILES_PER_IPU}
+
+
+# -- worker side ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Session:
+    session: Any
+    device: Any
+    anchor_shapes: dict[str, tuple[int, ...]]
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    device_label: str
+
+
+def _io_names(graph: str) -> tuple[list[str], list[str]]:
+    import onnx  # after popart, in the worker: allowed
+
+    model = onnx.load(graph, load_external_data=False)
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    inputs = [value.name for value in model.graph.input if value.name not in initializers]
+    return inputs, [value.name for value in model.graph.output]
+
+
+class PopARTBackend:
+    def __init__(self) -> None:
+        import popart
+
+        self.popart = popart
+
+    def hello(self) -> dict[str, Any]:
+        devices = self.popart.DeviceManager().enumerateDevices()
+        return {
+            "sdk_version": self.popart.versionString(),
+            "ipus": sum(device.numIpus for device in devices),
+            "ipu_version": devices[0].ipuVersion if devices else None,
+        }
+
+    def open_device(
+        self, device: str, ipus: int, offline: bool, ipu_version: str, options: dict, required: bool
+    ) -> Any:
+        manager = self.popart.DeviceManager()
+        if offline:
+            return manager.createOfflineIPUDevice({"numIPUs": ipus, "ipuVersion": ipu_version})
+        if device == "ipu-model":
+            return manager.createIpuModelDevice({"numIPUs": ipus, "tilesPerIPU": TILES_PER_IPU})
+        distributed = options.get("distributed")
+        if distributed:
+            if importlib.util.find_spec("popdist") is not None:
+                import popdist.popart
+
+                return popdist.popart.getDevice(distributed["ipus_per_replica"])
+            if distributed.get("device_id") is not None:
+                return manager.acquireDeviceById(distributed["device_id"])
+        if required:
+            return manager.acquireAvailableDevice(ipus)
+        return manager.tryAcquireAvailableDevice(ipus)
+
+    def close_device(self, device: Any) -> None:
+        device.detach()
+
+    def _session_options(self, options: dict, artifacts: str | None, hardware: bool) -> Any:
+        popart = self.popart
+        session_options = popart.SessionOptions()  # new every time, never the default argument object
+        replicas = options["replicas"]
+        if replicas > 1:
+            session_options.enableReplicatedGraphs = True
+            session_options.replicatedGraphCount = replicas
+        distributed = options.get("distributed")
+        if distributed:
+            if importlib.util.find_spec("popdist") is not None:
+                import popdist.popart
+
+                popdist.popart.configureSessionOptions(session_options)
+            else:  # the fields popdist.popart.configureSessionOptions sets (scale-out §1.2)
+                session_options.enableDistributedReplicatedGraphs = True
+                session_options.globalReplicationFactor = distributed["total"]
+                session_options.globalReplicaOffset = distributed["offset"]
+        session_options.partialsTypeMatMuls = "half" if options["precision"] == "fp16" else "float"
+        if artifacts is not None and hardware:  # PopART caches for IPU and offline targets only
+            os.makedirs(artifacts, exist_ok=True)
+            session_options.enableEngineCaching = True
+            session_options.cachePath = artifacts
+        return session_options
+
+    def build(
+        self, graph: str, artifacts: str | None, options: dict, device: Any, device_name: str, offline: bool
+    ) -> _Session:
+        popart = self.popart
+        input_names, output_names = _io_names(graph)
+        here = os.getcwd()
+        os.chdir(os.path.dirname(os.path.abspath(graph)))  # external data is found from the CWD (§1.2)
+        try:
+            transformer = popart.GraphTransformer(os.path.basename(graph))
+            transformer.convertINT64ToINT32(clip=True)
+            data_flow = popart.DataFlow(
+                options["device_iterations"],
+                {name: popart.AnchorReturnType("All") for name in output_names},
+            )
+            session = popart.InferenceSession(
+                fnModel=transformer.getModelProto(),
+                dataFlow=data_flow,
+                deviceInfo=device,
+                userOptions=self._session_options(options, artifacts, offline or device_name == "ipu"),
+            )
+        finally:
+            os.chdir(here)
+        session.prepareDevice(loadEngine=not offline)
+        if not offline:
+            session.weightsFromHost()
+        anchors = session.initAnchorArrays()
+
+        def spec(name: str) -> dict[str, Any]:
+            info = session.getInfo(name)
+            return {"name": name, "shape": tuple(info.shape()), "dtype": _NUMPY_TYPES[info.data_type_lcase()]}
+
+        return _Session(
+            session=session,
+            device=device,
+            anchor_shapes={name: tuple(array.shape) for name, array in anchors.items()},
+            inputs=[spec(name) for name in input_names],
+            outputs=[spec(name) for name in output_names],
+            device_label=f"{getattr(device.type, 'name', device.type)} {device.id} ({device.numIpus} IPU)",
+        )
+
+    def run(self, built: _Session, inputs: dict, outputs: dict) -> None:
+        anchors = {name: outputs[name].reshape(shape) for name, shape in built.anchor_shapes.items()}
+        built.session.run(self.popart.PyStepIO(inputs, anchors))
+
+    def load(self, built: _Session) -> None:
+        built.session.loadEngineAndConnectStreams()  # constant weights come back with the engine
+
+    def unload(self, built: _Session) -> None:
+        """Loading another session's engine replaces this one on a shared device; nothing to do."""
+
+    def reset(self, built: _Session) -> None:
+        built.device.detach()
+        built.device.attach()
+        built.session.loadEngineAndConnectStreams()
+        built.session.weightsFromHost()
+
+    def release(self, built: _Session) -> None:
+        built.session = None
+
+    def classify(self, exc: BaseException) -> dict[str, Any] | None:
+        popart = self.popart
+        if isinstance(exc, popart.OutOfMemoryException):
+            return {"kind": "out_of_memory"}
+        if isinstance(exc, popart.poplar_recoverable_runtime_error):
+            action = exc.recoveryAction
+            action = action() if callable(action) else action
+            return {"kind": "recoverable", "recovery_action": getattr(action, "name", str(action))}
+        if isinstance(exc, popart.poplar_unrecoverable_runtime_error | popart.poplar_unknown_runtime_error):
+            return {"kind": "unrecoverable"}
+        message = str(exc)
+        if isinstance(exc, popart.popart_exception) and (
+            "Failed to acquire" in message or "attach" in message
+        ):
+            return {"kind": "acquisition"}
+        if isinstance(exc, popart.popart_exception | popart.poplar_exception | popart.poplibs_exception):
+            return {"kind": "sdk"}
+        return None

@@ -1,0 +1,228 @@
+"""The PopTorch engine: the legalized ONNX graph as a torch module run by ``poptorch.inferenceModel``.
+
+Chosen with the provider option ``engine="poptorch"`` (install ``optimum-ipu-backend[poptorch]`` and
+the SDK's PopTorch wheel). PopTorch compiles torch modules, not ONNX, so the worker turns the legalized
+graph into one (``engines.onnx_torch``; why not onnx2torch is said there) and maps the provider options
+onto ``poptorch.Options`` (graphcore-sdk-api.md §3): ``deviceIterations``, ``replicationFactor``,
+``outputMode(OutputMode.All)``, ``Precision.setPartialsType`` from the precision,
+``enableExecutableCaching`` into the artifact directory of our cache entry (IPU and offline targets;
+PopTorch warns that caching does not work on the IPU Model), ``useIpuModel`` for ``ipu-model`` and
+``useOfflineIpuTarget`` to compile without hardware. Under PopRun, ``Distributed.configureProcessId``
+tells PopTorch this instance's place.
+
+PopTorch's batch rule: dim 0 of every input is ``micro-batch x deviceIterations x replicationFactor``,
+and outputs come back concatenated on dim 0. Our step buffers ``[device_iterations, replicas, *shape]``
+are exactly that in C order, so they are passed as views, reshaped, without a copy.
+
+Residency: a PopTorch executor attaches to its own IPUs. When executables outnumber the IPUs, the worker
+detaches the one loaded on a device before attaching another (``detachFromDevice`` /
+``attachToDevice``), which is PopTorch's engine switch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from optimum_ipu_backend.engines.base import Availability, EngineContractError
+from optimum_ipu_backend.engines.probe import module_origin
+from optimum_ipu_backend.engines.worker import WorkerEngine
+
+_IPU_VERSIONS = {"ipu2": 2, "ipu21": 21}
+
+
+class PopTorchEngine(WorkerEngine):
+    name = "poptorch"
+    devices = ("ipu", "ipu-model")
+    priority = 10
+    thread_safe = False
+    pip_extra = "poptorch"
+    sdk_module = "poptorch"
+    backend = "optimum_ipu_backend.engines.poptorch:PopTorchBackend"
+
+    @classmethod
+    def probe(cls) -> Availability:
+        origin = module_origin("poptorch")
+        if origin is None:
+            return Availability(
+                False,
+                "the Python module poptorch of Graphcore's Poplar SDK was not found; enable the SDK and "
+                "install "
+                "its PopTorch wheel (pip install optimum-ipu-backend[poptorch] for the host side)",
+            )
+        return Availability(True, f"PopTorch found ({origin}); the SDK lists the IPUs when a session starts")
+
+
+# -- worker side ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Executor:
+    executor: Any
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    steps: int
+    device_label: str
+
+
+@dataclass
+class _DeviceShare:
+    """PopTorch acquires IPUs itself; the worker only books how many each device slot takes."""
+
+    ipus: int
+    label: str
+
+
+class PopTorchBackend:
+    def __init__(self) -> None:
+        import poptorch
+        import torch
+
+        self.poptorch, self.torch = poptorch, torch
+        self._booked = 0
+        self._capacity = 0
+
+    def hello(self) -> dict[str, Any]:
+        poptorch = self.poptorch
+        ipus = 0
+        while ipus < 1024 and poptorch.ipuHardwareIsAvailable(max(ipus * 2, 1)):
+            ipus = max(ipus * 2, 1)
+        self._capacity = ipus
+        version = {2: "ipu2", 21: "ipu21"}.get(poptorch.ipuHardwareVersion()) if ipus else None
+        return {"sdk_version": poptorch.__version__, "ipus": ipus, "ipu_version": version}
+
+    def open_device(
+        self, device: str, ipus: int, offline: bool, ipu_version: str, options: dict, required: bool
+    ) -> _DeviceShare | None:
+        if offline or device != "ipu":
+            return _DeviceShare(0, "offline target" if offline else "IPU Model")
+        if self._booked + ipus > self._capacity and not required:
+            return None
+        # When required and short, PopTorch's own acquisition reports the failure at compile.
+        self._booked += ipus
+        return _DeviceShare(ipus, f"IPUs {self._booked - ipus}..{self._booked - 1}")
+
+    def close_device(self, share: _DeviceShare) -> None:
+        self._booked -= share.ipus
+
+    def _options(
+        self, options: dict, artifacts: str | None, device: str, offline: bool, ipu_version: str
+    ) -> Any:
+        poptorch, torch = self.poptorch, self.torch
+        opts = poptorch.Options()
+        opts.deviceIterations(options["device_iterations"])
+        opts.replicationFactor(options["replicas"])
+        opts.outputMode(poptorch.OutputMode.All)
+        opts.Precision.setPartialsType(torch.half if options["precision"] == "fp16" else torch.float)
+        if device == "ipu-model" and not offline:
+            opts.useIpuModel(True)
+        elif artifacts is not None:
+            os.makedirs(artifacts, exist_ok=True)
+            opts.enableExecutableCaching(artifacts)
+        if offline:
+            opts.useOfflineIpuTarget(_IPU_VERSIONS.get(ipu_version, 2))
+        distributed = options.get("distributed")
+        if distributed:
+            local = options["replicas"]
+            opts.Distributed.configureProcessId(distributed["offset"] // local, distributed["total"] // local)
+        return opts
+
+    def build(
+        self, graph: str, artifacts: str | None, options: dict, device: Any, device_name: str, offline: bool
+    ) -> _Executor:
+        import onnx
+
+        from optimum_ipu_backend.engines.onnx_torch import OnnxGraphModule
+
+        torch = self.torch
+        model = onnx.load(graph)  # external data resolves next to the file
+        module = OnnxGraphModule(model).eval()
+        steps = options["device_iterations"] * options["replicas"]
+
+        def specs(values) -> list[dict[str, Any]]:
+            result = []
+            for value in values:
+                if value.name not in module.input_names and value.name not in module.output_names:
+                    continue
+                shape = tuple(d.dim_value for d in value.type.tensor_type.shape.dim)
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+                if steps > 1 and not shape:
+                    raise EngineContractError(
+                        f"{value.name!r} is a scalar; PopTorch concatenates device iterations and "
+                        "replicas on "
+                        "dim 0, so scalars need device_iterations = replication_factor = 1"
+                    )
+                result.append({"name": value.name, "shape": shape, "dtype": np.dtype(dtype).name})
+            return result
+
+        inputs, outputs = specs(model.graph.input), specs(model.graph.output)
+        opts = self._options(options, artifacts, device_name, offline, options.get("ipu_version") or "ipu2")
+        executor = self.poptorch.inferenceModel(module, opts)
+        examples = [
+            torch.zeros(
+                (spec["shape"][0] * steps, *spec["shape"][1:]) if spec["shape"] else (),
+                dtype=_torch_dtype(torch, spec["dtype"]),
+            )
+            for spec in inputs
+        ]
+        executor.compile(*examples)
+        return _Executor(executor, inputs, outputs, steps, device.label)
+
+    def run(self, built: _Executor, inputs: dict, outputs: dict) -> None:
+        torch = self.torch
+        args = []
+        for spec in built.inputs:
+            array = inputs[spec["name"]]
+            shape = spec["shape"]
+            args.append(
+                torch.from_numpy(
+                    array.reshape((shape[0] * built.steps, *shape[1:])) if shape else array.reshape(())
+                )
+            )
+        results = built.executor(*args)
+        if isinstance(results, torch.Tensor):
+            results = (results,)
+        for spec, tensor in zip(built.outputs, results, strict=True):
+            target = outputs[spec["name"]]
+            if math.prod(tensor.shape) != target.size:
+                raise EngineContractError(f"PopTorch returned {tuple(tensor.shape)} for {spec['name']!r}")
+            target[...] = tensor.detach().numpy().reshape(target.shape)
+
+    def load(self, built: _Executor) -> None:
+        if not built.executor.isAttachedToDevice():
+            built.executor.attachToDevice()
+
+    def unload(self, built: _Executor) -> None:
+        if built.executor.isAttachedToDevice():
+            built.executor.detachFromDevice()
+
+    def reset(self, built: _Executor) -> None:
+        self.unload(built)
+        built.executor.attachToDevice()
+
+    def release(self, built: _Executor) -> None:
+        built.executor.destroy()
+
+    def classify(self, exc: BaseException) -> dict[str, Any] | None:
+        poptorch = self.poptorch
+        if isinstance(exc, poptorch.RecoverableError):
+            return {"kind": "recoverable", "recovery_action": str(exc.recovery_action)}
+        if isinstance(exc, poptorch.UnrecoverableError):
+            return {"kind": "unrecoverable"}
+        if isinstance(exc, poptorch.Error):
+            kind = getattr(exc, "type", "")
+            message = str(exc)
+            if "memory_allocation" in kind or "Out of memory" in message:
+                return {"kind": "out_of_memory"}
+            if "Failed to acquire" in message:
+                return {"kind": "acquisition"}
+            return {"kind": "sdk"}
+        return None
+
+
+def _torch_dtype(torch: Any, name: str) -> Any:
+    return getattr(torch, {"float32": "float32", "float16": "float16", "bool": "bool"}.get(name, name))

@@ -1,0 +1,521 @@
+"""The Poplar SDK runs in a worker process; this is the host side of it.
+
+Why a process: ``import popart`` raises ImportError once ``onnx`` is imported, and optimum imports onnx
+long before a session exists (graphcore-sdk-api.md §0). The worker is started with
+``python -c "import popart; ..."``, so the SDK is its first import; it inherits the user's environment
+as it is (the SDK's ``enable`` script sets ``PYTHONPATH`` and ``POPLAR_SDK_ENABLED``), and asks the SDK
+which IPUs exist. A process also contains device faults: a compile that hangs is stopped after
+``compile_timeout``, and a worker that dies is reported and started again on the next call.
+
+One worker per SDK serves every engine of this process, so that executables of several sessions can
+share the IPUs it acquires (``engines.worker_server``). Requests and replies are small dicts over a
+socket pair; arrays never cross it: each executable's input and output buffers are shared memory
+(files in ``/dev/shm``, mapped by both processes and unlinked once mapped), written in place by the
+host and by the SDK.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from optimum_ipu_backend.engines.base import (
+    CompileOptions,
+    Engine,
+    EngineClosedError,
+    EngineContractError,
+    EngineUnavailableError,
+    Executable,
+    TensorSpec,
+)
+from optimum_ipu_backend.engines.errors import (
+    CompileTimeoutError,
+    DeviceFaultError,
+    WorkerDiedError,
+    device_fault,
+)
+
+_logger = logging.getLogger(__name__)
+
+# The code a worker starts with: the SDK first, before anything could import onnx.
+_BOOTSTRAP = (
+    "import {sdk}\nfrom optimum_ipu_backend.engines.worker_server import serve\nserve({fd}, {backend!r})\n"
+)
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+_STARTUP_TIMEOUT = float(os.environ.get("OPTIMUM_IPU_WORKER_START_TIMEOUT", "600"))
+
+
+class Worker:
+    """One SDK worker process, started on demand and again after it died (``generation`` counts starts)."""
+
+    def __init__(self, sdk: str, backend: str) -> None:
+        self.sdk, self.backend = sdk, backend
+        self.generation = 0
+        self.info: dict[str, Any] = {}
+        self._process: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+        self._pending_releases: list[tuple[int, int]] = []  # (generation, executable id) from finalizers
+        self._output: deque[str] = deque(maxlen=40)
+        self._closed = False
+
+    # -- process -------------------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None and self._conn is not None
+
+    def _start(self) -> None:
+        parent, child = socket.socketpair()
+        code = _BOOTSTRAP.format(sdk=self.sdk, fd=child.fileno(), backend=self.backend)
+        self._output.clear()
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", code],
+            pass_fds=(child.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        child.close()
+        self._conn = Connection(parent.detach())
+        threading.Thread(target=self._forward_output, args=(self._process,), daemon=True).start()
+        self.generation += 1
+        try:
+            self.info = self._request({"op": "hello"}, timeout=_STARTUP_TIMEOUT, what="start-up")
+        except WorkerDiedError as exc:
+            raise EngineUnavailableError(
+                f"the {self.sdk} worker process could not start: {exc}. Is the Poplar SDK enabled in this "
+                f"environment (source <sdk>/enable), and does `python -c 'import {self.sdk}'` work?"
+            ) from exc
+        _logger.info("started the %s worker (pid %s): %s", self.sdk, self.pid, self.info)
+
+    def _forward_output(self, process: subprocess.Popen) -> None:
+        """The SDK's log goes to this process's stderr; the last lines are kept for error reports."""
+        assert process.stdout is not None
+        for raw in process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self._output.append(line)
+            print(f"[{self.sdk} worker] {line}", file=sys.stderr)
+        process.stdout.close()
+
+    def _mark_dead(self) -> str:
+        """Stop what is left of the process; describe how it ended."""
+        process, self._process = self._process, None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if process is None:
+            return "not running"
+        if process.poll() is None:
+            process.kill()
+        code = process.wait()
+        if process.stdout is not None:
+            time.sleep(0.05)  # let the forwarder read the last lines
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        tail = "\n".join(list(self._output)[-10:])
+        return f"pid {process.pid}, {how}" + (f"; its last output:\n{tail}" if tail else "")
+
+    def ensure_started(self) -> None:
+        if self._closed:
+            raise EngineClosedError(f"the {self.sdk} worker was shut down")
+        if not self.alive:
+            if self._process is not None:
+                self._mark_dead()
+            self._start()
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    def _request(self, message: dict, timeout: float | None, what: str) -> Any:
+        conn = self._conn
+        try:
+            assert conn is not None
+            conn.send(message)
+            if timeout is not None and not conn.poll(timeout):
+                description = self._mark_dead()
+                raise CompileTimeoutError(
+                    f"{what} took longer than {timeout:g} s (the compile_timeout provider option); the "
+                    f"{self.sdk} worker ({description.split(';')[0]}) was stopped and starts again on "
+                    "the next "
+                    "call. Raise compile_timeout, serve smaller buckets, or compile ahead of time with "
+                    "`optimum-ipu compile MODEL`."
+                )
+            reply = conn.recv()
+        except (EOFError, OSError, AssertionError) as exc:
+            description = self._mark_dead()
+            raise WorkerDiedError(
+                f"the {self.sdk} worker process died during {what} ({description}). It is started again, "
+                "and the executables reloaded, on the next call."
+            ) from exc
+        if "error" in reply:
+            error = reply["error"]
+            if error.get("kind") == "internal":
+                raise RuntimeError(
+                    f"{self.sdk} worker: {error['type']}: {error['message']}\n{error['traceback']}"
+                )
+            if error.get("kind") == "contract":
+                raise EngineContractError(error["message"])
+            raise _RemoteFault(error)
+        return reply["ok"]
+
+    def call(self, op: str, *, timeout: float | None = None, what: str | None = None, **args: Any) -> Any:
+        with self._lock:
+            self.ensure_started()
+            self._flush_releases()
+            return self._request({"op": op, **args}, timeout, what or op)
+
+    def release_now(self, generation: int, executable_id: int) -> None:
+        """Release at once when the worker is free (an explicit close); otherwise queue it, since this may
+        run inside a garbage collection that interrupted a call holding the lock."""
+        if not self._lock.acquire(blocking=False):
+            self.release_later(generation, executable_id)
+            return
+        try:
+            if self.alive and generation == self.generation:
+                self._flush_releases()
+                self._request({"op": "release", "executable": executable_id}, None, "release")
+        except Exception as exc:  # a dead worker holds nothing any more
+            _logger.info("release in the %s worker failed: %s", self.sdk, exc)
+        finally:
+            self._lock.release()
+
+    def release_later(self, generation: int, executable_id: int) -> None:
+        """Called from finalizers, which may run inside ``call``: queue, never send from here."""
+        self._pending_releases.append((generation, executable_id))
+
+    def _flush_releases(self) -> None:
+        while self._pending_releases:
+            generation, executable_id = self._pending_releases.pop()
+            if generation == self.generation:
+                self._request({"op": "release", "executable": executable_id}, None, "release")
+
+    def shutdown(self) -> None:
+        """Release every device the worker holds and stop it."""
+        with self._lock:
+            self._closed = True
+            if self.alive:
+                try:
+                    self._request({"op": "shutdown"}, 30, "shutdown")
+                except Exception as exc:  # a worker that cannot shut down cleanly is stopped anyway
+                    _logger.info("the %s worker did not shut down cleanly: %s", self.sdk, exc)
+            if self._process is not None:
+                try:
+                    self._process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
+                self._mark_dead()
+
+
+class _RemoteFault(Exception):
+    """An SDK error the worker classified; turned into a ``DeviceFaultError`` by the executable."""
+
+    def __init__(self, error: Mapping[str, Any]) -> None:
+        super().__init__(error.get("message"))
+        self.error = dict(error)
+
+
+# -- one worker per SDK, shared by the engines of this process ------------------------------------------
+
+_workers: dict[str, Worker] = {}
+_users: dict[str, int] = {}
+_registry_lock = threading.Lock()
+
+
+def _shared_worker(sdk: str, backend: str) -> Worker:
+    with _registry_lock:
+        worker = _workers.get(sdk)
+        if worker is None or worker._closed:
+            worker = _workers[sdk] = Worker(sdk, backend)
+        _users[sdk] = _users.get(sdk, 0) + 1
+        return worker
+
+
+def _idle_seconds() -> float:
+    """How long a worker without engines waits for a new one before it stops (its IPUs are already
+    released with its executables); saves re-importing the SDK when sessions are recreated."""
+    return float(os.environ.get("OPTIMUM_IPU_WORKER_IDLE_SECONDS", "5"))
+
+
+def _release_worker(worker: Worker) -> None:
+    """Drop one user; when none is left, the worker stops after ``_idle_seconds``."""
+    with _registry_lock:
+        _users[worker.sdk] = _users.get(worker.sdk, 1) - 1
+        if _users[worker.sdk] > 0 or _workers.get(worker.sdk) is not worker:
+            return
+    idle = _idle_seconds()
+    if idle <= 0:
+        _stop_if_unused(worker)
+    else:
+        timer = threading.Timer(idle, _stop_if_unused, args=(worker,))
+        timer.daemon = True
+        timer.start()
+
+
+def _stop_if_unused(worker: Worker) -> None:
+    with _registry_lock:
+        if _users.get(worker.sdk, 0) > 0 or _workers.get(worker.sdk) is not worker:
+            return
+        del _workers[worker.sdk]
+    worker.shutdown()
+
+
+@atexit.register
+def shutdown_workers() -> None:
+    """Stop every worker of this process (at exit; tests that change the SDK's environment)."""
+    with _registry_lock:
+        workers = list(_workers.values())
+        _workers.clear()
+        _users.clear()
+    for worker in workers:
+        worker.shutdown()
+
+
+# -- shared-memory buffers ------------------------------------------------------------------------------
+
+
+def map_buffer(path: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[mmap.mmap, np.ndarray]:
+    """Map an existing shared-memory file as an array (both processes call this)."""
+    size = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
+    with open(path, "r+b") as stream:
+        mapping = mmap.mmap(stream.fileno(), size)
+    array = np.ndarray(shape, dtype=dtype, buffer=mapping)
+    return mapping, array
+
+
+def create_buffer(shape: tuple[int, ...], dtype: np.dtype) -> str:
+    """A new zero-filled shared-memory file large enough for ``shape``; returns its path."""
+    size = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
+    descriptor, path = tempfile.mkstemp(prefix="optimum-ipu-", dir=SHM_DIR)
+    try:
+        os.ftruncate(descriptor, size)
+    finally:
+        os.close(descriptor)
+    return path
+
+
+def _spec(entry: Mapping[str, Any]) -> TensorSpec:
+    return TensorSpec(entry["name"], tuple(entry["shape"]), np.dtype(entry["dtype"]))
+
+
+def _release_remote(worker: Worker, generation: int, executable_id: int, mappings: list[mmap.mmap]) -> None:
+    worker.release_later(generation, executable_id)
+    _unmap(mappings)
+
+
+def _unmap(mappings: list[mmap.mmap]) -> None:
+    for mapping in mappings:
+        try:
+            mapping.close()
+        except BufferError:  # an array still views it; the mapping goes when that array does
+            pass
+
+
+class RemoteExecutable(Executable):
+    """An executable living in the worker. Runs copy the step's inputs into shared memory, send one small
+    request, and copy the outputs out. After the worker restarted or the device was lost, the next run
+    builds it again (from the cache entry when there is one) before running."""
+
+    def __init__(self, engine: WorkerEngine, request: dict[str, Any], what: str) -> None:
+        self._engine = engine
+        self._worker = engine._worker
+        self._request = request
+        self._what = what
+        self._mappings: list[mmap.mmap] = []
+        self._build()
+
+    # -- building ------------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        timeout = self._request["options"].get("compile_timeout")
+        try:
+            reply = self._worker.call(
+                "build", timeout=timeout, what=f"compiling {self._what}", **self._request
+            )
+        except _RemoteFault as fault:
+            error = device_fault(fault.error, self._what, self._ipus)
+            raise error from error.__cause__
+        self._id, self._generation = reply["executable"], self._worker.generation
+        self.inputs = tuple(_spec(entry) for entry in reply["inputs"])
+        self.outputs = tuple(_spec(entry) for entry in reply["outputs"])
+        self.device_label = reply.get("device")
+        self._offline = reply.get("offline", False)
+        shapes = ", ".join(f"{spec.name}{list(spec.shape)}" for spec in self.inputs)
+        self._what = f"the executable for {shapes}"
+        mappings = []
+        self._input_buffers: dict[str, np.ndarray] = {}
+        self._output_buffers: dict[str, np.ndarray] = {}
+        for kind, target in (
+            ("input_buffers", self._input_buffers),
+            ("output_buffers", self._output_buffers),
+        ):
+            for entry in reply[kind]:
+                mapping, array = map_buffer(entry["path"], tuple(entry["shape"]), np.dtype(entry["dtype"]))
+                os.unlink(entry["path"])  # both sides have it mapped: nothing is left behind if one dies
+                mappings.append(mapping)
+                target[entry["name"]] = array
+        old = self._mappings
+        self._mappings = mappings
+        self._on_close(_release_remote, self._worker, self._generation, self._id, self._mappings)
+        _unmap(old)
+
+    @property
+    def _ipus(self) -> int:
+        options = self._request["options"]
+        return int(options.get("replicas", 1))
+
+    def close(self) -> None:
+        """Release the executable (and its IPUs, when it was their last) in the worker now."""
+        if self._finalizer is not None and self._finalizer.detach() is not None:
+            self._worker.release_now(self._generation, self._id)
+            _unmap(self._mappings)
+        super().close()
+
+    def relocated(self, graph: Path, artifacts: Path | None) -> None:
+        self._request["graph"] = str(graph)
+        self._request["artifacts"] = None if artifacts is None else str(artifacts)
+
+    # -- running -------------------------------------------------------------------------------------
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        options = self._request["options"]
+        if options["device_iterations"] * options["replicas"] != 1:
+            raise EngineContractError(
+                f"{self._what} was compiled for steps of {options['device_iterations']} iteration(s) x "
+                f"{options['replicas']} replica(s); run it with run_step"
+            )
+        outputs = self.run_step({name: array[None, None] for name, array in feed.items()}, 1, 1)
+        return {name: array[0, 0] for name, array in outputs.items()}
+
+    def run_step(
+        self, feed: Mapping[str, np.ndarray], device_iterations: int, replicas: int
+    ) -> dict[str, np.ndarray]:
+        self._check_open()
+        if self._offline:
+            raise EngineContractError(
+                f"{self._what} was compiled for an offline IPU target; it fills the cache and cannot run"
+            )
+        for attempt in (1, 2):
+            if self._generation != self._worker.generation or not self._worker.alive:
+                _logger.warning(
+                    "rebuilding %s: its %s worker restarted or its device was released",
+                    self._what,
+                    self._worker.sdk,
+                )
+                self._build()
+            for name, buffer in self._input_buffers.items():
+                array = feed[name]
+                if array.shape != buffer.shape or array.dtype != buffer.dtype:
+                    raise EngineContractError(
+                        f"executable input {name!r} takes {buffer.dtype}{list(buffer.shape)} per step "
+                        f"and got "
+                        f"{array.dtype}{list(array.shape)}; the runtime must pad or split to compiled shapes"
+                    )
+                np.copyto(buffer, array)
+            try:
+                reply = self._worker.call("run", executable=self._id, what=f"running {self._what}")
+            except _RemoteFault as fault:
+                if fault.error.get("kind") == "lost" and attempt == 1:
+                    self._generation = -1  # unloaded with a lost device: build again and run once more
+                    continue
+                error = device_fault(fault.error, self._what, self._ipus)
+                raise error from error.__cause__
+            break
+        self.switches += int(reply["switched"])
+        self.last_run_seconds = reply["seconds"]
+        if reply.get("recovered"):
+            _logger.warning(
+                "%s: the IPU reported a recoverable error (%s); it was reset and the step ran again",
+                self._what,
+                reply["recovered"],
+            )
+        return {name: buffer.copy() for name, buffer in self._output_buffers.items()}
+
+    def residency(self) -> dict[str, object]:
+        return {
+            "switches": self.switches,
+            "device": self.device_label,
+            "last_run_seconds": getattr(self, "last_run_seconds", None),  # inside the worker, SDK run only
+        }
+
+
+class WorkerEngine(Engine):
+    """An engine whose SDK runs in the shared worker process; subclasses name the SDK module and the
+    worker-side backend class."""
+
+    sdk_module: ClassVar[str]
+    backend: ClassVar[str]  # "module:Class" of the worker-side backend
+
+    def __init__(self, device: str, *, offline: bool = False) -> None:
+        super().__init__(device, offline=offline)
+        self._worker = _shared_worker(self.sdk_module, self.backend)
+        self._on_close(_release_worker, self._worker)
+        try:
+            with self._worker._lock:
+                self._worker.ensure_started()
+        except BaseException:
+            self.close()
+            raise
+        info = self._worker.info
+        self.sdk_version = f"{self.sdk_module} {info['sdk_version']}"
+        self.visible_ipus = int(info.get("ipus", 0))
+        self.ipu_version = info.get("ipu_version")
+        if device == "ipu" and not offline and self.visible_ipus == 0:
+            self.close()
+            from optimum_ipu_backend.engines.probe import OPT_IN_HINT, DeviceUnavailableError
+
+            raise DeviceUnavailableError(
+                f"device 'ipu': the Poplar SDK ({self.sdk_version}) found no IPUs "
+                "(DeviceManager().enumerateDevices() is empty). On an IPU-POD, set IPUOF_VIPU_API_HOST and "
+                "IPUOF_VIPU_API_PARTITION_ID (or IPUOF_CONFIG_PATH) for your partition; use device "
+                "'ipu-model' "
+                f"for Graphcore's simulator. {OPT_IN_HINT}"
+            )
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self._worker.pid
+
+    def _target_ipu_version(self, options: CompileOptions) -> str:
+        if self.offline or self.device != "ipu":
+            return options.ipu_version or "ipu2"
+        return self.ipu_version or "ipu2"
+
+    def key_settings(self, options: CompileOptions) -> dict[str, Any]:
+        return {"ipu_version": self._target_ipu_version(options)}
+
+    def compile(self, graph: Path, options: CompileOptions, artifacts: Path | None = None) -> Executable:
+        self._check_open()
+        request = {
+            "graph": str(graph),
+            "artifacts": None if artifacts is None else str(artifacts),
+            "device": self.device,
+            "offline": self.offline,
+            "ipu_version": self._target_ipu_version(options),
+            "options": asdict(options),
+        }
+        return self._track(RemoteExecutable(self, request, f"the graph {graph}"))
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.sdk_version}, device {self.device}{', offline' if self.offline else ''})"
+
+
+__all__ = ["DeviceFaultError", "RemoteExecutable", "Worker", "WorkerEngine"]

@@ -1,0 +1,284 @@
+"""The worker side of ``engines.worker``: serves build/run/release requests with an SDK backend.
+
+It runs in the worker process after the SDK was imported. The SDK-specific calls live in the backend
+(``engines.popart.PopARTBackend``, ``engines.poptorch.PopTorchBackend``); what is common to both is
+here: device residency, fault containment and the shared-memory buffers.
+
+Residency. An IPU holds one loaded executable at a time. Executables go to IPUs acquired for them while
+the system has free ones, and share the least-used acquired device of the same size when it has none
+(the IPU Model and offline targets are never short: each executable gets its own). Running an executable
+that is not the one loaded on its device reloads it there: a *switch*, counted and reported to the host.
+The runtime runs a call's device steps executable by executable, so one call switches at most once per
+executable it uses.
+
+Faults. A recoverable runtime error whose recovery is an IPU or link reset is retried once after the
+reset; any other device fault releases the device, unloading every executable on it; their next run
+builds them again. The process keeps serving.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from optimum_ipu_backend.engines.base import EngineContractError
+from optimum_ipu_backend.engines.worker import create_buffer, map_buffer
+
+RESETTABLE = ("IPU_RESET", "LINK_RESET")
+
+
+class _Fault(Exception):
+    """A classified fault to report, with the SDK's exception as its cause."""
+
+    def __init__(self, kind: str, cause: BaseException, **extra: Any) -> None:
+        super().__init__(str(cause))
+        self.kind, self.cause, self.extra = kind, cause, extra
+
+
+@dataclass
+class _Slot:
+    handle: Any
+    ipus: int
+    shareable: bool
+    resident: int | None = None
+    members: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Executable:
+    built: Any
+    slot: _Slot
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    mappings: list = field(default_factory=list)
+
+
+class Server:
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.slots: list[_Slot] = []
+        self.executables: dict[int, _Executable] = {}
+        self._ids = itertools.count(1)
+
+    # -- devices -------------------------------------------------------------------------------------
+
+    def _slot_for(self, device: str, ipus: int, offline: bool, ipu_version: str, options: dict) -> _Slot:
+        open_device = self.backend.open_device
+        if offline or device != "ipu":
+            handle = open_device(device, ipus, offline, ipu_version, options, required=True)
+            return self._add_slot(handle, ipus, shareable=False)
+        handle = open_device(device, ipus, offline, ipu_version, options, required=False)
+        if handle is not None:
+            return self._add_slot(handle, ipus, shareable=True)
+        shared = [slot for slot in self.slots if slot.shareable and slot.ipus == ipus]
+        if shared:
+            return min(shared, key=lambda slot: len(slot.members))
+        handle = open_device(device, ipus, offline, ipu_version, options, required=True)  # raises
+        return self._add_slot(handle, ipus, shareable=True)
+
+    def _add_slot(self, handle: Any, ipus: int, shareable: bool) -> _Slot:
+        slot = _Slot(handle, ipus, shareable)
+        self.slots.append(slot)
+        return slot
+
+    def _drop_slot(self, slot: _Slot) -> None:
+        """Unload everything on ``slot`` and release its device."""
+        for executable_id in list(slot.members):
+            executable = self.executables.pop(executable_id, None)
+            if executable is not None:
+                self.backend.release(executable.built)
+        slot.members.clear()
+        if slot in self.slots:
+            self.slots.remove(slot)
+        try:
+            self.backend.close_device(slot.handle)
+        except Exception as exc:  # a lost device may refuse to detach; it is dropped all the same
+            print(f"releasing a device failed: {exc!r}", flush=True)
+
+    def _make_resident(self, executable_id: int, executable: _Executable) -> bool:
+        slot = executable.slot
+        if slot.resident == executable_id:
+            return False
+        if slot.resident is not None and slot.resident in self.executables:
+            self.backend.unload(self.executables[slot.resident].built)
+        slot.resident = None
+        self.backend.load(executable.built)
+        slot.resident = executable_id
+        return True
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    def op_hello(self) -> dict[str, Any]:
+        return {**self.backend.hello(), "pid": os.getpid()}
+
+    def op_build(
+        self, graph: str, artifacts: str | None, device: str, offline: bool, ipu_version: str, options: dict
+    ) -> dict[str, Any]:
+        distributed = options.get("distributed") or {}
+        ipus = options["replicas"] * int(distributed.get("ipus_per_replica", 1))
+        try:
+            slot = self._slot_for(device, ipus, offline, ipu_version, options)
+        except Exception as exc:
+            raise self._classified(exc, default="acquisition") from exc
+        if slot.resident is not None and slot.resident in self.executables:
+            self.backend.unload(self.executables[slot.resident].built)
+            slot.resident = None
+        try:
+            built = self.backend.build(graph, artifacts, options, slot.handle, device, offline)
+        except Exception as exc:
+            if not slot.members:
+                self._drop_slot(slot)
+            raise self._classified(exc) from exc
+        executable_id = next(self._ids)
+        slot.members.add(executable_id)
+        if not offline:
+            slot.resident = executable_id
+        steps = (options["device_iterations"], options["replicas"])
+        reply: dict[str, Any] = {
+            "executable": executable_id,
+            "inputs": built.inputs,
+            "outputs": built.outputs,
+            "offline": offline,
+            "device": built.device_label,
+            "input_buffers": [],
+            "output_buffers": [],
+        }
+        arrays: dict[str, dict[str, np.ndarray]] = {"input_buffers": {}, "output_buffers": {}}
+        mappings = []
+        for kind, specs in (("input_buffers", built.inputs), ("output_buffers", built.outputs)):
+            for spec in specs:
+                shape = (*steps, *spec["shape"])
+                path = create_buffer(shape, np.dtype(spec["dtype"]))
+                mapping, array = map_buffer(path, shape, np.dtype(spec["dtype"]))
+                mappings.append(mapping)
+                arrays[kind][spec["name"]] = array
+                reply[kind].append(
+                    {"name": spec["name"], "path": path, "shape": shape, "dtype": spec["dtype"]}
+                )
+        self.executables[executable_id] = _Executable(
+            built, slot, arrays["input_buffers"], arrays["output_buffers"], mappings
+        )
+        return reply
+
+    def op_run(self, executable: int) -> dict[str, Any]:
+        entry = self.executables.get(executable)
+        if entry is None:
+            raise _Fault("lost", RuntimeError("the executable was unloaded with its device"))
+        try:
+            switched = self._make_resident(executable, entry)
+        except Exception as exc:
+            raise self._fault_on_device(entry, exc) from exc
+        started = time.perf_counter()
+        recovered = None
+        try:
+            self.backend.run(entry.built, entry.inputs, entry.outputs)
+        except Exception as exc:
+            fault = self._classified(exc)
+            action = fault.extra.get("recovery_action")
+            if fault.kind != "recoverable" or action not in RESETTABLE:
+                raise self._fault_on_device(entry, exc, fault) from exc
+            try:  # the documented recovery: reset, reload, run once more
+                self.backend.reset(entry.built)
+                entry.slot.resident = executable
+                started = time.perf_counter()
+                self.backend.run(entry.built, entry.inputs, entry.outputs)
+                recovered = action
+            except Exception as again:
+                fault = self._classified(again)
+                fault.kind = "recoverable"
+                fault.extra.update(recovery_action=action, outcome="a reset and one retry did not clear")
+                raise self._fault_on_device(entry, again, fault) from again
+        return {"switched": switched, "seconds": time.perf_counter() - started, "recovered": recovered}
+
+    def _fault_on_device(self, entry: _Executable, exc: BaseException, fault: _Fault | None = None) -> _Fault:
+        """A device fault during a run: anything but a cleared reset releases the device."""
+        fault = fault or self._classified(exc)
+        if fault.kind in ("recoverable", "unrecoverable"):
+            if fault.kind == "recoverable":
+                fault.extra.setdefault("outcome", "needs an operator")
+            self._drop_slot(entry.slot)
+        return fault
+
+    def op_release(self, executable: int) -> None:
+        entry = self.executables.pop(executable, None)
+        if entry is None:
+            return
+        self.backend.release(entry.built)
+        slot = entry.slot
+        slot.members.discard(executable)
+        if slot.resident == executable:
+            slot.resident = None
+        if not slot.members:
+            self._drop_slot(slot)
+
+    def op_shutdown(self) -> None:
+        for slot in list(self.slots):
+            self._drop_slot(slot)
+
+    # -- errors --------------------------------------------------------------------------------------
+
+    def _classified(self, exc: BaseException, default: str | None = None) -> _Fault:
+        if isinstance(exc, _Fault):
+            return exc
+        if isinstance(exc, EngineContractError):
+            return _Fault("contract", exc)
+        info = self.backend.classify(exc)
+        if info is None:
+            return _Fault("internal", exc)
+        kind = info.pop("kind")
+        if kind == "sdk" and default is not None:
+            kind = default
+        return _Fault(kind, exc, **info)
+
+
+def _describe(fault: _Fault) -> dict[str, Any]:
+    cause = fault.cause
+    return {
+        "kind": fault.kind,
+        "type": getattr(type(cause), "__qualname__", type(cause).__name__),
+        "message": str(cause),
+        "traceback": "".join(traceback.format_exception(cause)),
+        **fault.extra,
+    }
+
+
+def _exit_with_parent() -> None:
+    """The host may die without closing the socket cleanly (SIGKILL); never outlive it."""
+    parent = os.getppid()
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(0)
+
+
+def serve(fd: int, backend: str) -> None:
+    conn = Connection(fd)
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
+    module_name, _, class_name = backend.partition(":")
+    server = Server(getattr(importlib.import_module(module_name), class_name)())
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            break
+        op = request.pop("op")
+        try:
+            result = getattr(server, f"op_{op}")(**request)
+        except Exception as exc:
+            fault = exc if isinstance(exc, _Fault) else server._classified(exc)
+            conn.send({"error": _describe(fault)})
+        else:
+            conn.send({"ok": result})
+        if op == "shutdown":
+            break
+    server.op_shutdown()
+    conn.close()

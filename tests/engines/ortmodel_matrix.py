@@ -1,0 +1,39 @@
+"""Run in a fresh interpreter by test_ortmodels_on_engines.py: the cases of
+tests/integration/ortmodel_checks.py
+with provider="ipu" on the Poplar SDK engines (the SDK double on the path) instead of the emulator.
+Argument: a JSON file of {"combos": [[device, engine], ...], "cases": {...}}; prints one JSON object."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+
+import ortmodel_checks as checks  # noqa: E402
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    results = {}
+    for device, engine in spec["combos"]:
+        checks.IPU = {"provider": "ipu", "provider_options": {"device": device, "engine": engine}}
+        for name, case in spec["cases"].items():
+            key = f"{device}/{engine}/{name}"
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    results[key] = checks.KINDS[case["kind"]](case)
+                results[key]["fallback_warnings"] = [
+                    str(w.message) for w in caught if "Falling back" in str(w.message)
+                ]
+            except Exception:
+                results[key] = {"error": traceback.format_exc()}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The SDK test double on the path, the way the SDK's ``enable`` script puts the real one there.
+
+``sdk_environment`` gives the variables a process needs to see the double (``PYTHONPATH``,
+``POPLAR_SDK_ENABLED``) and the double's own controls (its configuration file and call log);
+``use_sdk_double`` applies them to this process for the duration of a test module and restores them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+DOUBLE_DIR = Path(__file__).resolve().parent.parent / "sdk_double"
+
+
+def sdk_environment(directory: Path, **config) -> dict[str, str]:
+    directory.mkdir(parents=True, exist_ok=True)
+    config_path = directory / "double-config.json"
+    config_path.write_text(json.dumps(config))
+    return {
+        "PYTHONPATH": str(DOUBLE_DIR),
+        "POPLAR_SDK_ENABLED": str(DOUBLE_DIR),
+        "POPART_DOUBLE_CONFIG": str(config_path),
+        "POPART_DOUBLE_LOG": str(directory / "double-calls.jsonl"),
+        # A worker without sessions stops at once, so tests see IPUs and processes released.
+        "OPTIMUM_IPU_WORKER_IDLE_SECONDS": "0",
+    }
+
+
+def configure(environment: dict[str, str], **config) -> None:
+    """Change the double's behaviour; it rereads the file on every call."""
+    Path(environment["POPART_DOUBLE_CONFIG"]).write_text(json.dumps(config))
+
+
+def call_log(environment: dict[str, str]) -> list[dict]:
+    path = Path(environment["POPART_DOUBLE_LOG"])
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def clear_log(environment: dict[str, str]) -> None:
+    Path(environment["POPART_DOUBLE_LOG"]).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def use_sdk_double(directory: Path, **config) -> Iterator[dict[str, str]]:
+    """This process sees the double (its probe finds ``popart``; workers it starts import it)."""
+    from optimum_ipu_backend.engines.worker import shutdown_workers
+
+    environment = sdk_environment(directory, **config)
+    saved = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
+    sys.path.insert(0, str(DOUBLE_DIR))
+    try:
+        yield environment
+    finally:
+        shutdown_workers()
+        sys.path.remove(str(DOUBLE_DIR))
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -1,0 +1,161 @@
+"""Every ORTModel class the emulator serves, unchanged, with device="ipu" and device="ipu-model" on the
+PopART and on the PopTorch engine (the SDK double on the path, a doubled system of 4 IPUs): outputs
+match CPUExecutionProvider within the emulator's tolerance and generation is token-identical.
+
+One fresh interpreter per engine (so the two run in parallel under xdist); each serves every model of
+both devices from one shared worker process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from integration.test_ortmodels import ATOL, FORWARD, GENERATE, _onnx_dir
+from model_zoo import session_zoo
+from sdk_testing import call_log, sdk_environment
+from subprocess_env import python
+
+DEVICES = ("ipu", "ipu-model")
+
+
+def _cases(zoo) -> dict:
+    cases = {}
+    for name, (cls, model, task) in FORWARD.items():
+        cases[name] = {
+            "kind": "forward",
+            "class": cls,
+            "model": model,
+            "model_dir": str(zoo.model(model, task)),
+            "onnx_dir": str(_onnx_dir(zoo, model, task)),
+        }
+    for name, (cls, model, task, load_kwargs) in GENERATE.items():
+        cases[name] = {
+            "kind": "generate",
+            "class": cls,
+            "model": model,
+            "load_kwargs": load_kwargs,
+            "model_dir": str(zoo.model(model, "text2text-generation" if task == "merged" else task)),
+            "onnx_dir": str(_onnx_dir(zoo, model, task)),
+        }
+    return cases
+
+
+def _run(tmp_path_factory, engine: str) -> tuple[dict, list[dict]]:
+    zoo = session_zoo(tmp_path_factory)
+    scratch = tmp_path_factory.mktemp(f"matrix-{engine}")
+    environment = sdk_environment(scratch, ipus=4)
+    spec = scratch / "spec.json"
+    spec.write_text(json.dumps({"combos": [[device, engine] for device in DEVICES], "cases": _cases(zoo)}))
+    script = Path(__file__).with_name("ortmodel_matrix.py")
+    completed = python(
+        f"import runpy, sys; sys.argv = ['matrix', {str(spec)!r}]; "
+        f"runpy.run_path({str(script)!r}, run_name='__main__')",
+        # one worker serves every model in turn (it waits for the next session instead of stopping)
+        timeout=1800,  # 28 model loads and their compiles; a shared 2-core machine can take long
+        env={
+            **environment,
+            "OPTIMUM_IPU_CACHE": str(scratch / "cache"),
+            "OPTIMUM_IPU_WORKER_IDLE_SECONDS": "60",
+        },
+    )
+    assert completed.returncode == 0, completed.stderr[-5000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1]), call_log(environment)
+
+
+def _check_sessions(result: dict, device: str, engine: str) -> None:
+    assert "error" not in result, result.get("error")
+    assert result["provider"] == "IPUExecutionProvider"
+    assert result["sessions"], "no session found on the model"
+    for session in result["sessions"]:
+        options = session["options"]
+        assert (options["device"], options["engine"], options["emulated"]) == (device, engine, "0")
+        assert options["sdk_version"] == f"{engine} 3.4.0"
+    assert result["fallback_warnings"] == []
+
+
+def _failures(results: dict, engine: str) -> list[str]:
+    """Every case on both devices: the session facts, then CPU tolerance or identical tokens."""
+    failures = []
+    for device in DEVICES:
+        for name in [*FORWARD, *GENERATE]:
+            result = results[f"{device}/{engine}/{name}"]
+            try:
+                _check_sessions(result, device, engine)
+                if name in FORWARD:
+                    assert result["max_abs_diff"] <= ATOL, f"max abs diff {result['max_abs_diff']}"
+                else:
+                    assert result["tokens_equal"], f"tokens differ from CPU: {result['expected_tokens']}"
+                    assert result["distinct_tokens"] >= 3, "degenerate generation"
+            except AssertionError as exc:
+                failures.append(f"{device}/{engine}/{name}: {str(exc)[-3000:]}")
+    return failures
+
+
+def test_every_ortmodel_class_on_popart(tmp_path_factory):
+    """One test per engine, so that xdist runs the two engines' subprocesses in parallel."""
+    results, log = _run(tmp_path_factory, "popart")
+    failures = _failures(results, "popart")
+    assert not failures, "\n\n".join(failures)
+    _check_popart_call_log(log)
+
+
+def test_every_ortmodel_class_on_poptorch(tmp_path_factory):
+    results, log = _run(tmp_path_factory, "poptorch")
+    failures = _failures(results, "poptorch")
+    assert not failures, "\n\n".join(failures)
+    _check_poptorch_options(log)
+
+
+def _check_popart_call_log(log: list[dict]) -> None:
+    """graphcore-sdk-api.md §1.1: GraphTransformer(path).convertINT64ToINT32(clip=True), DataFlow with All
+    anchors, a new SessionOptions, the device, InferenceSession(bytes, ...), prepareDevice, weightsFromHost,
+    initAnchorArrays, then PyStepIO runs with C-contiguous arrays."""
+    calls = [entry["call"] for entry in log]
+    sessions = [index for index, call in enumerate(calls) if call == "InferenceSession.__init__"]
+    assert sessions, "no PopART session was created"
+    for index in sessions:
+        before = calls[max(0, index - 6) : index]
+        assert before[-2:] == ["GraphTransformer.__init__", "GraphTransformer.convertINT64ToINT32"], before
+        assert calls[index + 1 : index + 2] == ["InferenceSession.prepareDevice"]
+        after = [c for c in calls[index + 1 : index + 8] if c.startswith("InferenceSession.")]
+        wanted = (
+            "InferenceSession.prepareDevice",
+            "InferenceSession.weightsFromHost",
+            "InferenceSession.initAnchorArrays",
+        )
+        order = [c for c in after if c in wanted]
+        assert order[:3] == [
+            "InferenceSession.prepareDevice",
+            "InferenceSession.weightsFromHost",
+            "InferenceSession.initAnchorArrays",
+        ]
+    for entry in log:
+        if entry["call"] == "GraphTransformer.__init__":
+            assert entry["arg_type"] == "str" and entry["is_path"]
+        if entry["call"] == "GraphTransformer.convertINT64ToINT32":
+            assert entry["clip"] is True
+        if entry["call"] == "InferenceSession.__init__":
+            assert entry["fnModel_type"] == "bytes" and entry["deviceInfo_type"] == "DeviceInfo"
+            assert entry["default_options"] is False, "the import-time default SessionOptions was used"
+            assert set(entry["anchors"].values()) == {"All"}
+            assert entry["options"]["partialsTypeMatMuls"] == "float"
+            assert entry["options"]["enableEngineCaching"] is (entry["device"]["type"] == "Ipu")
+            if entry["device"]["type"] == "IpuModel":
+                assert entry["device"]["tilesPerIPU"] == 1472
+        if entry["call"] == "InferenceSession.run":
+            assert all(arg["c_contiguous"] for arg in entry["inputs"].values())
+        if entry["call"] == "DeviceManager.createIpuModelDevice":
+            assert entry["options"] == {"numIPUs": 1, "tilesPerIPU": 1472}
+            assert entry["types"] == {"numIPUs": "int", "tilesPerIPU": "int"}
+    assert "DeviceManager.enumerateDevices" in calls
+    assert "DeviceInfo.detach" in calls
+
+
+def _check_poptorch_options(log: list[dict]) -> None:
+    compiles = [entry for entry in log if entry["call"] == "poptorch.compile"]
+    assert compiles
+    for entry in compiles:
+        assert entry["outputMode"] == "All" and entry["partials"] == "torch.float32"
+        assert (entry["deviceIterations"], entry["replicationFactor"]) == (1, 1)
+        assert entry["ipuModel"] is (entry["cachePath"] is None)
