@@ -13,6 +13,7 @@ Typical use from a test module::
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,13 @@ def session_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelZoo:
     if root not in _ZOOS:
         _ZOOS[root] = ModelZoo(root)
     return _ZOOS[root]
+
+
+def conformance_work_dir() -> Path:
+    """Where the tests' conformance runs keep their zoo and generated node cases: the persistent zoo when
+    set, else one directory under the system's temporary directory (keyed inside by fingerprints and
+    versions, file-locked, so runs and xdist workers share it safely)."""
+    persistent = os.environ.get(PERSISTENT_ZOO_ENV)
+    if persistent:
+        return Path(persistent).expanduser().resolve()
+    return Path(tempfile.gettempdir()) / f"optimum-ipu-conformance-{os.getuid()}"

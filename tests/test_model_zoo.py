@@ -14,6 +14,7 @@ import torch
 import transformers
 from model_zoo import session_zoo
 
+from optimum_ipu_backend.conformance.definition import load_models
 from optimum_ipu_backend.conformance.zoo import (
     MODEL_NAMES,
     PATTERN_TASKS,
@@ -30,18 +31,10 @@ ATOL = 1e-4
 NEW_TOKENS = 16
 GENERATIVE_CLASSES = {"ORTModelForCausalLM", "ORTModelForSeq2SeqLM", "ORTModelForSpeechSeq2Seq"}
 
-# Every TASKS entry, plus one head per remaining text family so that every zoo name is exported and run.
+# The conformance suite's model matrix: every TASKS entry plus a head for each remaining family, so that
+# every zoo name is exported and checked against eager torch (the suite's CPU reference is checked here).
 CASES: list[tuple[str, str, str]] = [
-    (class_name, case.model, case.task)
-    for tasks in (TASKS, PATTERN_TASKS)
-    for class_name, cases in tasks.items()
-    for case in cases
-] + [
-    ("ORTModelForMaskedLM", "roberta", "fill-mask"),
-    ("ORTModelForSequenceClassification", "camembert", "text-classification"),
-    ("ORTModelForQuestionAnswering", "distilbert", "question-answering"),
-    ("ORTModelForTokenClassification", "albert", "token-classification"),
-    ("ORTModelForMultipleChoice", "electra", "multiple-choice"),
+    (entry.ort_class, entry.architecture, entry.export_task) for entry in load_models().entries
 ]
 TINY_NAMES = [name for name in MODEL_NAMES if name != "minilm"]
 # The pattern models are only used with their heads (LongT5's base model reloads its embeddings by tying).
@@ -97,6 +90,9 @@ def test_tasks_name_real_ort_classes_and_zoo_models() -> None:
         for class_name in tasks:
             assert hasattr(optimum.onnxruntime, class_name), class_name
         assert {case.model for cases in tasks.values() for case in cases} <= set(MODEL_NAMES)
+        # Every case the tests use per class is in the conformance matrix, which covers every zoo name.
+        assert {(c, case.model, case.task) for c, cases in tasks.items() for case in cases} <= set(CASES)
+    assert {name for _, name, _ in CASES} == set(MODEL_NAMES)
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     ("optimum_ipu_backend.cli.providers", "add_providers_parser"),
     ("optimum_ipu_backend.cli.check", "add_check_parser"),
     ("optimum_ipu_backend.cli.cache", "add_cache_parser"),
+    ("optimum_ipu_backend.cli.conformance", "add_conformance_parser"),
     ("optimum_ipu_backend.cli.compile", "add_compile_parser"),
     ("optimum_ipu_backend.cli.env", "add_env_parser"),
     ("optimum_ipu_backend.cli.export", "add_export_parser"),

@@ -847,30 +847,54 @@ def build_model(name: str, root: Path, task: str | None = None) -> Path:
     return final_dir
 
 
+# The build task of a saved head, by the suffix of its architecture name (see ``task_of_config``).
+_HEAD_SUFFIX_TASKS: tuple[tuple[str, str], ...] = (
+    ("ForSequenceClassification", "text-classification"),
+    ("ForTokenClassification", "token-classification"),
+    ("ForQuestionAnswering", "question-answering"),
+    ("ForMaskedLM", "fill-mask"),
+    ("ForMultipleChoice", "multiple-choice"),
+    ("ForImageClassification", "image-classification"),
+    ("ForAudioFrameClassification", "audio-frame-classification"),
+    ("LMHeadModel", "text-generation"),
+    ("ForCausalLM", "text-generation"),
+    ("ForConditionalGeneration", "text2text-generation"),
+)
+
+
+class TaskRoute(NamedTuple):
+    """How a model of one build task is exported and served."""
+
+    export_task: str  # what ORTModel's own export uses ("text-generation-with-past", ...)
+    ort_class: str  # the ORTModel class serving it
+
+
+#: For each build task (the export task without "-with-past"), as ``TASKS`` and ``PATTERN_TASKS`` state it.
+TASK_ROUTES: Mapping[str, TaskRoute] = {
+    _build_task(case.task): TaskRoute(case.task, class_name)
+    for tasks in (TASKS, PATTERN_TASKS)
+    for class_name, cases in tasks.items()
+    for case in cases
+}
+
+
+def task_of_config(config: Mapping[str, Any]) -> str:
+    """The build task of the head a ``config.json`` describes (a base model is ``feature-extraction``)."""
+    architecture = (config.get("architectures") or [""])[0]
+    for suffix, task in _HEAD_SUFFIX_TASKS:
+        if architecture.endswith(suffix):
+            if task == "text2text-generation" and config.get("model_type") == "whisper":
+                return "automatic-speech-recognition"
+            return task
+    return "feature-extraction"
+
+
 def auto_model_class(model_dir: Path) -> type:
     """The transformers Auto class matching the head saved in ``model_dir``."""
     import transformers
 
     config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    architecture = (config.get("architectures") or [""])[0]
-    suffixes = (
-        ("ForSequenceClassification", "AutoModelForSequenceClassification"),
-        ("ForTokenClassification", "AutoModelForTokenClassification"),
-        ("ForQuestionAnswering", "AutoModelForQuestionAnswering"),
-        ("ForMaskedLM", "AutoModelForMaskedLM"),
-        ("ForMultipleChoice", "AutoModelForMultipleChoice"),
-        ("ForImageClassification", "AutoModelForImageClassification"),
-        ("ForAudioFrameClassification", "AutoModelForAudioFrameClassification"),
-        ("LMHeadModel", "AutoModelForCausalLM"),
-        ("ForCausalLM", "AutoModelForCausalLM"),
-        ("ForConditionalGeneration", "AutoModelForSeq2SeqLM"),
-    )
-    for suffix, auto_name in suffixes:
-        if architecture.endswith(suffix):
-            if auto_name == "AutoModelForSeq2SeqLM" and config.get("model_type") == "whisper":
-                auto_name = "AutoModelForSpeechSeq2Seq"
-            return getattr(transformers, auto_name)
-    return transformers.AutoModel
+    return getattr(transformers, _AUTO_CLASS_FOR_TASK[task_of_config(config)])
 
 
 _EXPORT_MARKER = ".zoo-export.json"
@@ -1013,7 +1037,16 @@ _POSITIONS_FROM_MASK = frozenset({"gpt2", "qwen3_moe"})
 def sample_inputs(
     name: str, model_dir: Path, batch: int = 2, seq: int = 8, seed: int = 0
 ) -> dict[str, np.ndarray]:
-    """Forward inputs for a zoo model (or its ONNX export dir), produced by its own tokenizer / processor.
+    """Forward inputs for a zoo model (or its ONNX export dir); see ``preprocessed_inputs``."""
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown zoo model {name!r}; expected one of {MODEL_NAMES}")
+    return preprocessed_inputs(model_dir, batch, seq, seed)
+
+
+def preprocessed_inputs(
+    model_dir: Path, batch: int = 2, seq: int = 8, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Forward inputs for a model directory, produced by its own tokenizer / processor.
 
     Text inputs are ``(batch, seq)`` int64: row 0 is truncated to ``seq`` (a sentence pair where the
     tokenizer emits ``token_type_ids``) and the last row is one word padded to ``seq``, so attention masks
@@ -1026,13 +1059,11 @@ def sample_inputs(
     """
     import transformers
 
-    if name not in MODEL_NAMES:
-        raise ValueError(f"unknown zoo model {name!r}; expected one of {MODEL_NAMES}")
     model_dir = Path(model_dir)
     rng = np.random.default_rng(seed)
     config = transformers.AutoConfig.from_pretrained(model_dir)
 
-    if config.model_type == "vit":
+    if hasattr(config, "image_size") and hasattr(config, "num_channels"):
         processor = transformers.AutoImageProcessor.from_pretrained(model_dir, use_fast=False)
         images = [
             rng.integers(

@@ -1,0 +1,354 @@
+"""The operator level: ONNX's backend node cases, generated from the installed onnx package's case
+definitions (``onnx.backend.test.case.node``), each run through the provider's whole session path and
+compared with ONNX's own reference outputs and tolerances.
+
+onnx no longer ships the node-test data; generating it runs every case definition (several seconds), so
+it is done once per onnx version into the work directory, in ONNX's directory format (``model.onnx``,
+``test_data_set_0/input_0.pb``, ...), with an index of each case's operators and element types.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optimum_ipu_backend.conformance.definition import Tier
+from optimum_ipu_backend.conformance.providers import DEFAULT_DOMAINS, OperatorSupport, ProviderUnderTest
+from optimum_ipu_backend.conformance.results import (
+    ERROR,
+    FAILED,
+    NOT_APPLICABLE,
+    OPERATOR,
+    OUT_OF_TABLE,
+    PASSED,
+    CaseResult,
+    finite,
+)
+
+_INDEX_FILE = "index.json"
+_INDEX_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class NodeCase:
+    """One generated node case, as the index describes it."""
+
+    name: str
+    operator: str  # the operator under test: "Op", or "domain::Op" outside the default domain
+    operators: tuple[tuple[str, str], ...]  # every (domain, op type) its graph uses, subgraphs included
+    element_types: tuple[str, ...]  # ONNX names of its inputs' and outputs' tensor element types
+    non_tensor: tuple[str, ...]  # inputs and outputs that are sequences, optionals or maps
+    rtol: float
+    atol: float
+
+    @property
+    def case_id(self) -> str:
+        return f"op/{self.name}"
+
+
+def _graph_operators(graph: Any) -> set[tuple[str, str]]:
+    import onnx
+
+    found = set()
+    for node in graph.node:
+        found.add(("" if node.domain in DEFAULT_DOMAINS else node.domain, node.op_type))
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                found |= _graph_operators(attribute.g)
+            for subgraph in attribute.graphs:
+                found |= _graph_operators(subgraph)
+    return found
+
+
+def _value_kinds(model: Any) -> tuple[set[str], list[str]]:
+    import onnx
+
+    element_types, non_tensor = set(), []
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.type.HasField("tensor_type"):
+            element_types.add(onnx.TensorProto.DataType.Name(value.type.tensor_type.elem_type))
+        else:
+            non_tensor.append(value.name)
+    return element_types, non_tensor
+
+
+def _operator_name(domain: str, op_type: str) -> str:
+    return op_type if domain in DEFAULT_DOMAINS else f"{domain}::{op_type}"
+
+
+def _serialise(value: Any, value_info: Any, name: str) -> bytes:
+    """A case value in ONNX's test-data format, as onnx's own generate-data tool writes it."""
+    import onnx
+    from onnx import numpy_helper
+
+    kind = value_info.type.WhichOneof("value")
+    if isinstance(value, onnx.TensorProto):
+        return value.SerializeToString()
+    if kind == "sequence_type":
+        return numpy_helper.from_list(value, name).SerializeToString()
+    if kind == "optional_type":
+        return numpy_helper.from_optional(value, name).SerializeToString()
+    if kind == "map_type":
+        return numpy_helper.from_dict(value, name).SerializeToString()
+    return numpy_helper.from_array(np.asarray(value), name).SerializeToString()
+
+
+def _deserialise(data: bytes, value_info: Any) -> Any:
+    import onnx
+    from onnx import numpy_helper
+
+    kind = value_info.type.WhichOneof("value")
+    if kind == "sequence_type":
+        proto = onnx.SequenceProto()
+        proto.ParseFromString(data)
+        return numpy_helper.to_list(proto)
+    if kind == "optional_type":
+        proto = onnx.OptionalProto()
+        proto.ParseFromString(data)
+        return numpy_helper.to_optional(proto)
+    if kind == "map_type":
+        proto = onnx.MapProto()
+        proto.ParseFromString(data)
+        return numpy_helper.to_dict(proto)
+    proto = onnx.TensorProto()
+    proto.ParseFromString(data)
+    return numpy_helper.to_array(proto)
+
+
+def _write_case(case: Any, directory: Path) -> None:
+    directory.mkdir(parents=True)
+    (directory / "model.onnx").write_bytes(case.model.SerializeToString())
+    for number, (inputs, outputs) in enumerate(case.data_sets):
+        data_dir = directory / f"test_data_set_{number}"
+        data_dir.mkdir()
+        for kind, values, infos in (
+            ("input", inputs, case.model.graph.input),
+            ("output", outputs, case.model.graph.output),
+        ):
+            for index, (value, info) in enumerate(zip(values, infos, strict=False)):
+                (data_dir / f"{kind}_{index}.pb").write_bytes(_serialise(value, info, info.name))
+
+
+def _generate(root: Path) -> None:
+    """Run onnx's node case definitions and write every case plus the index into ``root``."""
+    import onnx.backend.test.case.node as node_cases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the case definitions overflow and divide by zero on purpose
+        cases = node_cases.collect_testcases()
+    by_name = {case.name: case for case in cases}
+    index = []
+    for case in cases:
+        _write_case(case, root / case.name)
+        element_types, non_tensor = _value_kinds(case.model)
+        # An expanded case (the operator's function body) belongs to the operator of its plain twin.
+        twin = by_name.get(case.name.split("_expanded")[0], case)
+        tested = twin.model.graph.node[0] if len(twin.model.graph.node) == 1 else case.model.graph.node[0]
+        index.append(
+            {
+                "name": case.name,
+                "operator": _operator_name(tested.domain, tested.op_type),
+                "operators": sorted(_graph_operators(case.model.graph)),
+                "element_types": sorted(element_types),
+                "non_tensor": non_tensor,
+                "rtol": case.rtol,
+                "atol": case.atol,
+            }
+        )
+    (root / _INDEX_FILE).write_text(json.dumps({"format": _INDEX_FORMAT, "cases": index}), encoding="utf-8")
+
+
+class NodeCaseStore:
+    """The generated node cases of the installed onnx version, under ``work_dir``."""
+
+    def __init__(self, work_dir: Path) -> None:
+        import onnx
+
+        self.root = Path(work_dir) / "onnx-node-cases" / f"onnx-{onnx.__version__}-format{_INDEX_FORMAT}"
+
+    def ensure(self) -> NodeCaseStore:
+        """Generate the cases once (file-locked, renamed into place: a half-written store is never read)."""
+        from filelock import FileLock
+
+        if (self.root / _INDEX_FILE).is_file():
+            return self
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.root) + ".lock"):
+            if (self.root / _INDEX_FILE).is_file():
+                return self
+            staging = Path(tempfile.mkdtemp(prefix=f".{self.root.name}.", dir=self.root.parent))
+            try:
+                _generate(staging)
+                os.replace(staging, self.root)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        return self
+
+    def cases(self) -> list[NodeCase]:
+        raw = json.loads((self.ensure().root / _INDEX_FILE).read_text(encoding="utf-8"))
+        return [
+            NodeCase(
+                name=item["name"],
+                operator=item["operator"],
+                operators=tuple((domain, op) for domain, op in item["operators"]),
+                element_types=tuple(item["element_types"]),
+                non_tensor=tuple(item["non_tensor"]),
+                rtol=item["rtol"],
+                atol=item["atol"],
+            )
+            for item in raw["cases"]
+        ]
+
+    def load(self, case: NodeCase) -> tuple[Any, list[tuple[list[Any], list[Any]]]]:
+        """The case's model and its data sets (inputs, reference outputs)."""
+        import onnx
+
+        directory = self.root / case.name
+        model = onnx.load(directory / "model.onnx")
+        data_sets = []
+        for data_dir in sorted(directory.glob("test_data_set_*")):
+            values = {}
+            for kind, infos in (("input", model.graph.input), ("output", model.graph.output)):
+                values[kind] = [
+                    _deserialise((data_dir / f"{kind}_{index}.pb").read_bytes(), info)
+                    for index, info in enumerate(infos)
+                    if (data_dir / f"{kind}_{index}.pb").is_file()
+                ]
+            data_sets.append((values["input"], values["output"]))
+        return model, data_sets
+
+
+def select_cases(cases: Sequence[NodeCase], operators: frozenset[str] | None) -> list[NodeCase]:
+    """The cases of the chosen operators (by the operator under test); None keeps them all."""
+    if operators is None:
+        return list(cases)
+    return [case for case in cases if case.operator in operators]
+
+
+def static_status(case: NodeCase, support: OperatorSupport) -> tuple[str, str] | None:
+    """OUT_OF_TABLE or NOT_APPLICABLE with the reason, when the provider's declaration rules the case out."""
+    missing = support.out_of_table(case.operators)
+    if missing:
+        return (
+            OUT_OF_TABLE,
+            f"uses {', '.join(missing)}, not in the provider's operator table ({support.source})",
+        )
+    if case.non_tensor and not support.non_tensor_values:
+        return (
+            NOT_APPLICABLE,
+            f"sequence, optional or map values {list(case.non_tensor)}: {support.non_tensor_reason}",
+        )
+    foreign = support.foreign_element_types(case.element_types)
+    if foreign:
+        return NOT_APPLICABLE, f"element type(s) {', '.join(foreign)}: {support.element_types_reason}"
+    return None
+
+
+def _bind_compile_time_operands(
+    model: Any, feed: Mapping[str, Any], support: OperatorSupport
+) -> tuple[Any, dict[str, Any], list[str]]:
+    """Turn the graph inputs feeding a declared compile-time operand into constants with the case's values."""
+    if not support.compile_time_operands:
+        return model, dict(feed), []
+    from optimum_ipu_backend.compiler import bind_constant_inputs
+
+    inputs = {value.name for value in model.graph.input}
+    bound = sorted(
+        {
+            name
+            for node in model.graph.node
+            for index, name in enumerate(node.input)
+            if name in inputs
+            and (node.op_type, index) in support.compile_time_operands
+            and isinstance(feed.get(name), np.ndarray)
+        }
+    )
+    if not bound:
+        return model, dict(feed), []
+    model = bind_constant_inputs(model, {name: feed[name] for name in bound})
+    return model, {key: value for key, value in feed.items() if key not in bound}, bound
+
+
+def _error_figures(reference: Sequence[Any], actual: Sequence[Any]) -> tuple[float | None, float | None]:
+    """Max abs and rel error over the numeric tensor outputs (for the report; pass/fail is ONNX's check)."""
+    worst_abs, worst_rel = 0.0, 0.0
+    for ref, got in zip(reference, actual, strict=False):
+        if not isinstance(ref, np.ndarray) or not isinstance(got, np.ndarray) or ref.shape != got.shape:
+            continue
+        if ref.dtype.kind not in "biuf" or got.dtype.kind not in "biuf" or not ref.size:
+            continue
+        with np.errstate(all="ignore"):
+            r, g = ref.astype(np.float64), got.astype(np.float64)
+            diff = np.abs(g - r)
+            same_nan = np.isnan(r) & np.isnan(g)
+            diff = np.where(same_nan | (r == g), 0.0, diff)
+            worst_abs = max(worst_abs, float(np.nanmax(diff)) if not np.isnan(diff).all() else float("nan"))
+            nonzero = r != 0
+            if nonzero.any():
+                worst_rel = max(worst_rel, float(np.nanmax(diff[nonzero] / np.abs(r[nonzero]))))
+    return finite(worst_abs), finite(worst_rel)
+
+
+def run_operator_case(
+    case: NodeCase, store: NodeCaseStore, provider: ProviderUnderTest, tier: Tier | None = None
+) -> CaseResult:
+    """Run one in-table, applicable node case; the status is PASSED, FAILED or ERROR."""
+    from onnx.backend.test.runner import Runner
+
+    started = time.perf_counter()
+    result = CaseResult(case_id=case.case_id, level=OPERATOR, group=case.operator, status=PASSED)
+    rtol, atol = (case.rtol, case.atol) if tier is None else tier.operator_tolerance(case.rtol, case.atol)
+    result.info["tolerance"] = {"rtol": rtol, "atol": atol}
+    phase = "loading the case"
+    try:
+        model, data_sets = store.load(case)
+        with tempfile.TemporaryDirectory(prefix="conformance-op-") as scratch:
+            for number, (inputs, expected) in enumerate(data_sets):
+                feed = {info.name: value for info, value in zip(model.graph.input, inputs, strict=False)}
+                bound_model, feed, bound = _bind_compile_time_operands(model, feed, provider.operator_support)
+                if bound:
+                    result.info["bound_operands"] = bound
+                path = Path(scratch) / f"{case.name}-{number}.onnx"
+                path.write_bytes(bound_model.SerializeToString())
+                phase = f"creating a {provider.name} session"
+                session = provider.create_session(path)
+                phase = f"running data set {number}"
+                outputs = session.run(None, feed)
+                result.info["max_abs"], result.info["max_rel"] = _error_figures(expected, outputs)
+                phase = f"comparing data set {number}"
+                try:
+                    Runner.assert_similar_outputs(expected, outputs, rtol=rtol, atol=atol)
+                except AssertionError as exc:
+                    text = str(exc).strip()
+                    result.status = FAILED
+                    result.message = (
+                        f"{case.case_id} ({case.operator}): outputs differ from ONNX's reference beyond "
+                        f"rtol {rtol:g}, atol {atol:g}: {_summary(text)}"
+                    )
+                    result.failures.append(result.message)
+                    result.detail = text
+                    break
+    except Exception as exc:  # the provider's refusal or crash is the finding
+        result.status = ERROR
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        result.message = f"{case.case_id} ({case.operator}): {phase} raised {type(exc).__name__}: {first}"
+        result.failures.append(result.message)
+        result.detail = traceback.format_exc()
+    result.duration_s = round(time.perf_counter() - started, 4)
+    return result
+
+
+def _summary(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return "; ".join(lines[:4])[:400]

@@ -1,0 +1,381 @@
+"""The reports of a run, all written from one ``Report``: JUnit XML (for CI), JSON (checked against its
+versioned schema, which ships beside this module) and a Markdown summary; the self-contained HTML page is
+``report_html.py``'s."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+from optimum_ipu_backend.conformance.results import (
+    ERROR,
+    FAILED,
+    MODEL,
+    NOT_APPLICABLE,
+    OPERATOR,
+    OUT_OF_TABLE,
+    PASSED,
+    STATUSES,
+    XFAIL,
+    XPASS,
+    CaseResult,
+)
+
+SCHEMA_VERSION = "1.0"
+SCHEMA_FILE = "report-schema-1.json"
+
+JUNIT_FILE = "conformance.junit.xml"
+JSON_FILE = "conformance.json"
+MARKDOWN_FILE = "conformance.md"
+HTML_FILE = "conformance.html"
+
+STATUS_LABELS = {
+    PASSED: "passed",
+    FAILED: "failed",
+    ERROR: "error",
+    XFAIL: "expected failure",
+    XPASS: "known failure now passing",
+    NOT_APPLICABLE: "not applicable",
+    OUT_OF_TABLE: "out of the table",
+}
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema every JSON report is valid against."""
+    return json.loads(resources.files(__package__).joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def environment() -> dict[str, str]:
+    facts = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": str(os.cpu_count()),
+    }
+    for distribution in ("onnx", "onnxruntime", "torch", "transformers", "optimum-onnx"):
+        facts[distribution] = _version(distribution)
+    return facts
+
+
+@dataclass
+class Report:
+    data: dict[str, Any]  # exactly what the JSON report holds
+    results: list[CaseResult]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.data["passed"])
+
+    @classmethod
+    def build(cls, run: Any, results: Iterable[CaseResult], *, started: float, interrupted: bool) -> Report:
+        results = sorted(results, key=lambda r: (r.level != MODEL, r.case_id))
+        finished = {result.case_id for result in results}
+        not_run = [planned.case_id for planned in run.planned if planned.case_id not in finished]
+        # Cases that did not run (an interruption, or pytest's own -k selection) never count as passed,
+        # but only an interruption fails the run for them.
+        passed = not interrupted and not any(result.is_failing for result in results)
+        data = {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "optimum-ipu-backend", "version": _version("optimum-ipu-backend")},
+            "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
+            "duration_s": round(max(datetime.now(timezone.utc).timestamp() - started, 0.0), 2),
+            "interrupted": interrupted,
+            "passed": passed,
+            "settings": run.settings.describe(),
+            "provider": run.provider.describe(),
+            "tier": {
+                "name": run.tier.name,
+                "description": " ".join(run.tier.description.split()),
+                "thresholds": run.tier.thresholds(),
+            },
+            "environment": environment(),
+            "summary": _summary(results),
+            "operators": coverage(results),
+            "models": model_errors(results),
+            "not_run": not_run,
+            "cases": [result.to_dict() for result in results],
+        }
+        return cls(data, results)
+
+
+def _counts(results: Iterable[CaseResult]) -> dict[str, int]:
+    counter = Counter(result.status for result in results)
+    return {status: counter[status] for status in STATUSES if counter[status]}
+
+
+def _summary(results: Sequence[CaseResult]) -> dict[str, Any]:
+    return {
+        "total": len(results),
+        "by_status": _counts(results),
+        "model": _counts(r for r in results if r.level == MODEL),
+        "operator": _counts(r for r in results if r.level == OPERATOR),
+    }
+
+
+def coverage(results: Iterable[CaseResult]) -> dict[str, dict[str, int]]:
+    """Per operator under test: how many of its cases passed, failed, ... (operator level only)."""
+    by_operator: dict[str, list[CaseResult]] = {}
+    for result in results:
+        if result.level == OPERATOR:
+            by_operator.setdefault(result.group, []).append(result)
+    return {operator: _counts(by_operator[operator]) for operator in sorted(by_operator)}
+
+
+def model_errors(results: Iterable[CaseResult]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per model case and output: the worst error over the input sets."""
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for result in results:
+        for comparison in result.outputs:
+            row = table.setdefault(result.case_id, {}).setdefault(
+                comparison.output,
+                {"max_abs": 0.0, "max_rel": 0.0, "min_cosine": 1.0, "within_tolerance": None},
+            )
+            for key, value, pick in (
+                ("max_abs", comparison.max_abs, max),
+                ("max_rel", comparison.max_rel, max),
+                ("min_cosine", comparison.cosine, min),
+            ):
+                row[key] = None if value is None or row[key] is None else pick(row[key], value)
+            if comparison.within_tolerance is not None:
+                row["within_tolerance"] = comparison.within_tolerance and row["within_tolerance"] is not False
+    return table
+
+
+def summary_lines(report: Report) -> list[str]:
+    """A few lines for the terminal: the counts, every failure, every known failure that now passes."""
+    data = report.data
+    provider = data["provider"]
+    counts = data["summary"]["by_status"]
+    lines = [
+        f"provider {provider['name']} ({provider['kind']}, options {provider['options'] or 'none'}), "
+        f"tier {data['tier']['name']}: "
+        + ", ".join(f"{counts[status]} {STATUS_LABELS[status]}" for status in STATUSES if status in counts)
+    ]
+    lines += [f"FAILED {result.message}" for result in report.results if result.is_failing]
+    lines += [f"NOW PASSING {result.message}" for result in report.results if result.status == XPASS]
+    if data["interrupted"]:
+        lines.append(
+            f"INTERRUPTED: {len(data['not_run'])} case(s) did not run; "
+            "the reports hold the ones that finished"
+        )
+    elif data["not_run"]:
+        lines.append(f"{len(data['not_run'])} planned case(s) were not selected and did not run")
+    lines.append("verdict: " + ("PASS" if data["passed"] else "FAIL"))
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------
+# Writers
+# ------------------------------------------------------------------------------------------------
+
+
+def write_json(report: Report, path: Path) -> Path:
+    import jsonschema
+
+    # A report that does not match its own schema is a bug here; never hand one to a vendor.
+    jsonschema.validate(report.data, report_schema())
+    path.write_text(json.dumps(report.data, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def write_junit(report: Report, path: Path) -> Path:
+    """One testsuite per level; failures carry the case, the output and the error in their message."""
+    data = report.data
+    root = ElementTree.Element("testsuites", name=f"optimum-ipu conformance: {data['provider']['name']}")
+    properties = {
+        "provider": data["provider"]["name"],
+        "provider_options": json.dumps(data["provider"]["options"], sort_keys=True),
+        "tier": data["tier"]["name"],
+        "interrupted": str(data["interrupted"]).lower(),
+    }
+    totals = Counter()
+    for level, title in ((MODEL, "models"), (OPERATOR, "operators")):
+        cases = [result for result in report.results if result.level == level]
+        suite = ElementTree.SubElement(root, "testsuite", name=f"conformance.{title}")
+        props = ElementTree.SubElement(suite, "properties")
+        for key, value in properties.items():
+            ElementTree.SubElement(props, "property", name=key, value=value)
+        counts = Counter()
+        for result in cases:
+            counts["tests"] += 1
+            classname = f"conformance.{title}.{result.group}"
+            case = ElementTree.SubElement(
+                suite, "testcase", classname=classname, name=result.case_id, time=f"{result.duration_s:.3f}"
+            )
+            if result.status == FAILED:
+                counts["failures"] += 1
+                element = ElementTree.SubElement(
+                    case, "failure", message=result.message, type="ConformanceFailure"
+                )
+                element.text = result.detail
+            elif result.status == ERROR:
+                counts["errors"] += 1
+                element = ElementTree.SubElement(
+                    case, "error", message=result.message, type="ConformanceError"
+                )
+                element.text = result.detail
+            elif result.status in (XFAIL, NOT_APPLICABLE, OUT_OF_TABLE):
+                counts["skipped"] += 1
+                reason = result.expectation["reason"] if result.expectation else result.message
+                ElementTree.SubElement(
+                    case, "skipped", type=result.status, message=f"{STATUS_LABELS[result.status]}: {reason}"
+                )
+            elif result.status == XPASS:
+                out = ElementTree.SubElement(case, "system-out")
+                out.text = result.message
+        for key in ("tests", "failures", "errors", "skipped"):
+            suite.set(key, str(counts[key]))
+            totals[key] += counts[key]
+        suite.set("time", f"{sum(result.duration_s for result in cases):.3f}")
+    for key in ("tests", "failures", "errors", "skipped"):
+        root.set(key, str(totals[key]))
+    root.set("time", f"{data['duration_s']:.3f}")
+    ElementTree.indent(root)
+    ElementTree.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    return path
+
+
+def provider_line(provider: dict[str, Any]) -> str:
+    return f"{provider['name']} ({provider['kind']}; {provider['distribution']} {provider['version']})"
+
+
+def options_line(provider: dict[str, Any]) -> str:
+    return json.dumps(provider["options"], sort_keys=True) if provider["options"] else "none"
+
+
+def run_line(data: dict[str, Any]) -> str:
+    settings = data["settings"]
+    scope = "--quick" if settings["quick"] else "full"
+    chosen = [f"--models {' '.join(settings['models'])}"] if settings["models"] else []
+    chosen += [f"--ops {' '.join(settings['ops'])}"] if settings["ops"] else []
+    chosen += [f"--model-dir {path}" for path in settings["model_dirs"]]
+    parts = [scope, *chosen, f"started {data['started_at']}", f"{data['duration_s']:.0f} s"]
+    return ", ".join(parts)
+
+
+def required_line(threshold: float | None) -> str:
+    return "reported only" if threshold is None else figure_text(threshold)
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def figure_text(value: Any) -> str:
+    """A figure as the reports print it: 3 significant digits, yes/no, n/a for a missing one."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3g}" if value else "0"
+    return str(value)
+
+
+def markdown(report: Report) -> str:
+    data = report.data
+    provider = data["provider"]
+    lines = [
+        f"# Conformance: {provider['name']}",
+        "",
+        f"**Verdict: {'PASS' if data['passed'] else 'FAIL'}**"
+        + (" (interrupted: only the finished cases are reported)" if data["interrupted"] else ""),
+        "",
+        "| | |",
+        "|---|---|",
+        f"| provider | {provider_line(provider)} |",
+        f"| options | {_md(options_line(provider))} |",
+        f"| tier | {data['tier']['name']}: {_md(data['tier']['description'])} |",
+        f"| expectation files | {_md(', '.join(provider['expectation_files']) or 'none')} |",
+        f"| operator support | {_md(provider['operator_support'])} |",
+        f"| run | {_md(run_line(data))} |",
+        f"| environment | {_md(', '.join(f'{k} {v}' for k, v in data['environment'].items()))} |",
+        "",
+        "## Summary",
+        "",
+        "| level | " + " | ".join(STATUS_LABELS[s] for s in STATUSES) + " |",
+        "|---|" + "---:|" * len(STATUSES),
+    ]
+    for level in (MODEL, OPERATOR):
+        counts = data["summary"][level]
+        lines.append(f"| {level} | " + " | ".join(str(counts.get(s, 0)) for s in STATUSES) + " |")
+    failing = [r for r in report.results if r.is_failing]
+    lines += ["", f"## Failures ({len(failing)})", ""]
+    if failing:
+        lines += ["| case | status | what failed |", "|---|---|---|"]
+        for result in failing:
+            for failure in result.failures or [result.message]:
+                lines.append(f"| `{result.case_id}` | {result.status} | {_md(failure)} |")
+    else:
+        lines.append("None.")
+    xpass = [r for r in report.results if r.status == XPASS]
+    if xpass:
+        lines += ["", f"## Known failures that now pass ({len(xpass)}): remove their entries", ""]
+        lines += [
+            f"- `{r.case_id}`: {_md(r.expectation['source'])} ({_md(r.expectation['reason'])})" for r in xpass
+        ]
+    if data["not_run"]:
+        why = "the run was interrupted" if data["interrupted"] else "not selected"
+        lines += ["", f"## Not run ({len(data['not_run'])}: {why})", ""]
+        lines += [f"- `{case_id}`" for case_id in data["not_run"]]
+    if data["models"]:
+        lines += [
+            "",
+            "## Models: largest error per output over the input sets",
+            "",
+            "| case | output | max abs | max rel | min cosine | within tolerance |",
+            "|---|---|---:|---:|---:|---|",
+        ]
+        for case_id, outputs in data["models"].items():
+            for output, row in outputs.items():
+                figures = (row[key] for key in ("max_abs", "max_rel", "min_cosine", "within_tolerance"))
+                lines.append(f"| `{case_id}` | {output} | " + " | ".join(map(figure_text, figures)) + " |")
+        metrics = [(r, m) for r in report.results for m in r.metrics]
+        if metrics:
+            lines += ["", "| case | input set | task measure | value | required |", "|---|---|---|---:|---:|"]
+            for result, metric in metrics:
+                lines.append(
+                    f"| `{result.case_id}` | {metric.input_set} | {metric.metric} | "
+                    f"{figure_text(metric.value)} | {required_line(metric.threshold)} |"
+                )
+    if data["operators"]:
+        lines += [
+            "",
+            "## Operators: cases per operator under test",
+            "",
+            "| operator | " + " | ".join(STATUS_LABELS[s] for s in STATUSES) + " |",
+            "|---|" + "---:|" * len(STATUSES),
+        ]
+        for operator, counts in data["operators"].items():
+            lines.append(f"| {operator} | " + " | ".join(str(counts.get(s, 0)) for s in STATUSES) + " |")
+    expected = [r for r in report.results if r.status in (XFAIL, NOT_APPLICABLE) and r.expectation]
+    if expected:
+        lines += ["", "## Expected failures and cases not applicable, with their reasons", ""]
+        by_reason: dict[tuple[str, str], list[str]] = {}
+        for result in expected:
+            key = (result.status, result.expectation["reason"])
+            by_reason.setdefault(key, []).append(result.case_id)
+        for (status, reason), case_ids in by_reason.items():
+            lines.append(f"- {STATUS_LABELS[status]} ({len(case_ids)}): {_md(reason)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(report: Report, path: Path) -> Path:
+    path.write_text(markdown(report), encoding="utf-8")
+    return path

@@ -1,0 +1,93 @@
+"""What one conformance case found, in the shape every report is written from."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PASSED = "passed"
+FAILED = "failed"  # a check did not hold
+ERROR = "error"  # the provider (or the reference) raised
+XFAIL = "xfail"  # listed as a known failure, and it did not pass
+XPASS = "xpass"  # listed as a known failure, but it passed: the entry can go
+NOT_APPLICABLE = "not_applicable"  # outside what the provider declares it takes (element types, listed cases)
+OUT_OF_TABLE = "out_of_table"  # uses an operator the provider does not declare
+
+STATUSES = (PASSED, FAILED, ERROR, XFAIL, XPASS, NOT_APPLICABLE, OUT_OF_TABLE)
+#: Statuses that make a run fail.
+FAILING = frozenset({FAILED, ERROR})
+
+MODEL = "model"
+OPERATOR = "operator"
+
+
+@dataclass
+class OutputComparison:
+    """One output of one input set, provider against CPU."""
+
+    input_set: str
+    output: str
+    shape: list[int]
+    compared: int  # elements compared (positions an attention mask hides are left out)
+    max_abs: float | None  # None: not finite (NaN or infinity on either side)
+    max_rel: float | None  # over elements whose CPU value is not zero
+    cosine: float | None
+    within_tolerance: bool | None  # None when the tier sets no element-wise tolerance
+
+
+@dataclass
+class TaskMetric:
+    """One task-level figure (top-1 agreement, span agreement, embedding cosine, identical tokens)."""
+
+    input_set: str
+    metric: str
+    value: float | None
+    threshold: float | None  # None: reported only, this tier does not judge it
+    passed: bool | None
+
+
+@dataclass
+class CaseResult:
+    case_id: str
+    level: str  # MODEL or OPERATOR
+    group: str  # the model entry (model level) or the operator under test (operator level)
+    status: str
+    message: str = ""  # one line: for a failure, the case, the output and the error
+    detail: str = ""  # longer text: every failed check, or the traceback
+    duration_s: float = 0.0
+    expectation: dict[str, str] | None = None  # the expectation entry that matched: kind, reason, source
+    failures: list[str] = field(default_factory=list)  # one line per failed check
+    outputs: list[OutputComparison] = field(default_factory=list)
+    metrics: list[TaskMetric] = field(default_factory=list)
+    info: dict[str, Any] = field(
+        default_factory=dict
+    )  # level-specific facts (ORTModel class, bound operands)
+
+    @property
+    def is_failing(self) -> bool:
+        return self.status in FAILING
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> CaseResult:
+        raw = dict(raw)
+        raw["outputs"] = [OutputComparison(**item) for item in raw.get("outputs", [])]
+        raw["metrics"] = [TaskMetric(**item) for item in raw.get("metrics", [])]
+        return cls(**raw)
+
+    @classmethod
+    def from_json(cls, text: str) -> CaseResult:
+        return cls.from_dict(json.loads(text))
+
+
+def finite(value: float) -> float | None:
+    """A figure as JSON can hold it: NaN and infinity become None (and fail every threshold)."""
+    value = float(value)
+    return value if math.isfinite(value) else None

@@ -1,0 +1,11 @@
+"""A test-only provider that is wrong in one place: it adds ``perturb_by`` (default 1e-3) to one output
+(``perturb_output``, default ``logits``) of one model (the ONNX file's directory is named
+``perturb_model``); every other result is onnxruntime's on the CPU. The three are provider options.
+It builds on the faithful provider's session (a test double may lean on another)."""
+
+SPEC = {
+    "name": "PerturbedNPUExecutionProvider",
+    "aliases": ["perturbed"],
+    "session_factory": "perturbed_npu_provider.session:PerturbedSession",
+    "description": "test double of an accelerator with one wrong output",
+}
