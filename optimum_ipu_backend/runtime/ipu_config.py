@@ -226,11 +226,6 @@ def load_runtime_config(
     return _with_updates(config, updates, sources)
 
 
-def read_ipu_config(path: str | Path) -> IPURuntimeConfig:
-    """The settings of one ``ipu_config.json`` on top of the defaults."""
-    return _apply_file(IPURuntimeConfig(), Path(path))
-
-
 def _apply_file(config: IPURuntimeConfig, path: Path) -> IPURuntimeConfig:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
