@@ -1114,6 +1114,308 @@ def preprocessed_inputs(
 
 
 # ----------------------------------------------------------------------------------------------------
+# One tiny model for each remaining ORTModel class optimum-onnx exports (CLASS_CASES)
+# ----------------------------------------------------------------------------------------------------
+
+
+class ClassCase(NamedTuple):
+    """A tiny model of one ORTModel class: how it is built, exported and checked."""
+
+    ort_class: str
+    architecture: str  # the transformers architecture, as docs/models.md lists it
+    export_task: str
+    kind: str  # "forward": outputs compared; "generate": generated tokens compared
+
+
+#: The ORTModel classes outside ``TASKS`` and ``PATTERN_TASKS``, one tiny model each. Built by
+#: ``build_class_model`` and fed by ``class_inputs``; kept apart from the conformance matrix so that
+#: adding a class costs one export, not a new column of the suite.
+CLASS_CASES: Mapping[str, ClassCase] = {
+    "clip": ClassCase(
+        "ORTModelForZeroShotImageClassification", "CLIPModel", "zero-shot-image-classification", "forward"
+    ),
+    "vit-gpt2": ClassCase(
+        "ORTModelForVision2Seq",
+        "VisionEncoderDecoderModel (ViT + GPT-2)",
+        "image-to-text-with-past",
+        "generate",
+    ),
+    "pix2struct": ClassCase(
+        "ORTModelForPix2Struct", "Pix2StructForConditionalGeneration", "image-to-text-with-past", "generate"
+    ),
+    "swin2sr": ClassCase(
+        "ORTModelForImageToImage", "Swin2SRForImageSuperResolution", "image-to-image", "forward"
+    ),
+    "efficientnet": ClassCase(
+        "ORTModelForImageClassification",
+        "EfficientNetForImageClassification",
+        "image-classification",
+        "forward",
+    ),
+    "segformer": ClassCase(
+        "ORTModelForSemanticSegmentation",
+        "SegformerForSemanticSegmentation",
+        "semantic-segmentation",
+        "forward",
+    ),
+    "wav2vec2-ctc": ClassCase("ORTModelForCTC", "Wav2Vec2ForCTC", "automatic-speech-recognition", "forward"),
+    "wav2vec2-audio-classification": ClassCase(
+        "ORTModelForAudioClassification",
+        "Wav2Vec2ForSequenceClassification",
+        "audio-classification",
+        "forward",
+    ),
+    "wav2vec2-xvector": ClassCase(
+        "ORTModelForAudioXVector", "Wav2Vec2ForXVector", "audio-xvector", "forward"
+    ),
+    # Any graph with any inputs and outputs: BERT's feature-extraction export, outputs by name.
+    "bert-custom": ClassCase("ORTModelForCustomTasks", "BertModel", "feature-extraction", "forward"),
+}
+
+_CLIP_EOS = 98
+_CLIP_VOCAB = 99
+_CLIP_IMAGE = 30
+_VIT_GPT2_IMAGE = 32
+_SWIN2SR_IMAGE = 16
+_PIX2STRUCT_PATCHES = 16
+
+
+def _clip_model(out_dir: Path) -> transformers.PreTrainedModel:
+    import transformers
+
+    text = transformers.CLIPTextConfig(
+        vocab_size=_CLIP_VOCAB,
+        hidden_size=_HIDDEN,
+        intermediate_size=_FFN,
+        num_hidden_layers=_LAYERS,
+        num_attention_heads=_HEADS,
+        max_position_embeddings=16,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=_CLIP_EOS,  # not 2, so the text tower pools where input_ids == eos (an ArgMax)
+    )
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=_HIDDEN,
+        intermediate_size=_FFN,
+        num_hidden_layers=_LAYERS,
+        num_attention_heads=_HEADS,
+        image_size=_CLIP_IMAGE,
+        patch_size=15,
+    )
+    config = transformers.CLIPConfig(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=8
+    )
+    return transformers.CLIPModel(config)
+
+
+def _vit_gpt2_model(out_dir: Path) -> transformers.PreTrainedModel:
+    import transformers
+
+    encoder = transformers.ViTConfig(
+        image_size=_VIT_GPT2_IMAGE, patch_size=8, num_channels=3, **_ENCODER_SIZES
+    )
+    decoder = transformers.GPT2Config(
+        vocab_size=_CLIP_VOCAB,
+        n_positions=_MAX_POSITIONS,
+        n_embd=_HIDDEN,
+        n_layer=_LAYERS,
+        n_head=_HEADS,
+        n_inner=_FFN,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        initializer_range=0.3,  # as for the zoo's GPT-2: greedy decoding of a random decoder varies
+    )
+    config = transformers.VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder_start_token_id = config.pad_token_id = config.eos_token_id = 0
+    return transformers.VisionEncoderDecoderModel(config)
+
+
+def _pix2struct_model(out_dir: Path) -> transformers.PreTrainedModel:
+    import transformers
+
+    # optimum's export reads the patch budget from the processor, so the model needs one: a T5-style
+    # tokenizer (as for the zoo's T5) and an image processor of 4x4 patches.
+    _unigram_tokenizer(
+        out_dir,
+        special_tokens=["<pad>", "</s>", "<unk>"],
+        templates=("$A </s>", "$A </s> $B </s>"),
+        model_input_names=["input_ids", "attention_mask"],
+        token_roles={"pad_token": "<pad>", "eos_token": "</s>"},
+    )
+    tokenizer = transformers.T5TokenizerFast.from_pretrained(out_dir)
+    image_processor = transformers.Pix2StructImageProcessor(
+        patch_size={"height": 4, "width": 4}, max_patches=_PIX2STRUCT_PATCHES
+    )
+    transformers.Pix2StructProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(
+        out_dir
+    )
+    sizes = {"hidden_size": _HIDDEN, "d_kv": _HIDDEN // _HEADS, "d_ff": _FFN}
+    text = transformers.Pix2StructTextConfig(
+        vocab_size=len(tokenizer),
+        num_layers=_LAYERS,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        num_heads=_HEADS,
+        **sizes,
+    )
+    vision = transformers.Pix2StructVisionConfig(
+        num_hidden_layers=_LAYERS,
+        num_attention_heads=_HEADS,
+        patch_embed_hidden_size=4 * 4 * 3,
+        seq_len=_PIX2STRUCT_PATCHES,
+        **sizes,
+    )
+    config = transformers.Pix2StructConfig(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), initializer_factor=2.0
+    )
+    config.decoder_start_token_id = config.pad_token_id = tokenizer.pad_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    return transformers.Pix2StructForConditionalGeneration(config)
+
+
+def _swin2sr_model(out_dir: Path) -> transformers.PreTrainedModel:
+    import transformers
+
+    config = transformers.Swin2SRConfig(
+        image_size=_SWIN2SR_IMAGE,
+        patch_size=1,
+        num_channels=3,
+        embed_dim=16,
+        depths=[1, 1],
+        num_heads=[2, 2],
+        window_size=4,
+        upscale=2,
+        upsampler="pixelshuffle",
+    )
+    return transformers.Swin2SRForImageSuperResolution(config)
+
+
+def _efficientnet_model(out_dir: Path) -> transformers.PreTrainedModel:
+    import transformers
+
+    config = transformers.EfficientNetConfig(
+        image_size=_VIT_GPT2_IMAGE,
+        width_coefficient=0.1,
+        depth_coefficient=0.1,
+        hidden_dim=128,  # round_filters(1280) at this width: the top convolution's channels
+        num_labels=_NUM_LABELS["image-classification"],
+    )
+    return transformers.EfficientNetForImageClassification(config)
+
+
+def _segformer_model(out_dir: Path) -> transformers.PreTrainedModel:
+    import transformers
+
+    config = transformers.SegformerConfig(
+        num_encoder_blocks=2,
+        depths=[1, 1],
+        sr_ratios=[2, 1],
+        hidden_sizes=[8, 16],
+        patch_sizes=[7, 3],
+        strides=[4, 2],
+        num_attention_heads=[1, 2],
+        mlp_ratios=[2, 2],
+        decoder_hidden_size=16,
+        num_labels=3,
+    )
+    return transformers.SegformerForSemanticSegmentation(config)
+
+
+def _wav2vec2_head(class_name: str, **config_kwargs: Any) -> Callable[[Path], transformers.PreTrainedModel]:
+    def build(out_dir: Path) -> transformers.PreTrainedModel:
+        import transformers
+
+        config = _wav2vec2(out_dir)
+        for key, value in config_kwargs.items():
+            setattr(config, key, value)
+        return getattr(transformers, class_name)(config)
+
+    return build
+
+
+_CLASS_BUILDERS: Mapping[str, Callable[[Path], transformers.PreTrainedModel]] = {
+    "clip": _clip_model,
+    "vit-gpt2": _vit_gpt2_model,
+    "pix2struct": _pix2struct_model,
+    "swin2sr": _swin2sr_model,
+    "efficientnet": _efficientnet_model,
+    "segformer": _segformer_model,
+    "wav2vec2-ctc": _wav2vec2_head("Wav2Vec2ForCTC", pad_token_id=0),
+    "wav2vec2-audio-classification": _wav2vec2_head("Wav2Vec2ForSequenceClassification", num_labels=5),
+    "wav2vec2-xvector": _wav2vec2_head(
+        "Wav2Vec2ForXVector",
+        tdnn_dim=(16, 16),
+        tdnn_kernel=(3, 1),
+        tdnn_dilation=(1, 1),
+        xvector_output_dim=8,
+    ),
+}
+
+
+def build_class_model(name: str, root: Path) -> Path:
+    """Build (or reuse) the tiny model of ``CLASS_CASES[name]`` under ``root``; return its directory."""
+    if name == "bert-custom":
+        return build_model("bert", root, "feature-extraction")
+    if name not in _CLASS_BUILDERS:
+        raise ValueError(f"unknown class model {name!r}; expected one of {tuple(CLASS_CASES)}")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final_dir = root / f"class-{name}"
+    with FileLock(root / f".{final_dir.name}.lock"):
+        if final_dir.is_dir():
+            return final_dir
+        import torch
+
+        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=root))
+        try:
+            torch.manual_seed(_seed_for(name, CLASS_CASES[name].export_task))
+            model = _CLASS_BUILDERS[name](staging)
+            model.eval()
+            model.save_pretrained(staging)
+            os.replace(staging, final_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return final_dir
+
+
+def class_inputs(name: str, model_dir: Path, batch: int = 3, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for ``CLASS_CASES[name]``: random pixels, patches or audio; CLIP's token ids end in its
+    end-of-text token at a different position per row with padding after it (the last row padded most)."""
+    rng = np.random.default_rng(seed)
+    if name == "clip":
+        seq = 7
+        ids = rng.integers(2, _CLIP_EOS, (batch, seq))
+        mask = np.ones((batch, seq), np.int64)
+        for row in range(batch):
+            end = seq - 1 - row % seq
+            ids[row, end] = _CLIP_EOS
+            ids[row, end + 1 :] = 1
+            mask[row, end + 1 :] = 0
+        pixels = rng.standard_normal((batch, 3, _CLIP_IMAGE, _CLIP_IMAGE)).astype(np.float32)
+        return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
+    if name == "pix2struct":
+        # Images of different sizes, so the processor leaves 16, 8 and 4 real patches under the mask.
+        import transformers
+
+        processor = transformers.Pix2StructImageProcessor.from_pretrained(model_dir)
+        sides = [(16, 16), (8, 16), (8, 8)]
+        images = [rng.integers(0, 256, (*sides[row % len(sides)], 3), dtype=np.uint8) for row in range(batch)]
+        encoded = processor(images=images, return_tensors="np")
+        return {key: np.asarray(encoded[key]) for key in ("flattened_patches", "attention_mask")}
+    if name.startswith("wav2vec2"):
+        samples = 12 * 5 * 4  # 12 frames of the feature encoder's strides (5, 4)
+        return {"input_values": (0.1 * rng.standard_normal((batch, samples))).astype(np.float32)}
+    if name == "bert-custom":
+        return preprocessed_inputs(model_dir, batch, seq=11, seed=seed)
+    side = {"vit-gpt2": _VIT_GPT2_IMAGE, "efficientnet": _VIT_GPT2_IMAGE, "swin2sr": _SWIN2SR_IMAGE}.get(
+        name, 32
+    )
+    return {"pixel_values": rng.standard_normal((batch, 3, side, side)).astype(np.float32)}
+
+
+# ----------------------------------------------------------------------------------------------------
 # A zoo under one root
 # ----------------------------------------------------------------------------------------------------
 
@@ -1137,6 +1439,27 @@ class ModelZoo:
         if key not in self._exports:
             model_dir = self.model(name, task)
             self._exports[key] = export_onnx(model_dir, task, self.root / "onnx" / f"{name}-{task}")
+        return self._exports[key]
+
+    def class_model(self, name: str) -> Path:
+        """The built model of ``CLASS_CASES[name]`` (``bert-custom`` is the BERT base model)."""
+        if name == "bert-custom":
+            return self.model("bert", "feature-extraction")
+        key = (f"class-{name}", None)
+        if key not in self._models:
+            self._models[key] = build_class_model(name, self.root / "models")
+        return self._models[key]
+
+    def class_onnx(self, name: str) -> Path:
+        """The export of ``CLASS_CASES[name]`` (``bert-custom`` is BERT's feature-extraction export)."""
+        if name == "bert-custom":
+            return self.onnx("bert", "feature-extraction")
+        task = CLASS_CASES[name].export_task
+        key = (f"class-{name}", task)
+        if key not in self._exports:
+            self._exports[key] = export_onnx(
+                self.class_model(name), task, self.root / "onnx" / f"class-{name}"
+            )
         return self._exports[key]
 
 
