@@ -1293,6 +1293,7 @@ def _swin2sr_model(out_dir: Path) -> transformers.PreTrainedModel:
 
 
 def _efficientnet_model(out_dir: Path) -> transformers.PreTrainedModel:
+    import torch
     import transformers
 
     config = transformers.EfficientNetConfig(
@@ -1302,7 +1303,18 @@ def _efficientnet_model(out_dir: Path) -> transformers.PreTrainedModel:
         hidden_dim=128,  # round_filters(1280) at this width: the top convolution's channels
         num_labels=_NUM_LABELS["image-classification"],
     )
-    return transformers.EfficientNetForImageClassification(config)
+    model = transformers.EfficientNetForImageClassification(config)
+    # transformers draws every weight, batch-norm scales included, from N(0, 0.02): the signal dies within
+    # a few blocks and the logits come out equal for every image. He-initialised convolutions and a
+    # batch-norm scale of 1.3 keep the activations near 1 through all stages instead.
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+            elif isinstance(module, torch.nn.BatchNorm2d):
+                module.reset_parameters()
+                module.weight.fill_(1.3)
+    return model
 
 
 def _segformer_model(out_dir: Path) -> transformers.PreTrainedModel:

@@ -159,14 +159,15 @@ def pipeline_case(case: dict) -> dict:
 KINDS = {"forward": forward_case, "generate": generate_case, "pipeline": pipeline_case}
 
 
-def main() -> None:
+def main(kinds=KINDS) -> None:
+    """Run every case of the spec file named on the command line with its kind's check in ``kinds``."""
     cases = json.loads(Path(sys.argv[1]).read_text())
     results = {}
     for name, case in cases.items():
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                results[name] = KINDS[case["kind"]](case)
+                results[name] = kinds[case["kind"]](case)
             results[name]["fallback_warnings"] = [
                 str(w.message) for w in caught if "Falling back" in str(w.message)
             ]
