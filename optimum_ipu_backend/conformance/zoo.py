@@ -955,8 +955,7 @@ def export_onnx(model_dir: Path, task: str, out_dir: Path, **kwargs: Any) -> Pat
                     task=task,
                     do_validation=False,
                     local_files_only=True,
-                    library_name="transformers",
-                    **export_kwargs,
+                    **{"library_name": "transformers", **export_kwargs},
                 )
             (staging / _EXPORT_MARKER).write_text(json.dumps(request, indent=1), encoding="utf-8")
             if out_dir.exists():
@@ -1170,6 +1169,23 @@ CLASS_CASES: Mapping[str, ClassCase] = {
     ),
     # Any graph with any inputs and outputs: BERT's feature-extraction export, outputs by name.
     "bert-custom": ClassCase("ORTModelForCustomTasks", "BertModel", "feature-extraction", "forward"),
+    # A text-to-image pipeline: its images are compared after DIFFUSION_RUN's steps from one seed.
+    "tiny-sd": ClassCase(
+        "ORTPipelineForText2Image",
+        "StableDiffusionPipeline (CLIPTextModel, UNet2DConditionModel, AutoencoderKL, DDIMScheduler)",
+        "text-to-image",
+        "diffusion",
+    ),
+}
+
+#: What the diffusion case runs: its prompts, denoising steps, image side, guidance and seed.
+DIFFUSION_RUN: Mapping[str, Any] = {
+    "prompt": ["a red car", "the lazy dog"],
+    "num_inference_steps": 3,
+    "height": 16,
+    "width": 16,
+    "guidance_scale": 7.5,  # classifier-free guidance: the UNet runs the batch twice, with and without text
+    "seed": 0,
 }
 
 _CLIP_EOS = 98
@@ -1347,6 +1363,99 @@ def _wav2vec2_head(class_name: str, **config_kwargs: Any) -> Callable[[Path], tr
     return build
 
 
+def _clip_bpe_tokenizer(out_dir: Path) -> transformers.CLIPTokenizer:
+    """CLIP's byte-level BPE with no merges: one token per byte (and per byte ending a word), 514 ids."""
+    import transformers
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+
+    symbols = list(bytes_to_unicode().values())
+    vocab: dict[str, int] = {}
+    for symbol in (*symbols, *(f"{s}</w>" for s in symbols), "<|startoftext|>", "<|endoftext|>"):
+        vocab.setdefault(symbol, len(vocab))
+    (out_dir / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (out_dir / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    return transformers.CLIPTokenizer(
+        str(out_dir / "vocab.json"), str(out_dir / "merges.txt"), model_max_length=16
+    )
+
+
+def build_diffusion_pipeline(root: Path) -> Path:
+    """Build (or reuse) a tiny Stable Diffusion pipeline under ``root`` and return its directory: a CLIP
+    text encoder, a two-level UNet with cross-attention, a two-level VAE (16x16 images from 8x8
+    latents) and a DDIM scheduler, each from a small config (``diffusers`` is a test dependency)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final_dir = root / "class-tiny-sd"
+    with FileLock(root / f".{final_dir.name}.lock"):
+        if final_dir.is_dir():
+            return final_dir
+        import diffusers
+        import torch
+        import transformers
+
+        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=root))
+        try:
+            with tempfile.TemporaryDirectory(dir=root) as scratch:
+                tokenizer = _clip_bpe_tokenizer(Path(scratch))
+            torch.manual_seed(_seed_for("tiny-sd", "text-to-image"))
+            end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+            text_encoder = transformers.CLIPTextModel(
+                transformers.CLIPTextConfig(
+                    vocab_size=len(tokenizer),
+                    hidden_size=_HIDDEN,
+                    intermediate_size=_FFN,
+                    num_hidden_layers=_LAYERS,
+                    num_attention_heads=_HEADS,
+                    max_position_embeddings=tokenizer.model_max_length,
+                    bos_token_id=tokenizer.convert_tokens_to_ids("<|startoftext|>"),
+                    eos_token_id=end,
+                    pad_token_id=end,
+                )
+            )
+            levels = {"block_out_channels": (16, 32), "norm_num_groups": 8, "layers_per_block": 1}
+            unet = diffusers.UNet2DConditionModel(
+                sample_size=8,
+                in_channels=4,
+                out_channels=4,
+                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+                cross_attention_dim=_HIDDEN,
+                attention_head_dim=4,
+                **levels,
+            )
+            vae = diffusers.AutoencoderKL(
+                in_channels=3,
+                out_channels=3,
+                down_block_types=("DownEncoderBlock2D",) * 2,
+                up_block_types=("UpDecoderBlock2D",) * 2,
+                latent_channels=4,
+                sample_size=16,
+                **levels,
+            )
+            scheduler = diffusers.DDIMScheduler(
+                beta_start=0.00085,
+                beta_end=0.012,
+                beta_schedule="scaled_linear",
+                clip_sample=False,
+                set_alpha_to_one=False,
+            )
+            pipeline = diffusers.StableDiffusionPipeline(
+                vae=vae,
+                text_encoder=text_encoder.eval(),
+                tokenizer=tokenizer,
+                unet=unet.eval(),
+                scheduler=scheduler,
+                safety_checker=None,
+                feature_extractor=None,
+                requires_safety_checker=False,
+            )
+            pipeline.save_pretrained(staging)
+            os.replace(staging, final_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return final_dir
+
+
 _CLASS_BUILDERS: Mapping[str, Callable[[Path], transformers.PreTrainedModel]] = {
     "clip": _clip_model,
     "vit-gpt2": _vit_gpt2_model,
@@ -1370,6 +1479,8 @@ def build_class_model(name: str, root: Path) -> Path:
     """Build (or reuse) the tiny model of ``CLASS_CASES[name]`` under ``root``; return its directory."""
     if name == "bert-custom":
         return build_model("bert", root, "feature-extraction")
+    if name == "tiny-sd":
+        return build_diffusion_pipeline(root)
     if name not in _CLASS_BUILDERS:
         raise ValueError(f"unknown class model {name!r}; expected one of {tuple(CLASS_CASES)}")
     root = Path(root)
@@ -1421,6 +1532,8 @@ def class_inputs(name: str, model_dir: Path, batch: int = 3, seed: int = 0) -> d
         return {"input_values": (0.1 * rng.standard_normal((batch, samples))).astype(np.float32)}
     if name == "bert-custom":
         return preprocessed_inputs(model_dir, batch, seq=11, seed=seed)
+    if CLASS_CASES[name].kind == "diffusion":
+        raise ValueError(f"{name} is a pipeline called with DIFFUSION_RUN's prompts, not with arrays")
     side = {"vit-gpt2": _VIT_GPT2_IMAGE, "efficientnet": _VIT_GPT2_IMAGE, "swin2sr": _SWIN2SR_IMAGE}.get(
         name, 32
     )
@@ -1469,8 +1582,10 @@ class ModelZoo:
         task = CLASS_CASES[name].export_task
         key = (f"class-{name}", task)
         if key not in self._exports:
+            # a pipeline's export is a folder per component, from the diffusers library
+            library = {"library_name": "diffusers"} if CLASS_CASES[name].kind == "diffusion" else {}
             self._exports[key] = export_onnx(
-                self.class_model(name), task, self.root / "onnx" / f"class-{name}"
+                self.class_model(name), task, self.root / "onnx" / f"class-{name}", **library
             )
         return self._exports[key]
 

@@ -58,5 +58,25 @@ def generate_case(case: dict) -> dict:
     }
 
 
+def diffusion_case(case: dict) -> dict:
+    from optimum_ipu_backend.conformance.zoo import DIFFUSION_RUN
+
+    cls = getattr(ort_models, case["class"])
+    cpu = cls.from_pretrained(case["onnx_dir"], **CPU)
+    ipu = cls.from_pretrained(case["onnx_dir"], **IPU)
+    run = dict(DIFFUSION_RUN)
+    seed = run.pop("seed")
+    expected, got = (
+        pipeline(generator=torch.Generator().manual_seed(seed), output_type="np", **run).images
+        for pipeline in (cpu, ipu)
+    )
+    return {
+        "max_abs_diff": float(np.abs(expected - got).max()),
+        "image_shape": list(expected.shape),
+        "image_std": float(expected.std()),
+        **_session_facts(ipu),
+    }
+
+
 if __name__ == "__main__":
-    main({"forward": forward_case, "generate": generate_case})
+    main({"forward": forward_case, "generate": generate_case, "diffusion": diffusion_case})
