@@ -133,9 +133,10 @@ def matrix_rows() -> list[Row]:
         if case.kind == "generate":
             compared, test = _tokens(), "test_generate_matches_cpu_tokens"
         elif case.kind == "diffusion":
-            steps = classes.DIFFUSION_RUN["num_inference_steps"]
+            call, _ = classes.diffusion_call(name)
+            steps = int(call["num_inference_steps"] * call.get("strength", 1.0))
             compared = (f"images after {steps} DDIM steps, one seed", _atol(classes.IMAGE_ATOL))
-            test = "test_text_to_image_pipeline_draws_the_cpu_image"
+            test = "test_diffusion_pipeline_draws_the_cpu_image"
         else:
             compared, test = _outputs(classes.ATOL), "test_forward_matches_cpu"
         rows.append(

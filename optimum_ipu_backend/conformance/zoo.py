@@ -1117,6 +1117,9 @@ def preprocessed_inputs(
 # ----------------------------------------------------------------------------------------------------
 
 
+_TINY_SD = "StableDiffusionPipeline (CLIPTextModel, UNet2DConditionModel, AutoencoderKL, DDIMScheduler)"
+
+
 class ClassCase(NamedTuple):
     """A tiny model of one ORTModel class: how it is built, exported and checked."""
 
@@ -1169,24 +1172,28 @@ CLASS_CASES: Mapping[str, ClassCase] = {
     ),
     # Any graph with any inputs and outputs: BERT's feature-extraction export, outputs by name.
     "bert-custom": ClassCase("ORTModelForCustomTasks", "BertModel", "feature-extraction", "forward"),
-    # A text-to-image pipeline: its images are compared after DIFFUSION_RUN's steps from one seed.
-    "tiny-sd": ClassCase(
-        "ORTPipelineForText2Image",
-        "StableDiffusionPipeline (CLIPTextModel, UNet2DConditionModel, AutoencoderKL, DDIMScheduler)",
-        "text-to-image",
-        "diffusion",
-    ),
+    # Diffusion pipelines: their images are compared after a few denoising steps from one seed
+    # (``diffusion_call``). Both load one export of one tiny Stable Diffusion pipeline.
+    "tiny-sd": ClassCase("ORTPipelineForText2Image", _TINY_SD, "text-to-image", "diffusion"),
+    "tiny-sd-img2img": ClassCase("ORTPipelineForImage2Image", _TINY_SD, "text-to-image", "diffusion"),
 }
 
-#: What the diffusion case runs: its prompts, denoising steps, image side, guidance and seed.
-DIFFUSION_RUN: Mapping[str, Any] = {
-    "prompt": ["a red car", "the lazy dog"],
-    "num_inference_steps": 3,
-    "height": 16,
-    "width": 16,
-    "guidance_scale": 7.5,  # classifier-free guidance: the UNet runs the batch twice, with and without text
-    "seed": 0,
-}
+_DIFFUSION_PROMPTS = ["a red car", "the lazy dog"]
+
+
+def diffusion_call(name: str) -> tuple[dict[str, Any], int]:
+    """The arguments a diffusion case calls its pipeline with (besides the generator and
+    ``output_type``) and the generator's seed: two prompts, classifier-free guidance (the UNet runs the
+    batch twice, with and without text) and 3 DDIM steps on 16x16 images; image-to-image starts from
+    random images at strength 0.75 of 4 steps."""
+    call: dict[str, Any] = {"prompt": list(_DIFFUSION_PROMPTS), "guidance_scale": 7.5}
+    if name == "tiny-sd-img2img":
+        images = np.random.default_rng(0).random((len(_DIFFUSION_PROMPTS), 16, 16, 3), dtype=np.float32)
+        call.update(image=images, strength=0.75, num_inference_steps=4)
+    else:
+        call.update(height=16, width=16, num_inference_steps=3)
+    return call, 0
+
 
 _CLIP_EOS = 98
 _CLIP_VOCAB = 99
@@ -1479,7 +1486,7 @@ def build_class_model(name: str, root: Path) -> Path:
     """Build (or reuse) the tiny model of ``CLASS_CASES[name]`` under ``root``; return its directory."""
     if name == "bert-custom":
         return build_model("bert", root, "feature-extraction")
-    if name == "tiny-sd":
+    if name in CLASS_CASES and CLASS_CASES[name].kind == "diffusion":
         return build_diffusion_pipeline(root)
     if name not in _CLASS_BUILDERS:
         raise ValueError(f"unknown class model {name!r}; expected one of {tuple(CLASS_CASES)}")
@@ -1533,7 +1540,7 @@ def class_inputs(name: str, model_dir: Path, batch: int = 3, seed: int = 0) -> d
     if name == "bert-custom":
         return preprocessed_inputs(model_dir, batch, seq=11, seed=seed)
     if CLASS_CASES[name].kind == "diffusion":
-        raise ValueError(f"{name} is a pipeline called with DIFFUSION_RUN's prompts, not with arrays")
+        raise ValueError(f"{name} is a pipeline called with prompts (diffusion_call), not with arrays")
     side = {"vit-gpt2": _VIT_GPT2_IMAGE, "efficientnet": _VIT_GPT2_IMAGE, "swin2sr": _SWIN2SR_IMAGE}.get(
         name, 32
     )
@@ -1580,12 +1587,13 @@ class ModelZoo:
         if name == "bert-custom":
             return self.onnx("bert", "feature-extraction")
         task = CLASS_CASES[name].export_task
-        key = (f"class-{name}", task)
+        key = (str(self.class_model(name)), task)
         if key not in self._exports:
             # a pipeline's export is a folder per component, from the diffusers library
             library = {"library_name": "diffusers"} if CLASS_CASES[name].kind == "diffusion" else {}
+            model_dir = self.class_model(name)  # the diffusion cases share one pipeline and its export
             self._exports[key] = export_onnx(
-                self.class_model(name), task, self.root / "onnx" / f"class-{name}", **library
+                model_dir, task, self.root / "onnx" / f"{model_dir.name}-{task}", **library
             )
         return self._exports[key]
 

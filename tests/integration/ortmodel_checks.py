@@ -45,7 +45,16 @@ def _max_diff(a, b) -> float:
 
 def _session_facts(model) -> dict:
     # ORTModel parts, then the components of a diffusion pipeline
-    names = ("model", "encoder", "decoder", "decoder_with_past", "text_encoder", "unet", "vae_decoder")
+    names = (
+        "model",
+        "encoder",
+        "decoder",
+        "decoder_with_past",
+        "text_encoder",
+        "unet",
+        "vae_encoder",
+        "vae_decoder",
+    )
     parts = [getattr(model, name, None) for name in names]
     sessions = [getattr(part, "session", part) for part in parts if part is not None]
     facts = []

@@ -59,15 +59,14 @@ def generate_case(case: dict) -> dict:
 
 
 def diffusion_case(case: dict) -> dict:
-    from optimum_ipu_backend.conformance.zoo import DIFFUSION_RUN
+    from optimum_ipu_backend.conformance.zoo import diffusion_call
 
     cls = getattr(ort_models, case["class"])
     cpu = cls.from_pretrained(case["onnx_dir"], **CPU)
     ipu = cls.from_pretrained(case["onnx_dir"], **IPU)
-    run = dict(DIFFUSION_RUN)
-    seed = run.pop("seed")
+    call, seed = diffusion_call(case["name"])
     expected, got = (
-        pipeline(generator=torch.Generator().manual_seed(seed), output_type="np", **run).images
+        pipeline(generator=torch.Generator().manual_seed(seed), output_type="np", **call).images
         for pipeline in (cpu, ipu)
     )
     return {

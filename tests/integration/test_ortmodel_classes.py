@@ -1,8 +1,8 @@
 """One tiny model per ORTModel class outside the main matrix (the zoo's ``CLASS_CASES``: zero-shot image
 classification, Vision2Seq, Pix2Struct, image-to-image, EfficientNet, semantic segmentation, CTC, audio
-classification, x-vectors, custom tasks) and a text-to-image diffusion pipeline, each through its class
-with provider="ipu" on the host emulator against the same class on CPUExecutionProvider: outputs within
-atol 1e-4, generated tokens identical, the pipeline's image within atol 1e-3.
+classification, x-vectors, custom tasks) and the text-to-image and image-to-image diffusion pipelines,
+each through its class with provider="ipu" on the host emulator against the same class on
+CPUExecutionProvider: outputs within atol 1e-4, generated tokens identical, images within atol 1e-3.
 
 All cases run in one fresh interpreter of the installed environment (ortmodel_class_checks.py); this
 process builds the models and the inputs and applies the tolerances. Batches of 3 run padded to the
@@ -20,7 +20,7 @@ from model_zoo import session_zoo
 from subprocess_env import python_json
 
 from integration.test_ortmodels import _assert_on_ipu_emulator
-from optimum_ipu_backend.conformance.zoo import CLASS_CASES, DIFFUSION_RUN, class_inputs
+from optimum_ipu_backend.conformance.zoo import CLASS_CASES, class_inputs, diffusion_call
 
 ATOL = 1e-4
 IMAGE_ATOL = 1e-3
@@ -35,8 +35,13 @@ def results(tmp_path_factory) -> dict:
     scratch = tmp_path_factory.mktemp("ortmodel-classes")
     cases = {}
     for name, case in CLASS_CASES.items():
-        cases[name] = {"kind": case.kind, "class": case.ort_class, "onnx_dir": str(zoo.class_onnx(name))}
-        if case.kind != "diffusion":  # a pipeline is called with prompts (DIFFUSION_RUN)
+        cases[name] = {
+            "name": name,
+            "kind": case.kind,
+            "class": case.ort_class,
+            "onnx_dir": str(zoo.class_onnx(name)),
+        }
+        if case.kind != "diffusion":  # a pipeline is called with prompts (diffusion_call)
             feeds = scratch / f"{name}.npz"
             np.savez(feeds, **class_inputs(name, zoo.class_model(name)))
             cases[name]["feeds"] = str(feeds)
@@ -105,15 +110,15 @@ def test_image_to_text_steps_run_one_token_unpadded(results):
 
 
 @pytest.mark.parametrize("name", DIFFUSION)
-def test_text_to_image_pipeline_draws_the_cpu_image(results, name):
-    """The same seed and steps give the same image: text encoder, UNet (a scalar timestep input, the batch
-    doubled by classifier-free guidance) and VAE decoder all run on the emulator."""
+def test_diffusion_pipeline_draws_the_cpu_image(results, name):
+    """The same seed and steps give the same images: text encoder, UNet (a scalar timestep input, the batch
+    doubled by classifier-free guidance), VAE decoder (and encoder for image-to-image) on the emulator."""
     result = _case(results, name)
     assert result["max_abs_diff"] <= IMAGE_ATOL
-    side = DIFFUSION_RUN["height"]
-    assert result["image_shape"] == [len(DIFFUSION_RUN["prompt"]), side, side, 3]
+    call, _ = diffusion_call(name)
+    assert result["image_shape"] == [len(call["prompt"]), 16, 16, 3]
     assert result["image_std"] > 0.01, "a flat image cannot tell providers apart"
     inputs = {
         name for session in result["sessions"] for shapes in session["compiled_shapes"] for name in shapes
     }
-    assert {"input_ids", "sample", "timestep", "latent_sample"} <= inputs  # all three components ran
+    assert {"input_ids", "sample", "timestep", "latent_sample"} <= inputs  # every component ran
