@@ -105,6 +105,12 @@ CASES: dict[str, tuple[int, list[tuple[str, np.ndarray, bool]], dict, int]] = {
         {},
         1,
     ),
+    "OneHot": (
+        11,
+        [("idx", _i([[0, 3], [2, 1]]), True), ("depth", _i(4), False), ("values", _i([0, 1]), False)],
+        {"axis": -1},
+        1,
+    ),
     "Pow": (15, [("x", _f(2, 3), True), ("e", _i(2, np.int32), False)], {}, 1),
     "RNN": (
         14,
