@@ -50,7 +50,6 @@ OPTIMUM_IPU_TEST_ZOO=/tmp/zoo python -m pytest tests/integration/test_ortmodels.
     --junitxml=/tmp/models.xml
 python tools/models_table.py --junit /tmp/models.xml --output docs/models.md
 ```
-
 """
 _COLUMNS = ("ORTModel class", "architecture", "export task", "compared", "tolerance", "result", "test")
 
@@ -65,7 +64,7 @@ class Row:
     test: str  # the pytest node id whose outcome is the row's result
 
     def cells(self, result: str) -> tuple[str, ...]:
-        test = f"`{self.test.split('::', 1)[1]}`"
+        test = f"`{self.test.removeprefix('tests/integration/')}`"
         return (self.ort_class, self.architecture, self.task, self.compared, self.tolerance, result, test)
 
 
