@@ -1176,6 +1176,12 @@ CLASS_CASES: Mapping[str, ClassCase] = {
     # (``diffusion_call``). Both load one export of one tiny Stable Diffusion pipeline.
     "tiny-sd": ClassCase("ORTPipelineForText2Image", _TINY_SD, "text-to-image", "diffusion"),
     "tiny-sd-img2img": ClassCase("ORTPipelineForImage2Image", _TINY_SD, "text-to-image", "diffusion"),
+    "tiny-sd-inpaint": ClassCase(
+        "ORTPipelineForInpainting",
+        _TINY_SD.replace("Pipeline", "InpaintPipeline", 1),
+        "inpainting",
+        "diffusion",
+    ),
 }
 
 _DIFFUSION_PROMPTS = ["a red car", "the lazy dog"]
@@ -1185,11 +1191,15 @@ def diffusion_call(name: str) -> tuple[dict[str, Any], int]:
     """The arguments a diffusion case calls its pipeline with (besides the generator and
     ``output_type``) and the generator's seed: two prompts, classifier-free guidance (the UNet runs the
     batch twice, with and without text) and 3 DDIM steps on 16x16 images; image-to-image starts from
-    random images at strength 0.75 of 4 steps."""
+    random images at strength 0.75 of 4 steps, inpainting repaints the middle 8x8 of random images."""
     call: dict[str, Any] = {"prompt": list(_DIFFUSION_PROMPTS), "guidance_scale": 7.5}
+    images = np.random.default_rng(0).random((len(_DIFFUSION_PROMPTS), 16, 16, 3), dtype=np.float32)
     if name == "tiny-sd-img2img":
-        images = np.random.default_rng(0).random((len(_DIFFUSION_PROMPTS), 16, 16, 3), dtype=np.float32)
         call.update(image=images, strength=0.75, num_inference_steps=4)
+    elif name == "tiny-sd-inpaint":
+        mask = np.zeros((len(_DIFFUSION_PROMPTS), 16, 16, 1), np.float32)
+        mask[:, 4:12, 4:12] = 1  # repaint the middle of each image
+        call.update(image=images, mask_image=mask, height=16, width=16, num_inference_steps=3)
     else:
         call.update(height=16, width=16, num_inference_steps=3)
     return call, 0
@@ -1386,13 +1396,14 @@ def _clip_bpe_tokenizer(out_dir: Path) -> transformers.CLIPTokenizer:
     )
 
 
-def build_diffusion_pipeline(root: Path) -> Path:
+def build_diffusion_pipeline(root: Path, inpainting: bool = False) -> Path:
     """Build (or reuse) a tiny Stable Diffusion pipeline under ``root`` and return its directory: a CLIP
     text encoder, a two-level UNet with cross-attention, a two-level VAE (16x16 images from 8x8
-    latents) and a DDIM scheduler, each from a small config (``diffusers`` is a test dependency)."""
+    latents) and a DDIM scheduler, each from a small config (``diffusers`` is a test dependency). An
+    inpainting pipeline's UNet also reads the mask and the masked image's latents (9 channels)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    final_dir = root / "class-tiny-sd"
+    final_dir = root / ("class-tiny-sd-inpaint" if inpainting else "class-tiny-sd")
     with FileLock(root / f".{final_dir.name}.lock"):
         if final_dir.is_dir():
             return final_dir
@@ -1422,7 +1433,7 @@ def build_diffusion_pipeline(root: Path) -> Path:
             levels = {"block_out_channels": (16, 32), "norm_num_groups": 8, "layers_per_block": 1}
             unet = diffusers.UNet2DConditionModel(
                 sample_size=8,
-                in_channels=4,
+                in_channels=9 if inpainting else 4,
                 out_channels=4,
                 down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
@@ -1446,7 +1457,8 @@ def build_diffusion_pipeline(root: Path) -> Path:
                 clip_sample=False,
                 set_alpha_to_one=False,
             )
-            pipeline = diffusers.StableDiffusionPipeline(
+            pipeline_class = "StableDiffusionInpaintPipeline" if inpainting else "StableDiffusionPipeline"
+            pipeline = getattr(diffusers, pipeline_class)(
                 vae=vae,
                 text_encoder=text_encoder.eval(),
                 tokenizer=tokenizer,
@@ -1487,7 +1499,7 @@ def build_class_model(name: str, root: Path) -> Path:
     if name == "bert-custom":
         return build_model("bert", root, "feature-extraction")
     if name in CLASS_CASES and CLASS_CASES[name].kind == "diffusion":
-        return build_diffusion_pipeline(root)
+        return build_diffusion_pipeline(root, inpainting=name == "tiny-sd-inpaint")
     if name not in _CLASS_BUILDERS:
         raise ValueError(f"unknown class model {name!r}; expected one of {tuple(CLASS_CASES)}")
     root = Path(root)

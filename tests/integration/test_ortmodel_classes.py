@@ -1,6 +1,6 @@
 """One tiny model per ORTModel class outside the main matrix (the zoo's ``CLASS_CASES``: zero-shot image
 classification, Vision2Seq, Pix2Struct, image-to-image, EfficientNet, semantic segmentation, CTC, audio
-classification, x-vectors, custom tasks) and the text-to-image and image-to-image diffusion pipelines,
+classification, x-vectors, custom tasks) and the text-to-image, image-to-image and inpainting pipelines,
 each through its class with provider="ipu" on the host emulator against the same class on
 CPUExecutionProvider: outputs within atol 1e-4, generated tokens identical, images within atol 1e-3.
 
@@ -112,7 +112,7 @@ def test_image_to_text_steps_run_one_token_unpadded(results):
 @pytest.mark.parametrize("name", DIFFUSION)
 def test_diffusion_pipeline_draws_the_cpu_image(results, name):
     """The same seed and steps give the same images: text encoder, UNet (a scalar timestep input, the batch
-    doubled by classifier-free guidance), VAE decoder (and encoder for image-to-image) on the emulator."""
+    doubled by classifier-free guidance), VAE decoder (and encoder, from an image) on the emulator."""
     result = _case(results, name)
     assert result["max_abs_diff"] <= IMAGE_ATOL
     call, _ = diffusion_call(name)
