@@ -8,7 +8,7 @@ sessions compile; dimension roles, dimension expressions and limits are the runt
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,20 +18,24 @@ from optimum_ipu_backend.runtime.buckets import BucketPlan, model_limit
 from optimum_ipu_backend.runtime.dim_expressions import parse_dim
 from optimum_ipu_backend.runtime.factory import dynamic_dims
 from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
-from optimum_ipu_backend.runtime.roles import DimRole, dim_role
+from optimum_ipu_backend.runtime.roles import DimRole, dim_role, generation_step_dims
 
 #: Number of choices of a multiple-choice graph when none is given (the runtime feeds it as it comes).
 _DEFAULT_CHOICES = 2
 
 
-def runtime_plan(config: Mapping[str, Any], dims: Sequence[str]) -> BucketPlan:
+def runtime_plan(config: Mapping[str, Any], dims: Sequence[str], step_dims: Iterable[str] = ()) -> BucketPlan:
     """The compiled sizes a session plans for ``dims`` with the default settings.
 
     The one place `check` asks the runtime for sizes, so that its defaults follow whatever sessions compile.
     """
     runtime = IPURuntimeConfig()
     return BucketPlan.for_dims(
-        config, dims, user_sizes=runtime.bucket_options(), sizes_per_dimension=runtime.sizes_per_dimension
+        config,
+        dims,
+        user_sizes=runtime.bucket_options(),
+        sizes_per_dimension=runtime.sizes_per_dimension,
+        step_dims=step_dims,
     )
 
 
@@ -60,18 +64,18 @@ def config_dims(config: Mapping[str, Any]) -> dict[str, int]:
     return dims
 
 
+def _input_shapes(model: onnx.ModelProto) -> dict[str, list[str | int]]:
+    initializers = {init.name for init in model.graph.initializer}
+    return {
+        graph_input.name: [dim.dim_param or dim.dim_value for dim in graph_input.type.tensor_type.shape.dim]
+        for graph_input in model.graph.input
+        if graph_input.name not in initializers
+    }
+
+
 def symbolic_dims(model: onnx.ModelProto) -> list[str]:
     """The dimension names the graph inputs use, in order (``past + sequence`` counts both names)."""
-    initializers = {init.name for init in model.graph.initializer}
-    return dynamic_dims(
-        {
-            graph_input.name: [
-                dim.dim_param or dim.dim_value for dim in graph_input.type.tensor_type.shape.dim
-            ]
-            for graph_input in model.graph.input
-            if graph_input.name not in initializers
-        }
-    )
+    return dynamic_dims(_input_shapes(model))
 
 
 @dataclass
@@ -95,8 +99,9 @@ def graph_sizes(
     past a placeholder. Other dimensions (the runtime compiles them as they come) need ``--dim``.
     """
     names = symbolic_dims(model)
+    steps = generation_step_dims(_input_shapes(model))
     fixed = config_dims(config)
-    plan = runtime_plan(config, [name for name in names if name not in explicit and name not in fixed])
+    plan = runtime_plan(config, [name for name in names if name not in explicit and name not in fixed], steps)
     reads_past = not bindings or all(bindings.values())
     sizes: dict[str, int] = {}
 
@@ -118,7 +123,7 @@ def graph_sizes(
                 sizes[name] = fitting[-1] if fitting else max(planned(name)[0], (limit or 0) - new)
         elif dim_role(name) is DimRole.BATCH:
             sizes[name] = planned(name)[0]  # one call's worth; --dim batch_size=N checks a larger one
-        elif dim_role(name) is DimRole.SEQUENCE and f"past_{name}" in names and reads_past:
+        elif name in steps and reads_past:
             sizes[name] = 1  # one generated token per step
         elif dim_role(name) in (DimRole.SEQUENCE, DimRole.PAST):
             sizes[name] = planned(name)[-1]

@@ -160,13 +160,16 @@ class Executable(_Closable, ABC):
         Engines with a native notion of steps (PopART's ``batchesPerStep``) override this; the default
         runs the micro-batches one after the other, which is what the emulator does.
         """
+        # `...` keeps a scalar input (a diffusion UNet's timestep) a 0-d array, not a numpy scalar
         if device_iterations == replicas == 1:  # the common case: views, no copies of the outputs
-            outputs = self.run({name: array[0, 0] for name, array in feed.items()})
+            outputs = self.run({name: array[0, 0, ...] for name, array in feed.items()})
             return {name: array[None, None] for name, array in outputs.items()}
         results = []
         for iteration in range(device_iterations):
             for replica in range(replicas):
-                results.append(self.run({name: array[iteration, replica] for name, array in feed.items()}))
+                results.append(
+                    self.run({name: array[iteration, replica, ...] for name, array in feed.items()})
+                )
         return {
             name: np.stack([result[name] for result in results]).reshape(
                 device_iterations, replicas, *results[0][name].shape

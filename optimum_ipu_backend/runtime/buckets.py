@@ -22,7 +22,8 @@ The plan a session uses (``BucketPlan.for_dims``), by the dimension's role (``ru
   buckets ``8, 12, 16, 20, 28, 32, 44, 56, 76, 100, 128, 172, 224, 296, 392, 512`` compute 0.88 real
   tokens per computed token for one sequence per call, against 0.70 for powers of two 16..512 and 0.90
   for the best possible 16 buckets fitted to that very data (``benchmarks/bench_padding.py``). The
-  sequence next to a key/value cache also gets size 1, so each generated token runs unpadded.
+  dimensions of the new tokens of a graph that reads a key/value cache (``roles.generation_step_dims``)
+  also get size 1, so each generated token runs unpadded, whatever the export calls them.
 * **Past** dimensions (a key/value cache length): powers of two from 8 up to the model's maximum, because
   the cache grows by one position per generated token and a generation should cross few sizes.
 * **Other** dimensions (image sizes, audio samples, choices): no sizes; they are compiled at the size
@@ -330,16 +331,19 @@ class BucketPlan:
         *,
         user_sizes: Mapping[str, Any] | None = None,
         sizes_per_dimension: int = DEFAULT_SIZES_PER_DIMENSION,
+        step_dims: Iterable[str] = (),
     ) -> BucketPlan:
         """The plan for ``dims`` of a model whose ``config.json`` is ``config``, as the module docstring
         describes. ``user_sizes`` maps dimension names *or* their option names (``sequence_lengths``) to
-        sizes in any form ``parse_sizes`` accepts; other keys are ignored. Raises ``BucketOptionError`` for
-        invalid sizes or sizes beyond the model's limit."""
+        sizes in any form ``parse_sizes`` accepts; other keys are ignored. ``step_dims`` are the
+        dimensions of one generated token per step (``roles.generation_step_dims``): each planned one
+        gets size 1. Raises ``BucketOptionError`` for invalid sizes or sizes beyond the model's limit."""
         if isinstance(sizes_per_dimension, bool) or sizes_per_dimension < 1:
             raise BucketOptionError(
                 f"sizes_per_dimension must be a positive integer, got {sizes_per_dimension!r}"
             )
         dims = list(dict.fromkeys(dims))
+        step_dims = frozenset(step_dims)
         by_option = {option_name(dim): dim for dim in dims}
         given: dict[str, tuple[int, ...]] = {}
         for key, value in (user_sizes or {}).items():
@@ -373,7 +377,7 @@ class BucketPlan:
                     dim_sizes = geometric_sizes(smallest, largest, sizes_per_dimension)
             else:
                 continue  # compiled at the size it comes in
-            if role is DimRole.SEQUENCE and f"past_{dim}" in dims and 1 not in dim_sizes:
+            if dim in step_dims and 1 not in dim_sizes:
                 dim_sizes = (1, *dim_sizes)  # the one-token steps of generation
             sizes[dim], limits[dim], sources[dim] = dim_sizes, limit, source
         return cls(sizes, limits, sources)

@@ -1,9 +1,14 @@
 """Dimension expressions: the ``dim_param`` strings of an exported graph, parsed without ``eval``.
 
 A ``dim_param`` is a dimension name (``"batch_size"``) or a small arithmetic expression over names
-(``"past_sequence_length + sequence_length"``, ``"batch_size * num_heads"``, ``"1"``). An expression that
-is a sum of names and constants is also a *layout*: the attention mask of a decoder with a cache holds the
-past positions, then the new ones, in the order written.
+(``"past_sequence_length + sequence_length"``, ``"batch_size * num_heads"``, ``"past_sequence_length + 1"``).
+An expression that is a sum of names and constants is also a *layout*: the attention mask of a decoder with
+a cache holds the past positions, then the new ones, in the order written.
+
+A ``dim_param`` that is a bare number (``"1"``) is a *name*, not a size: ``dim_param`` is a label in ONNX,
+onnxruntime accepts any size there, and exporters write ``"1"`` where they expect one new token (optimum
+declares a decoder-with-past's ``logits`` as ``['batch_size', '1', vocab]``). Its size comes from the feed
+like any other name's, so a feed that onnxruntime accepts is never refused for it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ class DimExpressionError(ValueError):
     """A ``dim_param`` string is not an expression of names, integers, ``+``, ``-``, ``*`` and parentheses."""
 
 
+_BARE_NUMBER = re.compile(r"\s*[0-9]+\s*")
 _TOKEN = re.compile(r"\s*(?:(?P<int>\d+)|(?P<name>[A-Za-z_][A-Za-z0-9_.]*)|(?P<op>[-+*()]))")
 
 # A polynomial: monomial (sorted tuple of names, repeated for powers) -> integer coefficient.
@@ -132,6 +138,9 @@ class DimExpression:
     @staticmethod
     @functools.lru_cache(maxsize=1024)
     def parse(text: str) -> DimExpression:
+        if _BARE_NUMBER.fullmatch(text):
+            label = text.strip()  # a name that reads as a number (see the module docstring)
+            return DimExpression(text, (((label,), 1),), (label,))
         total, terms = _Parser(text).parse()
         segments: list[str | int] | None = []
         for term in terms:

@@ -17,7 +17,7 @@ from optimum_ipu_backend.runtime.graph_source import GraphSource
 from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
 from optimum_ipu_backend.runtime.padding_decisions import PROOFS_DIR, PaddingDecisions
 from optimum_ipu_backend.runtime.progress import progress_enabled
-from optimum_ipu_backend.runtime.roles import fill_value
+from optimum_ipu_backend.runtime.roles import fill_value, generation_step_dims
 from optimum_ipu_backend.runtime.serving import ServingConfig, StaticShapeRunner
 
 _logger = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ def build_runner(
         dynamic_dims(input_shapes),
         user_sizes=runtime.bucket_options(),
         sizes_per_dimension=runtime.sizes_per_dimension,
+        step_dims=generation_step_dims(input_shapes),
     )
     options = CompileOptions(
         device=device,

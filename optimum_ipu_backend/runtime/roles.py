@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from optimum_ipu_backend.runtime.dim_expressions import SymbolicDim, parse_dim
 
 
 class InputRole(enum.Enum):
@@ -100,3 +103,26 @@ def is_batch_dim(dim: str) -> bool:
 
 def is_past_dim(dim: str) -> bool:
     return dim_role(dim) is DimRole.PAST
+
+
+def generation_step_dims(input_shapes: Mapping[str, Sequence[SymbolicDim]]) -> frozenset[str]:
+    """The dimensions that count the new tokens of a generation step: in a graph that reads a key/value
+    cache, the dimensions of its token and position inputs besides the batch. Each step of generation
+    feeds one new token along them, so they are compiled at size 1 too (``BucketPlan.for_dims``).
+
+    Found from the inputs' roles, not from how the dimensions are called: exports name the new tokens
+    ``sequence_length``, ``decoder_sequence_length`` or anything else, and their past
+    ``past_sequence_length`` whatever the new tokens are called (optimum's image-to-text decoders do)."""
+    if not any(input_role(name) is InputRole.PAST for name in input_shapes):
+        return frozenset()
+    dims: set[str] = set()
+    for name, shape in input_shapes.items():
+        if input_role(name) not in (InputRole.TOKEN_IDS, InputRole.POSITIONS):
+            continue
+        for dim in shape:
+            expression = parse_dim(dim)
+            if expression is not None and expression.is_single_name:
+                label = str(expression.segments[0])  # type: ignore[index]
+                if not is_batch_dim(label):
+                    dims.add(label)
+    return frozenset(dims)

@@ -44,7 +44,18 @@ def _max_diff(a, b) -> float:
 
 
 def _session_facts(model) -> dict:
-    parts = [getattr(model, name, None) for name in ("model", "encoder", "decoder", "decoder_with_past")]
+    # ORTModel parts, then the components of a diffusion pipeline
+    names = (
+        "model",
+        "encoder",
+        "decoder",
+        "decoder_with_past",
+        "text_encoder",
+        "unet",
+        "vae_encoder",
+        "vae_decoder",
+    )
+    parts = [getattr(model, name, None) for name in names]
     sessions = [getattr(part, "session", part) for part in parts if part is not None]
     facts = []
     for session in sessions:
@@ -159,14 +170,15 @@ def pipeline_case(case: dict) -> dict:
 KINDS = {"forward": forward_case, "generate": generate_case, "pipeline": pipeline_case}
 
 
-def main() -> None:
+def main(kinds=KINDS) -> None:
+    """Run every case of the spec file named on the command line with its kind's check in ``kinds``."""
     cases = json.loads(Path(sys.argv[1]).read_text())
     results = {}
     for name, case in cases.items():
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                results[name] = KINDS[case["kind"]](case)
+                results[name] = kinds[case["kind"]](case)
             results[name]["fallback_warnings"] = [
                 str(w.message) for w in caught if "Falling back" in str(w.message)
             ]

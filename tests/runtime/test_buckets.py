@@ -139,7 +139,11 @@ def test_default_plan_for_an_encoder_uses_sixteen_geometric_buckets() -> None:
 
 
 def test_default_plan_gives_a_generating_decoder_single_token_steps_and_a_power_of_two_past() -> None:
-    plan = BucketPlan.for_dims(GPT2_CONFIG, ["batch_size", "sequence_length", "past_sequence_length"])
+    plan = BucketPlan.for_dims(
+        GPT2_CONFIG,
+        ["batch_size", "sequence_length", "past_sequence_length"],
+        step_dims={"sequence_length"},
+    )
     assert plan.sizes["sequence_length"][0] == 1
     assert plan.sizes["sequence_length"][-1] == 1024
     assert plan.sizes["past_sequence_length"] == (8, 16, 32, 64, 128, 256, 512, 1024)

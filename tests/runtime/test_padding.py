@@ -325,7 +325,7 @@ def text_feed(rng: np.random.Generator, batch: int, length: int, left_padded: bo
             ("past_sequence_length", "sequence_length"),
         ),
         ("past_sequence_length + 1", {"past_sequence_length": 4}, 5, ("past_sequence_length", 1)),
-        ("1", {}, 1, (1,)),
+        ("1", {"1": 3}, 3, ("1",)),  # a bare number is a name: its size comes from the feed
         ("batch_size * num_heads", {"batch_size": 2, "num_heads": 3}, 6, None),
         ("2 * (a + b) - 1", {"a": 2, "b": 3}, 9, None),
         ("sequence_length - 1", {"sequence_length": 7}, 6, None),

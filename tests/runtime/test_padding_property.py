@@ -27,7 +27,7 @@ from optimum_ipu_backend.runtime.factory import dynamic_dims
 from optimum_ipu_backend.runtime.graph_source import GraphSource
 from optimum_ipu_backend.runtime.padding import infer_dims, pad_feed
 from optimum_ipu_backend.runtime.padding_decisions import PaddingDecisions, cut_output, output_cuts
-from optimum_ipu_backend.runtime.roles import fill_value, is_batch_dim
+from optimum_ipu_backend.runtime.roles import fill_value, generation_step_dims, is_batch_dim
 
 SEED = 20261130
 CALLS_PER_MODEL = 2
@@ -97,7 +97,7 @@ def test_padded_calls_return_the_unpadded_outputs(tmp_path_factory, cls_name, mo
         source = GraphSource(path)
         description = source.description
         shapes = {name: tuple(dims) for name, dims in description.served_inputs.items()}
-        plan = BucketPlan.for_dims(config, dynamic_dims(shapes))
+        plan = BucketPlan.for_dims(config, dynamic_dims(shapes), step_dims=generation_step_dims(shapes))
         fills = {name: fill_value(name, config.get("pad_token_id")) for name in shapes}
         generated = (
             ((description.past_mask_input, description.past_dim),) if description.past_mask_input else ()

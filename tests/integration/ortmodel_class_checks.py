@@ -1,0 +1,81 @@
+"""Run in a fresh interpreter by test_ortmodel_classes.py: each ORTModel class of the zoo's
+``CLASS_CASES`` with provider="ipu" on the host emulator against the same class on CPUExecutionProvider.
+Prints one JSON object of measured figures per case; the test process applies the tolerances.
+
+Nothing here calls ``install()``: the plugin must already be active from the installed package.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import optimum.onnxruntime as ort_models
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ortmodel_checks import CPU, IPU, _flatten, _max_diff, _session_facts, main  # noqa: E402
+
+
+def _inputs(case: dict) -> dict[str, torch.Tensor]:
+    with np.load(case["feeds"]) as feeds:
+        return {name: torch.from_numpy(feeds[name]) for name in feeds.files}
+
+
+def forward_case(case: dict) -> dict:
+    cls = getattr(ort_models, case["class"])
+    cpu = cls.from_pretrained(case["onnx_dir"], **CPU)
+    ipu = cls.from_pretrained(case["onnx_dir"], **IPU)
+    inputs = _inputs(case)
+    with torch.no_grad():
+        expected, got = cpu(**inputs), ipu(**inputs)
+    tensors = _flatten(expected)
+    return {
+        "max_abs_diff": _max_diff(expected, got),
+        # how far the outputs are from constant: a degenerate output would compare equal by accident
+        "output_spread": min(float(t.float().max() - t.float().min()) for t in tensors),
+        "output_shapes": [list(t.shape) for t in tensors],
+        **_session_facts(ipu),
+    }
+
+
+def generate_case(case: dict) -> dict:
+    cls = getattr(ort_models, case["class"])
+    cpu = cls.from_pretrained(case["onnx_dir"], **CPU)
+    ipu = cls.from_pretrained(case["onnx_dir"], **IPU)
+    inputs = _inputs(case)
+    # Each step of a longer past compiles once more where the past cannot be padded (ViT-GPT-2's positions
+    # count from the past length), so few steps keep the run short.
+    settings = {"max_new_tokens": 8, "min_new_tokens": 8, "do_sample": False, "num_beams": 1}
+    expected = cpu.generate(**inputs, **settings)
+    got = ipu.generate(**inputs, **settings)
+    return {
+        "tokens_equal": bool(torch.equal(expected, got)),
+        "expected_tokens": expected.tolist(),
+        "distinct_tokens": len(set(expected.flatten().tolist())),
+        **_session_facts(ipu),
+    }
+
+
+def diffusion_case(case: dict) -> dict:
+    from optimum_ipu_backend.conformance.zoo import diffusion_call
+
+    cls = getattr(ort_models, case["class"])
+    cpu = cls.from_pretrained(case["onnx_dir"], **CPU)
+    ipu = cls.from_pretrained(case["onnx_dir"], **IPU)
+    call, seed = diffusion_call(case["name"])
+    expected, got = (
+        pipeline(generator=torch.Generator().manual_seed(seed), output_type="np", **call).images
+        for pipeline in (cpu, ipu)
+    )
+    return {
+        "max_abs_diff": float(np.abs(expected - got).max()),
+        "image_shape": list(expected.shape),
+        "image_std": float(expected.std()),
+        **_session_facts(ipu),
+    }
+
+
+if __name__ == "__main__":
+    main({"forward": forward_case, "generate": generate_case, "diffusion": diffusion_case})
