@@ -26,7 +26,7 @@ from typing import Any
 
 import onnx
 
-from optimum_ipu_backend.cli.check_diagnostics import explain, save_model, write_repro
+from optimum_ipu_backend.cli.check_diagnostics import explain, write_repro
 from optimum_ipu_backend.cli.check_sizes import GraphSizes, graph_sizes, resolve_input_shapes
 from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
 from optimum_ipu_backend.compiler.memory import MemoryEstimate, estimate_memory
@@ -212,7 +212,9 @@ def export_checkpoint(checkpoint: Path, output: Path, task: str | None) -> Path:
 
 
 def _bound(path: Path, bindings: Mapping[str, bool] | None) -> tuple[onnx.ModelProto, str]:
-    model = onnx.load(path)
+    from optimum_ipu_backend.compiler.external_data import load_graph
+
+    model = load_graph(path)  # external weights stay in their files: legalization streams them
     label = path.name
     if bindings:
         model = bind_constant_inputs(model, {name: [value] for name, value in bindings.items()})
@@ -245,7 +247,12 @@ def check_file(
 
     try:
         legalized = legalize(
-            model, input_shapes, precision=precision, progress=show if progress else None, source=str(path)
+            model,
+            input_shapes,
+            precision=precision,
+            progress=show if progress else None,
+            source=str(path),
+            weights_dir=path.parent,
         )
     except LegalizationError as error:
         result.reports = list(error.reports)
@@ -261,7 +268,10 @@ def check_file(
     if save_dir is not None:
         suffix = "".join(f".{name}_{str(value).lower()}" for name, value in (bindings or {}).items())
         result.saved_to = save_dir / f"{path.stem}{suffix}{path.suffix}"
-        save_model(legalized.model, result.saved_to)
+        from optimum_ipu_backend.compiler.external_data import save_graph
+
+        result.saved_to.parent.mkdir(parents=True, exist_ok=True)
+        save_graph(legalized.model, result.saved_to, legalized.weights_dir, legalized.weight_names)
     return result
 
 

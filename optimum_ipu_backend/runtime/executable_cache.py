@@ -18,6 +18,14 @@ Guarantees:
 * Bounded size: after each build the least-recently-used entries beyond the size cap are evicted
   (``get`` refreshes an entry's use time).
 * Nothing is ever pickled: manifests are JSON and payloads are opaque bytes.
+* Shared payloads stored once: files a build names as ``shared`` (a model's weights, the same for
+  every compiled shape) go to ``<root>/blobs/<sum[:2]>/<sum>``, named by their XXH3-128 checksum, and
+  the entry holds a hard link to that blob. Entries verify their linked file like any other payload
+  (a corrupt blob fails every entry that links it, and is dropped with the first); a blob is checked
+  again before a new entry links it, and replaced when it is corrupt. Because entries hold links, a
+  blob's bytes live as long as one entry needs them: pruning removes a blob only when no entry's
+  manifest names it, and can never break a live entry. Sizes count each blob once. Where the file
+  system refuses hard links the entry keeps its own copy.
 
 The root is, in order of precedence: the ``root`` argument (the ``executable_cache_dir`` setting), the
 ``OPTIMUM_IPU_CACHE`` environment variable, ``platformdirs.user_cache_dir("optimum-ipu-backend")``.
@@ -53,12 +61,14 @@ DEFAULT_SIZE_LIMIT_BYTES = 20 * 1024**3
 CACHE_FORMAT_VERSION = 2  # 2: payload checksums are XXH3-128 (1 used sha256)
 CHECKSUM = "xxh3_128"
 MANIFEST_NAME = "manifest.json"
+BLOBS_DIR = "blobs"
 # Touched on every use; its mtime orders entries for LRU eviction (atime is unreliable under relatime).
 LAST_USED_NAME = ".last_used"
 # Temporary build directories older than this belong to a dead process and may be swept.
 STALE_BUILD_SECONDS = 24 * 3600
 
 _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_BLOB_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 _HASH_CHUNK = 1 << 20
 
 
@@ -258,12 +268,17 @@ class CacheEntryInfo:
     engine: str | None
     meta: dict[str, Any] = field(default_factory=dict)
     readable: bool = True
+    #: The part of ``size_bytes`` in blobs other entries may share (counted once in the cache's total).
+    shared_bytes: int = 0
+    #: The checksums (blob names) of the shared files the entry links.
+    blobs: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "key": self.key,
             "path": str(self.path),
             "size_bytes": self.size_bytes,
+            "shared_bytes": self.shared_bytes,
             "created": self.created,
             "last_used": self.last_used,
             "engine": self.engine,
@@ -350,6 +365,7 @@ class ExecutableCache:
             return CacheEntry(digest, path, manifest)  # type: ignore[arg-type]
         if remove_corrupt:
             _logger.warning("cache entry %s is corrupt (%s); removing it so it is rebuilt", path, problem)
+            self._drop_corrupt_blobs(path, _read_manifest(path)[0])
             self._remove_dir(path)
         return None
 
@@ -360,13 +376,15 @@ class ExecutableCache:
         key: CacheKey | str,
         build: Callable[[Path], None],
         meta: Mapping[str, Any] | None = None,
+        shared: Sequence[str] = (),
     ) -> CacheEntry:
         """The entry for ``key``, building it with ``build(directory)`` if it is missing or corrupt.
 
         ``build`` writes the payload files into the (empty, temporary) directory it is given. Exactly one
         process builds a given key at a time; the others wait and then read its result. If ``build``
         raises, nothing is stored and the exception propagates. ``meta`` (JSON data) is stored in the
-        manifest. After a build, least-recently-used entries beyond the size cap are evicted.
+        manifest. ``shared`` names payload files (relative paths) to store once in the blob store (see the
+        module doc). After a build, least-recently-used entries beyond the size cap are evicted.
         """
         digest = _digest(key)
         meta_json = json.loads(canonical_json(dict(meta or {})))  # reject non-JSON metadata before building
@@ -384,14 +402,19 @@ class ExecutableCache:
             entry = self._verified(digest, remove_corrupt=True)
             if entry is not None:
                 return entry
-            entry = self._build(digest, key, build, meta_json)
+            entry = self._build(digest, key, build, meta_json, frozenset(shared))
         finally:
             lock.release()
         self._evict(self.size_limit_bytes, keep=digest)
         return entry
 
     def _build(
-        self, digest: str, key: CacheKey | str, build: Callable[[Path], None], meta: dict[str, Any]
+        self,
+        digest: str,
+        key: CacheKey | str,
+        build: Callable[[Path], None],
+        meta: dict[str, Any],
+        shared: frozenset[str] = frozenset(),
     ) -> CacheEntry:
         staging = Path(tempfile.mkdtemp(prefix=f"{digest[:16]}-", dir=self._tmp_dir()))
         try:
@@ -402,6 +425,8 @@ class ExecutableCache:
                 name = path.relative_to(staging).as_posix()
                 _fsync_file(path)
                 files[name] = {"size": path.stat().st_size, CHECKSUM: checksum_file(path)}
+                if name in shared and self._share(path, files[name][CHECKSUM]):
+                    files[name]["shared"] = True
             if not files:
                 raise CacheError(f"the build of cache entry {digest} wrote no files")
             key_inputs = key.inputs if isinstance(key, CacheKey) else None
@@ -437,6 +462,79 @@ class ExecutableCache:
         )
         return CacheEntry(digest, final, manifest, created_now=True)
 
+    # -- shared payloads (blobs) ---------------------------------------------------------------------------
+
+    def blob_path(self, checksum: str) -> Path:
+        return self.root / BLOBS_DIR / checksum[:2] / checksum
+
+    def _share(self, path: Path, checksum: str) -> bool:
+        """Replace ``path`` (a staged payload) with a hard link to the blob of its content, storing the blob
+        first if it is missing or corrupt. False (``path`` kept as it is) where hard links are refused."""
+        blob = self.blob_path(checksum)
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock(f"blob-{checksum}"):
+            if blob.is_file() and os.path.samefile(blob, path):
+                return True  # staged as a link to the blob already (its checksum was just computed)
+            if blob.is_file():
+                if blob.stat().st_size == path.stat().st_size and checksum_file(blob) == checksum:
+                    linked = path.with_name(f".{path.name}.link")
+                    try:
+                        os.link(blob, linked)
+                    except OSError as exc:
+                        _logger.debug(
+                            "no hard links in %s (%s); the entry keeps its own copy", self.root, exc
+                        )
+                        return False
+                    os.replace(linked, path)  # the staged copy goes; the entry now holds the blob
+                    return True
+                _logger.warning("shared cache file %s is corrupt; replacing it", blob)
+            staged = blob.with_name(f".{checksum}.{os.getpid()}.tmp")
+            try:
+                os.link(path, staged)
+            except OSError as exc:
+                _logger.debug("no hard links in %s (%s); the entry keeps its own copy", self.root, exc)
+                return False
+            os.replace(staged, blob)
+            _fsync_dir(blob.parent)
+            return True
+
+    def _blobs(self) -> Iterator[Path]:
+        directory = self.root / BLOBS_DIR
+        if not directory.is_dir():
+            return
+        for shard in sorted(directory.iterdir()):
+            if shard.is_dir():
+                yield from (path for path in sorted(shard.iterdir()) if _BLOB_PATTERN.match(path.name))
+
+    def _blob_bytes(self) -> int:
+        return sum(_size_or_zero(path) for path in self._blobs())
+
+    def _drop_unlinked_blobs(self) -> int:
+        """Remove the blobs no entry's manifest names; returns the bytes freed. Entries hold hard links, so
+        removing a blob's name never takes bytes from an entry (one a build is committing right now
+        included: it keeps its link, and the next build of that content stores the blob again)."""
+        referenced = {blob for entry in self.list() for blob in entry.blobs}
+        freed = 0
+        for path in self._blobs():
+            if path.name in referenced:
+                continue
+            with self._lock(f"blob-{path.name}"), contextlib.suppress(OSError):
+                size = path.stat().st_size
+                path.unlink()
+                freed += size
+        return freed
+
+    def _drop_corrupt_blobs(self, entry: Path, manifest: dict[str, Any] | None) -> None:
+        """An entry is being removed as corrupt: drop the blobs it shares, when they are the same file (a
+        corrupt blob must not be linked again; entries that link it fail their own checks)."""
+        for name, item in ((manifest or {}).get("files") or {}).items():
+            if not (isinstance(item, dict) and item.get("shared")):
+                continue
+            blob = self.blob_path(str(item.get(CHECKSUM, "")))
+            with contextlib.suppress(OSError):
+                if os.path.samefile(blob, entry / PurePosixPath(name)):
+                    blob.unlink()
+
     # -- maintenance ---------------------------------------------------------------------------------------
 
     def list(self) -> list[CacheEntryInfo]:
@@ -446,8 +544,10 @@ class ExecutableCache:
             manifest, _ = _read_manifest(path)
             last_used = _mtime(path / LAST_USED_NAME) or _mtime(path / MANIFEST_NAME) or _mtime(path) or 0.0
             if manifest is not None and isinstance(manifest.get("files"), dict):
-                size = sum(int(item.get("size", 0)) for item in manifest["files"].values())
+                items = [item for item in manifest["files"].values() if isinstance(item, dict)]
+                size = sum(int(item.get("size", 0)) for item in items)
                 size += _size_or_zero(path / MANIFEST_NAME)
+                shared = [item for item in items if item.get("shared")]
                 infos.append(
                     CacheEntryInfo(
                         key=path.name,
@@ -457,6 +557,8 @@ class ExecutableCache:
                         last_used=last_used,
                         engine=manifest.get("engine"),
                         meta=dict(manifest.get("meta") or {}),
+                        shared_bytes=sum(int(item.get("size", 0)) for item in shared),
+                        blobs=tuple(str(item.get(CHECKSUM)) for item in shared),
                     )
                 )
             else:
@@ -469,14 +571,16 @@ class ExecutableCache:
         return infos
 
     def info(self) -> dict[str, Any]:
-        """Location, entry count, total size and cap."""
+        """Location, entry count, total size (shared blobs counted once) and cap."""
         entries = self.list()
+        shared = self._blob_bytes()
         return {
             "root": str(self.root),
             "root_source": self.root_source,
             "environment_variable": CACHE_ENV,
             "entries": len(entries),
-            "total_bytes": sum(entry.size_bytes for entry in entries),
+            "total_bytes": _total_bytes(entries, shared),
+            "shared_bytes": shared,
             "size_limit_bytes": self.size_limit_bytes,
         }
 
@@ -492,6 +596,7 @@ class ExecutableCache:
         """Remove every entry (skipping any another process is building) and stale temporary directories;
         returns the number of entries removed."""
         removed = sum(self._remove_if_unlocked(path.name) for path in self._entry_dirs())
+        self._drop_unlinked_blobs()
         self._sweep_stale_builds()
         return removed
 
@@ -502,8 +607,14 @@ class ExecutableCache:
         return self._evict(self.size_limit_bytes if max_bytes is None else max_bytes)
 
     def _evict(self, max_bytes: int, keep: str | None = None) -> list[str]:
+        self._drop_unlinked_blobs()
         entries = self.list()
-        total = sum(entry.size_bytes for entry in entries)
+        blob_sizes = {path.name: _size_or_zero(path) for path in self._blobs()}
+        total = _total_bytes(entries, sum(blob_sizes.values()))
+        users: dict[str, int] = {}
+        for entry in entries:
+            for blob in entry.blobs:
+                users[blob] = users.get(blob, 0) + 1
         evicted = []
         for entry in reversed(entries):  # least recently used first
             if total <= max_bytes:
@@ -511,9 +622,14 @@ class ExecutableCache:
             if entry.key == keep:
                 continue
             if self._remove_if_unlocked(entry.key):
-                total -= entry.size_bytes
+                total -= entry.size_bytes - entry.shared_bytes
+                for blob in entry.blobs:  # the last entry that linked a blob frees it
+                    users[blob] -= 1
+                    if users[blob] == 0 and blob in blob_sizes:
+                        total -= blob_sizes.pop(blob)
                 evicted.append(entry.key)
                 _logger.info("evicted cache entry %s (%s)", entry.key, format_byte_size(entry.size_bytes))
+        self._drop_unlinked_blobs()
         if total > max_bytes:
             _logger.warning(
                 "the executable cache at %s holds %s, above its cap of %s, after evicting what it could",
@@ -572,6 +688,11 @@ class ExecutableCache:
 # ----------------------------------------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------------------------------------
+
+
+def _total_bytes(entries: Sequence[CacheEntryInfo], blob_bytes: int) -> int:
+    """What the cache holds on disk: each entry's own files, and each shared blob once."""
+    return sum(entry.size_bytes - entry.shared_bytes for entry in entries) + blob_bytes
 
 
 def _digest(key: CacheKey | str) -> str:

@@ -175,7 +175,7 @@ class _Graph:
     def __init__(self, model: onnx.ModelProto) -> None:
         # imported here: the per-call check imports this module for its result types at every session
         # start, and op_table reads PopART's operator table when imported
-        from optimum_ipu_backend.compiler.op_table import iter_graphs
+        from optimum_ipu_backend.compiler.graphs import iter_graphs
 
         self.model = model
         self._iter_graphs = iter_graphs
