@@ -19,6 +19,7 @@ from .passes.fold_constants import FoldConstants
 from .passes.int64_to_int32 import Int64ToInt32, to_int32_values
 from .passes.lower_opset11 import LowerToOpset11
 from .passes.precision_fp16 import ToFloat16, to_float16_values
+from .passes.shard_over_ipus import Sharding, ShardOverIPUs
 from .passes.verify import VerifyPopartReady
 
 PRECISIONS = ("fp32", "fp16")
@@ -43,8 +44,8 @@ class LegalizedGraph:
     weight_names: frozenset[str] = frozenset()
 
 
-def build_passes(precision: str) -> list[GraphPass]:
-    """The passes in the order they run for ``precision``."""
+def build_passes(precision: str, sharding: Sharding | None = None) -> list[GraphPass]:
+    """The passes in the order they run for ``precision`` (and ``sharding`` over several IPUs)."""
     passes: list[GraphPass] = [
         FixShapes(),
         FoldConstants(),
@@ -54,6 +55,8 @@ def build_passes(precision: str) -> list[GraphPass]:
     ]
     if precision == "fp16":
         passes.append(ToFloat16())
+    if sharding is not None and sharding.ipus > 1:
+        passes.append(ShardOverIPUs(sharding))
     passes.append(VerifyPopartReady())
     return passes
 
@@ -208,6 +211,7 @@ def legalize(
     progress: Callable[[str], None] | None = None,
     source: str | None = None,
     weights_dir: str | Path | None = None,
+    sharding: Sharding | None = None,
 ) -> LegalizedGraph:
     """Return a PopART-ready copy of ``model`` at the given static input shapes.
 
@@ -216,6 +220,7 @@ def legalize(
     read from) when given. ``model`` itself is not modified. ``weights_dir`` is the directory the model's
     external weights are relative to (``compiler.external_data.load_graph`` leaves them in their files);
     weights that keep their type stay references there, and ``LegalizedGraph.weights_dir`` carries it.
+    ``sharding`` over more than one IPU annotates every node with its IPU and pipeline stage.
     """
     weights_dir = None if weights_dir is None else Path(weights_dir)
     if precision not in PRECISIONS:
@@ -227,7 +232,7 @@ def legalize(
     working = weights.model
     reports: list[PassReport] = []
     try:
-        for graph_pass in build_passes(precision):
+        for graph_pass in build_passes(precision, sharding):
             if progress is not None:
                 progress(graph_pass.name)
             working = _run_pass(graph_pass, working, ctx, reports)

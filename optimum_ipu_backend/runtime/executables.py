@@ -106,7 +106,8 @@ class ExecutableTable:
         model = self._load_model()
         if branches:
             model = bind_constant_inputs(model, branches)
-        passes = len(build_passes(self._options.precision))
+        sharding = self._sharding()
+        passes = len(build_passes(self._options.precision, sharding))
         with step_progress(f"legalizing for {shapes}", passes, self._progress) as advance:
             legalized = legalize(
                 model,
@@ -114,6 +115,7 @@ class ExecutableTable:
                 precision=self._options.precision,
                 progress=advance,
                 weights_dir=None if self._model_path is None else self._model_path.parent,
+                sharding=sharding,
             )
         path = save_graph(
             legalized.model, directory / LEGALIZED_GRAPH_FILE, legalized.weights_dir, legalized.weight_names
@@ -121,12 +123,22 @@ class ExecutableTable:
         _legalized_files[key] = path
         return path
 
+    def _sharding(self):
+        """The compiler's sharding for the options, None on one IPU per replica."""
+        if self._options.ipus_per_replica == 1:
+            return None
+        from optimum_ipu_backend.compiler.passes.shard_over_ipus import Sharding
+
+        return Sharding(self._options.ipus_per_replica, self._options.layers_per_ipu)
+
     def _legalized_key(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> tuple:
         return (
             self._graph_digest,
             tuple(sorted(shapes.items())),
             tuple(sorted(branches.items())),
             self._options.precision,
+            self._options.ipus_per_replica,
+            self._options.layers_per_ipu,
         )
 
     def _cache_key(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> CacheKey:
