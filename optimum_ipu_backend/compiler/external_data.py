@@ -20,7 +20,6 @@ parsed export and the legalized copy) is what makes large models fail. So:
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
@@ -208,12 +207,3 @@ def _copy_range(source, sink, length: int) -> None:
             raise ValueError(f"external data ended {remaining} bytes early")
         sink.write(chunk)
         remaining -= len(chunk)
-
-
-def link_or_copy(source: Path, target: Path) -> Path:
-    """``target`` as a hard link to ``source`` (no bytes copied), or a copy where links are refused."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
-    return target

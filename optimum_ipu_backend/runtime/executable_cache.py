@@ -18,14 +18,16 @@ Guarantees:
 * Bounded size: after each build the least-recently-used entries beyond the size cap are evicted
   (``get`` refreshes an entry's use time).
 * Nothing is ever pickled: manifests are JSON and payloads are opaque bytes.
-* Shared payloads stored once: files a build names as ``shared`` (a model's weights, the same for
-  every compiled shape) go to ``<root>/blobs/<sum[:2]>/<sum>``, named by their XXH3-128 checksum, and
-  the entry holds a hard link to that blob. Entries verify their linked file like any other payload
-  (a corrupt blob fails every entry that links it, and is dropped with the first); a blob is checked
-  again before a new entry links it, and replaced when it is corrupt. Because entries hold links, a
-  blob's bytes live as long as one entry needs them: pruning removes a blob only when no entry's
-  manifest names it, and can never break a live entry. Sizes count each blob once. Where the file
-  system refuses hard links the entry keeps its own copy.
+* Shared payloads stored once: the file a build names as ``shared`` (a model's weights, the same for
+  every compiled shape) goes to a group directory ``<root>/blobs/<sum[:2]>/<sum>/`` named by its
+  XXH3-128 checksum, and the files named ``beside_shared`` (the graph that points into it by a relative
+  name) go into the same directory as ``<key>.<name>``, so every shape's graph finds the one weight file
+  beside it, with no links (ONNX refuses hard-linked external data). The entry's manifest records where
+  each such file is, and every read verifies them like any other payload: a corrupt weight file fails
+  every entry that uses it, is removed with the first, and is rebuilt; an existing weight file is checked
+  again before a new entry joins its group, and replaced when corrupt. A group directory goes only when
+  no entry's manifest names it (pruning never breaks a live entry; a build holds the group's lock until
+  its entry is committed). Sizes count each weight file once.
 
 The root is, in order of precedence: the ``root`` argument (the ``executable_cache_dir`` setting), the
 ``OPTIMUM_IPU_CACHE`` environment variable, ``platformdirs.user_cache_dir("optimum-ipu-backend")``.
@@ -230,15 +232,18 @@ class CacheEntry:
 
     @property
     def files(self) -> dict[str, Path]:
-        return {name: self.path / PurePosixPath(name) for name in self.manifest["files"]}
+        return {name: self.file(name) for name in self.manifest["files"]}
 
     def file(self, name: str) -> Path:
-        """Path of payload file ``name``; ``KeyError`` naming the files the entry has."""
-        if name not in self.manifest["files"]:
+        """Path of payload file ``name`` (in the entry, or in a shared group directory); ``KeyError``
+        naming the files the entry has."""
+        item = self.manifest["files"].get(name)
+        if item is None:
             raise KeyError(
                 f"cache entry {self.key} has no file {name!r}; it has {sorted(self.manifest['files'])}"
             )
-        return self.path / PurePosixPath(name)
+        at = item.get("at")
+        return self.path.parent.parent / PurePosixPath(at) if at else self.path / PurePosixPath(name)
 
     def read_bytes(self, name: str) -> bytes:
         return self.file(name).read_bytes()
@@ -365,7 +370,8 @@ class ExecutableCache:
             return CacheEntry(digest, path, manifest)  # type: ignore[arg-type]
         if remove_corrupt:
             _logger.warning("cache entry %s is corrupt (%s); removing it so it is rebuilt", path, problem)
-            self._drop_corrupt_blobs(path, _read_manifest(path)[0])
+            self._drop_corrupt_shared(_read_manifest(path)[0])
+            self._remove_entry_files(path)
             self._remove_dir(path)
         return None
 
@@ -376,15 +382,17 @@ class ExecutableCache:
         key: CacheKey | str,
         build: Callable[[Path], None],
         meta: Mapping[str, Any] | None = None,
-        shared: Sequence[str] = (),
+        shared: str | None = None,
+        beside_shared: Sequence[str] = (),
     ) -> CacheEntry:
         """The entry for ``key``, building it with ``build(directory)`` if it is missing or corrupt.
 
         ``build`` writes the payload files into the (empty, temporary) directory it is given. Exactly one
         process builds a given key at a time; the others wait and then read its result. If ``build``
         raises, nothing is stored and the exception propagates. ``meta`` (JSON data) is stored in the
-        manifest. ``shared`` names payload files (relative paths) to store once in the blob store (see the
-        module doc). After a build, least-recently-used entries beyond the size cap are evicted.
+        manifest. ``shared`` names a payload file to store once per content, and ``beside_shared`` the
+        files that must sit in the same directory as it (see the module doc). After a build,
+        least-recently-used entries beyond the size cap are evicted.
         """
         digest = _digest(key)
         meta_json = json.loads(canonical_json(dict(meta or {})))  # reject non-JSON metadata before building
@@ -402,7 +410,7 @@ class ExecutableCache:
             entry = self._verified(digest, remove_corrupt=True)
             if entry is not None:
                 return entry
-            entry = self._build(digest, key, build, meta_json, frozenset(shared))
+            entry = self._build(digest, key, build, meta_json, shared, tuple(beside_shared))
         finally:
             lock.release()
         self._evict(self.size_limit_bytes, keep=digest)
@@ -414,9 +422,11 @@ class ExecutableCache:
         key: CacheKey | str,
         build: Callable[[Path], None],
         meta: dict[str, Any],
-        shared: frozenset[str] = frozenset(),
+        shared: str | None = None,
+        beside_shared: tuple[str, ...] = (),
     ) -> CacheEntry:
         staging = Path(tempfile.mkdtemp(prefix=f"{digest[:16]}-", dir=self._tmp_dir()))
+        group_lock = contextlib.ExitStack()  # held from placing shared files until the entry is committed
         try:
             started = time.perf_counter()
             build(staging)
@@ -425,8 +435,9 @@ class ExecutableCache:
                 name = path.relative_to(staging).as_posix()
                 _fsync_file(path)
                 files[name] = {"size": path.stat().st_size, CHECKSUM: checksum_file(path)}
-                if name in shared and self._share(path, files[name][CHECKSUM]):
-                    files[name]["shared"] = True
+            if shared is not None and shared in files:
+                group_lock.enter_context(self._lock(f"blob-{files[shared][CHECKSUM]}"))
+                self._place_in_group(staging, digest, files, shared, beside_shared)
             if not files:
                 raise CacheError(f"the build of cache entry {digest} wrote no files")
             key_inputs = key.inputs if isinstance(key, CacheKey) else None
@@ -456,49 +467,46 @@ class ExecutableCache:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        finally:
+            group_lock.close()
         _touch(final / LAST_USED_NAME)
         _logger.info(
             "stored cache entry %s (%s)", final, format_byte_size(sum(f["size"] for f in files.values()))
         )
         return CacheEntry(digest, final, manifest, created_now=True)
 
-    # -- shared payloads (blobs) ---------------------------------------------------------------------------
+    # -- shared payloads (group directories) ---------------------------------------------------------------
 
     def blob_path(self, checksum: str) -> Path:
+        """The group directory of the shared file whose checksum is ``checksum``."""
         return self.root / BLOBS_DIR / checksum[:2] / checksum
 
-    def _share(self, path: Path, checksum: str) -> bool:
-        """Replace ``path`` (a staged payload) with a hard link to the blob of its content, storing the blob
-        first if it is missing or corrupt. False (``path`` kept as it is) where hard links are refused."""
-        blob = self.blob_path(checksum)
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        with self._lock(f"blob-{checksum}"):
-            if blob.is_file() and os.path.samefile(blob, path):
-                return True  # staged as a link to the blob already (its checksum was just computed)
-            if blob.is_file():
-                if blob.stat().st_size == path.stat().st_size and checksum_file(blob) == checksum:
-                    linked = path.with_name(f".{path.name}.link")
-                    try:
-                        os.link(blob, linked)
-                    except OSError as exc:
-                        _logger.debug(
-                            "no hard links in %s (%s); the entry keeps its own copy", self.root, exc
-                        )
-                        return False
-                    os.replace(linked, path)  # the staged copy goes; the entry now holds the blob
-                    return True
-                _logger.warning("shared cache file %s is corrupt; replacing it", blob)
-            staged = blob.with_name(f".{checksum}.{os.getpid()}.tmp")
-            try:
-                os.link(path, staged)
-            except OSError as exc:
-                _logger.debug("no hard links in %s (%s); the entry keeps its own copy", self.root, exc)
-                return False
-            os.replace(staged, blob)
-            _fsync_dir(blob.parent)
-            return True
+    def _place_in_group(
+        self, staging: Path, digest: str, files: dict[str, Any], shared: str, beside: Sequence[str]
+    ) -> None:
+        """Move the staged shared file into its group (unless a verified copy is there already) and the
+        files that belong beside it; record where each went (``at``, relative to the root)."""
+        item = files[shared]
+        checksum = item[CHECKSUM]
+        group = self.blob_path(checksum)
+        group.mkdir(parents=True, exist_ok=True)
+        target = group / PurePosixPath(shared).name
+        staged = staging / PurePosixPath(shared)
+        if _size_or_zero(target) == item["size"] and checksum_file(target) == checksum:
+            staged.unlink()
+        else:
+            if target.exists():
+                _logger.warning("shared cache file %s is corrupt; replacing it", target)
+            os.replace(staged, target)
+        item.update(shared=checksum, at=target.relative_to(self.root).as_posix())
+        for name in beside:
+            if name in files:
+                companion = group / f"{digest}.{PurePosixPath(name).name}"
+                os.replace(staging / PurePosixPath(name), companion)
+                files[name]["at"] = companion.relative_to(self.root).as_posix()
+        _fsync_dir(group)
 
-    def _blobs(self) -> Iterator[Path]:
+    def _groups(self) -> Iterator[Path]:
         directory = self.root / BLOBS_DIR
         if not directory.is_dir():
             return
@@ -506,34 +514,48 @@ class ExecutableCache:
             if shard.is_dir():
                 yield from (path for path in sorted(shard.iterdir()) if _BLOB_PATTERN.match(path.name))
 
-    def _blob_bytes(self) -> int:
-        return sum(_size_or_zero(path) for path in self._blobs())
-
-    def _drop_unlinked_blobs(self) -> int:
-        """Remove the blobs no entry's manifest names; returns the bytes freed. Entries hold hard links, so
-        removing a blob's name never takes bytes from an entry (one a build is committing right now
-        included: it keeps its link, and the next build of that content stores the blob again)."""
-        referenced = {blob for entry in self.list() for blob in entry.blobs}
-        freed = 0
-        for path in self._blobs():
-            if path.name in referenced:
+    def _drop_unreferenced_groups(self) -> None:
+        """Remove group directories no entry's manifest names, and files in them whose entry is gone (a
+        build that failed after placing them). Groups a build holds are skipped."""
+        entries = self.list()
+        referenced = {blob for entry in entries for blob in entry.blobs}
+        keys = {entry.key for entry in entries}
+        for group in self._groups():
+            lock = self._lock(f"blob-{group.name}")
+            try:
+                lock.acquire(timeout=0)
+            except _lock_timeout():
                 continue
-            with self._lock(f"blob-{path.name}"), contextlib.suppress(OSError):
-                size = path.stat().st_size
-                path.unlink()
-                freed += size
-        return freed
+            try:
+                if group.name not in referenced:
+                    self._remove_dir(group)
+                    continue
+                for path in group.iterdir():
+                    owner = path.name.split(".", 1)[0]
+                    orphan = _KEY_PATTERN.match(owner) and owner not in keys
+                    if orphan and not self.entry_path(owner).exists():
+                        path.unlink(missing_ok=True)
+            finally:
+                lock.release()
 
-    def _drop_corrupt_blobs(self, entry: Path, manifest: dict[str, Any] | None) -> None:
-        """An entry is being removed as corrupt: drop the blobs it shares, when they are the same file (a
-        corrupt blob must not be linked again; entries that link it fail their own checks)."""
-        for name, item in ((manifest or {}).get("files") or {}).items():
-            if not (isinstance(item, dict) and item.get("shared")):
+    def _drop_corrupt_shared(self, manifest: dict[str, Any] | None) -> None:
+        """An entry is being removed as corrupt: drop the shared files it uses that fail their checksum,
+        so no other entry is served from them and the next build stores them again."""
+        for item in ((manifest or {}).get("files") or {}).values():
+            if not (isinstance(item, dict) and item.get("shared") and isinstance(item.get("at"), str)):
                 continue
-            blob = self.blob_path(str(item.get(CHECKSUM, "")))
-            with contextlib.suppress(OSError):
-                if os.path.samefile(blob, entry / PurePosixPath(name)):
-                    blob.unlink()
+            path = _located(self.root, item["at"])
+            if path is not None and path.is_file() and checksum_file(path) != item.get(CHECKSUM):
+                path.unlink(missing_ok=True)
+
+    def _remove_entry_files(self, path: Path) -> None:
+        """Remove an entry's files that live in a group directory (its graph beside the shared weights)."""
+        manifest, _ = _read_manifest(path)
+        for item in ((manifest or {}).get("files") or {}).values():
+            if isinstance(item, dict) and isinstance(item.get("at"), str) and not item.get("shared"):
+                located = _located(self.root, item["at"])
+                if located is not None and located.name.startswith(f"{path.name}."):
+                    located.unlink(missing_ok=True)
 
     # -- maintenance ---------------------------------------------------------------------------------------
 
@@ -547,7 +569,7 @@ class ExecutableCache:
                 items = [item for item in manifest["files"].values() if isinstance(item, dict)]
                 size = sum(int(item.get("size", 0)) for item in items)
                 size += _size_or_zero(path / MANIFEST_NAME)
-                shared = [item for item in items if item.get("shared")]
+                shared = [item for item in items if isinstance(item.get("shared"), str)]
                 infos.append(
                     CacheEntryInfo(
                         key=path.name,
@@ -558,7 +580,7 @@ class ExecutableCache:
                         engine=manifest.get("engine"),
                         meta=dict(manifest.get("meta") or {}),
                         shared_bytes=sum(int(item.get("size", 0)) for item in shared),
-                        blobs=tuple(str(item.get(CHECKSUM)) for item in shared),
+                        blobs=tuple(item["shared"] for item in shared),
                     )
                 )
             else:
@@ -573,7 +595,7 @@ class ExecutableCache:
     def info(self) -> dict[str, Any]:
         """Location, entry count, total size (shared blobs counted once) and cap."""
         entries = self.list()
-        shared = self._blob_bytes()
+        shared = sum(_shared_sizes(entries).values())
         return {
             "root": str(self.root),
             "root_source": self.root_source,
@@ -596,7 +618,7 @@ class ExecutableCache:
         """Remove every entry (skipping any another process is building) and stale temporary directories;
         returns the number of entries removed."""
         removed = sum(self._remove_if_unlocked(path.name) for path in self._entry_dirs())
-        self._drop_unlinked_blobs()
+        self._drop_unreferenced_groups()
         self._sweep_stale_builds()
         return removed
 
@@ -607,9 +629,8 @@ class ExecutableCache:
         return self._evict(self.size_limit_bytes if max_bytes is None else max_bytes)
 
     def _evict(self, max_bytes: int, keep: str | None = None) -> list[str]:
-        self._drop_unlinked_blobs()
         entries = self.list()
-        blob_sizes = {path.name: _size_or_zero(path) for path in self._blobs()}
+        blob_sizes = _shared_sizes(entries)
         total = _total_bytes(entries, sum(blob_sizes.values()))
         users: dict[str, int] = {}
         for entry in entries:
@@ -623,13 +644,13 @@ class ExecutableCache:
                 continue
             if self._remove_if_unlocked(entry.key):
                 total -= entry.size_bytes - entry.shared_bytes
-                for blob in entry.blobs:  # the last entry that linked a blob frees it
+                for blob in entry.blobs:  # the last entry that used a shared file frees it
                     users[blob] -= 1
                     if users[blob] == 0 and blob in blob_sizes:
                         total -= blob_sizes.pop(blob)
                 evicted.append(entry.key)
                 _logger.info("evicted cache entry %s (%s)", entry.key, format_byte_size(entry.size_bytes))
-        self._drop_unlinked_blobs()
+        self._drop_unreferenced_groups()
         if total > max_bytes:
             _logger.warning(
                 "the executable cache at %s holds %s, above its cap of %s, after evicting what it could",
@@ -649,6 +670,7 @@ class ExecutableCache:
             path = self.root / digest[:2] / digest
             if not path.exists():
                 return False
+            self._remove_entry_files(path)
             self._remove_dir(path)
             return True
         finally:
@@ -688,6 +710,23 @@ class ExecutableCache:
 # ----------------------------------------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------------------------------------
+
+
+def _shared_sizes(entries: Sequence[CacheEntryInfo]) -> dict[str, int]:
+    """The size of each shared file the entries use, once per file."""
+    sizes: dict[str, int] = {}
+    for entry in entries:
+        for blob in entry.blobs:
+            sizes[blob] = entry.shared_bytes // max(1, len(entry.blobs))
+    return sizes
+
+
+def _located(root: Path, at: str) -> Path | None:
+    """The file a manifest's ``at`` names, or None when it is not a path inside the group directories."""
+    relative = PurePosixPath(at)
+    if relative.is_absolute() or ".." in relative.parts or relative.parts[:1] != (BLOBS_DIR,):
+        return None
+    return root / relative
 
 
 def _total_bytes(entries: Sequence[CacheEntryInfo], blob_bytes: int) -> int:
@@ -735,6 +774,11 @@ def _check_entry(path: Path, digest: str) -> tuple[dict[str, Any] | None, str | 
         if relative.is_absolute() or ".." in relative.parts or not isinstance(expected, dict):
             return None, f"manifest.json lists an invalid file {name!r}"
         file_path = path / relative
+        if "at" in expected:  # a file in a shared group directory
+            located = _located(path.parent.parent, str(expected["at"]))
+            if located is None:
+                return None, f"manifest.json places {name!r} outside the shared directories"
+            file_path = located
         try:
             size = file_path.stat().st_size
             if size != expected.get("size"):

@@ -9,9 +9,10 @@ Graphs go to engines as files (``legalized.onnx`` in the cache entry, its weight
 ``legalized.onnx.data`` beside it, written by ``compiler.external_data.save_graph`` straight from the
 export's files), never as one serialized buffer: protobuf cannot serialize more than 2 GiB, and a copy
 would double the memory. The data file is the same for every shape of one export and precision, so the
-cache stores it once (``SHARED_FILES``). An engine writes its own artifacts (PopART's ``.popef``)
-into the entry's ``artifacts/`` directory while it compiles, so they fall under the cache's integrity
-checks. Calls into an engine that does not declare itself thread-safe are serialized here.
+cache stores it once, with every shape's graph beside it (``ExecutableCache.get_or_create(shared=...)``).
+An engine writes its own artifacts (PopART's ``.popef``) into the entry's ``artifacts/`` directory
+while it compiles, so they fall under the cache's integrity checks. Calls into an engine that does not
+declare itself thread-safe are serialized here.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ _logger = logging.getLogger(__name__)
 LEGALIZED_GRAPH_FILE = "legalized.onnx"
 LEGALIZED_DATA_FILE = f"{LEGALIZED_GRAPH_FILE}.data"
 ARTIFACTS_DIR = "artifacts"
-# Payload files the cache keeps once for all entries with the same content (the weights).
-SHARED_FILES = (LEGALIZED_DATA_FILE,)
 ShapeKey = tuple[tuple[str, object], ...]
 
 
@@ -190,7 +189,11 @@ class ExecutableTable:
 
             key = self._cache_key(shapes, branches)
             entry = self._cache.get_or_create(
-                key, build, meta=self._manifest_meta(shapes, branches), shared=SHARED_FILES
+                key,
+                build,
+                meta=self._manifest_meta(shapes, branches),
+                shared=LEGALIZED_DATA_FILE,
+                beside_shared=(LEGALIZED_GRAPH_FILE,),
             )
             graph, artifacts = entry.file(LEGALIZED_GRAPH_FILE), entry.path / ARTIFACTS_DIR
             _legalized_files[self._legalized_key(shapes, branches)] = graph
@@ -294,14 +297,12 @@ _legalized_files: dict[tuple, Path] = {}
 
 
 def _copy_graph(source: Path, target: Path) -> Path:
-    """A copy of a legalized graph this process wrote; its data file is linked, not copied, where the
-    file system allows (the bytes are the same, and the cache keeps one copy anyway)."""
-    from optimum_ipu_backend.compiler.external_data import link_or_copy
-
+    """A copy of a legalized graph this process wrote, with its data file (copied, never hard-linked:
+    ONNX refuses external data with several links; the cache keeps one copy of it anyway)."""
     shutil.copyfile(source, target)
-    data = source.with_name(f"{source.name}.data")
+    data = source.parent / LEGALIZED_DATA_FILE
     if data.is_file():
-        link_or_copy(data, target.with_name(f"{target.name}.data"))
+        shutil.copyfile(data, target.parent / LEGALIZED_DATA_FILE)
     return target
 
 

@@ -71,8 +71,10 @@ def test_two_shapes_match_cpu_and_share_one_weight_file(export, tmp_path, precis
     cache, entries = _entries(tmp_path)
     assert len(entries) == 2 and all(entry is not None for entry in entries)
     first, second = (entry.file(LEGALIZED_DATA_FILE) for entry in entries)
-    assert os.path.samefile(first, second)  # one file on disk, linked by both entries
-    assert all(entry.manifest["files"][LEGALIZED_DATA_FILE].get("shared") for entry in entries)
+    assert first == second and first.stat().st_nlink == 1  # one file on disk, no links
+    for entry in entries:  # each shape's graph sits beside it and points to it by its name
+        assert entry.file(LEGALIZED_GRAPH_FILE).parent == first.parent
+        assert entry.manifest["files"][LEGALIZED_DATA_FILE]["shared"] == first.parent.name
     data_bytes = first.stat().st_size
     expected = (export / DATA_FILE).stat().st_size // (2 if precision == "fp16" else 1)
     assert abs(data_bytes - expected) < expected * 0.1
@@ -112,8 +114,8 @@ def test_a_corrupt_shared_weight_file_is_detected_rebuilt_and_never_served(expor
     feed = sample_feed(2, 5)
     _session(export, tmp_path).run(None, feed)
     cache, (entry,) = _entries(tmp_path)
-    blob = cache.blob_path(entry.manifest["files"][LEGALIZED_DATA_FILE][CHECKSUM])
-    assert os.path.samefile(blob, entry.file(LEGALIZED_DATA_FILE))
+    blob = entry.file(LEGALIZED_DATA_FILE)
+    assert blob.parent == cache.blob_path(entry.manifest["files"][LEGALIZED_DATA_FILE][CHECKSUM])
     with open(blob, "r+b") as stream:  # flip bytes in the middle of a weight
         stream.seek(blob.stat().st_size // 2)
         chunk = stream.read(64)
@@ -125,21 +127,18 @@ def test_a_corrupt_shared_weight_file_is_detected_rebuilt_and_never_served(expor
     np.testing.assert_allclose(got, _cpu(export, feed)[0], atol=ATOL)
     cache, (rebuilt,) = _entries(tmp_path)
     assert rebuilt is not None  # verified: size and checksum match again
-    new_blob = cache.blob_path(rebuilt.manifest["files"][LEGALIZED_DATA_FILE][CHECKSUM])
-    assert os.path.samefile(new_blob, rebuilt.file(LEGALIZED_DATA_FILE))
+    assert rebuilt.file(LEGALIZED_DATA_FILE) == blob
 
 
-def test_a_corrupt_blob_is_not_linked_into_a_new_entry(export, tmp_path, caplog):
+def test_a_new_shape_never_joins_a_corrupt_weight_file(export, tmp_path, caplog):
     session = _session(export, tmp_path)
     session.run(None, sample_feed(1, 5))
-    cache, (entry,) = _entries(tmp_path)
-    blob = cache.blob_path(entry.manifest["files"][LEGALIZED_DATA_FILE][CHECKSUM])
-    # the blob's name alone goes bad (a new file in its place): the entry still holds the good bytes
+    _, (entry,) = _entries(tmp_path)
+    blob = entry.file(LEGALIZED_DATA_FILE)
     good = blob.read_bytes()
-    blob.unlink()
-    blob.write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))
+    blob.write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))  # the last weight's last byte goes bad
     with caplog.at_level(logging.WARNING):
-        feed = sample_feed(1, 12)  # a second shape links the shared weights again
+        feed = sample_feed(1, 12)  # a second shape: its weights are checked before it uses the file
         np.testing.assert_allclose(session.run(None, feed)[0], _cpu(export, feed)[0], atol=ATOL)
     assert "is corrupt; replacing it" in caplog.text
     assert blob.read_bytes() == good
@@ -154,14 +153,19 @@ def test_pruning_keeps_the_weights_live_entries_need(export, tmp_path):
     cache = ExecutableCache(tmp_path)
     infos = cache.list()  # most recently used first
     (checksum,) = set(infos[0].blobs) | set(infos[1].blobs)
-    blob = cache.blob_path(checksum)
+    group = cache.blob_path(checksum)
+    blob = group / LEGALIZED_DATA_FILE
     own = infos[0].size_bytes - infos[0].shared_bytes
     evicted = cache.prune(max_bytes=own + blob.stat().st_size + 4096)
     assert evicted == [infos[1].key]
-    assert blob.is_file()  # the remaining entry links it
+    assert blob.is_file()  # the remaining entry uses it
+    assert sorted(path.name for path in group.iterdir()) == [
+        f"{infos[0].key}.{LEGALIZED_GRAPH_FILE}",  # the evicted entry's graph went with it
+        LEGALIZED_DATA_FILE,
+    ]
     assert cache.get(infos[0].key) is not None
     assert cache.prune(max_bytes=1) == [infos[0].key]
-    assert not blob.exists() and cache.info()["total_bytes"] == 0
+    assert not group.exists() and cache.info()["total_bytes"] == 0
 
 
 def test_check_legalizes_an_external_data_export(export, tmp_path, capsys):
