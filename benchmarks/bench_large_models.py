@@ -6,7 +6,8 @@ parameters), BERT-large (~340M) and GPT-2 large (~774M), and exported with optim
 (``feature-extraction``, no past); the GPT-2 large export is over 2 GiB, so the exporter writes it
 with external data. Every measurement runs in a fresh process, whose peak resident set size
 (``ru_maxrss``) is reported beside a baseline (the same process after its imports, before touching the
-model), so the difference is what the model cost:
+model; its current RSS, not its peak, as imports may peak and free), so the difference is what the
+model cost:
 
 * legalize: ``load_graph`` + ``legalize`` for batch 1 x 128 tokens + ``save_graph`` (the graph and
   its data file written as the cache writes them);
@@ -55,6 +56,12 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
 
 
+def _current_rss() -> int:
+    """Resident bytes now (the baseline: imports may have peaked higher and freed it again)."""
+    with open("/proc/self/statm", encoding="ascii") as stream:
+        return int(stream.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def _emit(result: dict) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -100,7 +107,7 @@ def child_legalize(onnx_dir: Path, out: Path) -> None:
     from optimum_ipu_backend.compiler.external_data import load_graph, save_graph
     from optimum_ipu_backend.compiler.pipeline import legalize
 
-    baseline = _peak_rss()
+    baseline = _current_rss()
     started = time.perf_counter()
     model = load_graph(onnx_dir / "model.onnx")
     legalized = legalize(model, _shapes(model), weights_dir=onnx_dir)
@@ -115,7 +122,7 @@ def child_load(onnx_dir: Path, cache: Path, second_shape: bool) -> None:
     from optimum_ipu_backend.session import IPUInferenceSession
     from optimum_ipu_backend.session.options import IPUProviderOptions
 
-    baseline = _peak_rss()
+    baseline = _current_rss()
     options = {
         "device": "emulator",
         "executable_cache_dir": str(cache),

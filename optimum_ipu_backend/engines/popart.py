@@ -7,7 +7,10 @@ after ``import popart``, and follows the documented call order (graphcore-sdk-ap
    made every tensor int32;
 2. ``DataFlow(batches_per_step=device_iterations, {output: AnchorReturnType("All")})``;
 3. a new ``SessionOptions`` for every session (the default argument object is created at import and
-   picks up ``POPART_CACHE_DIR``): replication, ``partialsTypeMatMuls`` from the precision, and engine
+   picks up ``POPART_CACHE_DIR``): replication; for a graph the compiler sharded over several IPUs per
+   replica (``__ipu_number`` / ``__pipeline_stage`` on every node) ``virtualGraphMode = Manual`` and,
+   with more than one stage, ``enablePipelining`` (the runtime made ``batchesPerStep`` cover the
+   stages); ``partialsTypeMatMuls`` from the precision, and engine
    caching into the artifact directory of *our* cache entry. PopART's own cache key ignores initializer
    values, so a shared ``cachePath`` would serve a binary with old weights; each entry of ours is keyed
    by content that includes the weights and has its own ``cachePath``;
