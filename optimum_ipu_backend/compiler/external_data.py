@@ -8,7 +8,9 @@ parsed export and the legalized copy) is what makes large models fail. So:
   file per tensor) stay references (``data_location = EXTERNAL``) relative to the model's directory;
   only external tensors under ``WEIGHT_MIN_BYTES`` (shape constants, position ids: values the passes
   and analyses may need) are read in. The graph that remains is small and can be serialized, inferred
-  and checked like any other.
+  and checked like any other. A model file that holds its weights itself (``SINGLE_FILE_SCAN_BYTES`` or
+  more) is read the same way: its protobuf is scanned for the weights' bytes, the rest parsed, and each
+  weight becomes a reference to its bytes inside the model file, so not even the parse holds them.
 * ``read_weight`` maps one external tensor's bytes (a conversion to fp16 reads one tensor at a time).
 * ``save_graph`` writes a graph and every weight it holds (in memory or still in the export's files) into
   one data file beside it, streaming the bytes of referenced weights from file to file, so a legalized
@@ -29,6 +31,8 @@ from onnx import helper
 
 from .graphs import WEIGHT_MIN_BYTES, iter_graphs, tensor_bytes
 
+#: Model files at least this large that hold their own weights are scanned rather than parsed whole.
+SINGLE_FILE_SCAN_BYTES = 64 << 20
 #: Offsets of weights in a data file we write are multiples of this: the page size, so an engine can map
 #: each tensor without copying it.
 ALIGNMENT = 4096
@@ -45,10 +49,14 @@ def is_external(tensor: onnx.TensorProto) -> bool:
 
 
 def _resolve(weights_dir: Path, tensor: onnx.TensorProto) -> Path:
-    """The file an external tensor points to, refusing locations outside ``weights_dir``."""
+    """The file an external tensor points to, refusing locations outside ``weights_dir`` (absolute ones
+    are what ``load_graph`` writes, so that no reader resolves them against the working directory)."""
     location = external_info(tensor).get("location", "")
     relative = PurePosixPath(location.replace("\\", "/"))
-    if not location or relative.is_absolute() or ".." in relative.parts:
+    inside = bool(location) and ".." not in relative.parts
+    if inside and relative.is_absolute():
+        inside = Path(location).resolve().is_relative_to(weights_dir.resolve())
+    if not inside:
         raise ValueError(
             f"initializer {tensor.name!r} points to external data {location!r}, which is not a file beside "
             f"the model in {weights_dir}; re-export the model with its data files next to it"
@@ -95,14 +103,142 @@ def load_graph(path: str | os.PathLike[str]) -> onnx.ModelProto:
 def read_graph(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, list[str]]:
     """``load_graph``, and the external data files the model file points to (before any was read in)."""
     path = Path(path)
-    model = onnx.load(str(path), load_external_data=False)
-    files = data_files(model)
+    model = None
+    if path.stat().st_size >= SINGLE_FILE_SCAN_BYTES:
+        model = _scan_weights_in_place(path)
+    if model is None:
+        model = onnx.load(str(path), load_external_data=False)
+    files = [name for name in data_files(model) if Path(name).name != path.name]
     for tensor in _external_tensors(model):
         if tensor_bytes(tensor) < WEIGHT_MIN_BYTES:
             tensor.raw_data = _read_bytes(tensor, path.parent)
             del tensor.external_data[:]
             tensor.data_location = onnx.TensorProto.DEFAULT
+    _absolute_locations(model, path.parent)
     return model, files
+
+
+def _absolute_locations(model: onnx.ModelProto, weights_dir: Path) -> None:
+    """Point the weights left in files at those files by absolute path: a reader that is not told the
+    model's directory (``numpy_helper.to_array``) then reads the right file or fails, never a file of
+    the same name in the working directory."""
+    for tensor in _external_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location" and not PurePosixPath(entry.value).is_absolute():
+                entry.value = str((weights_dir / entry.value).resolve())
+
+
+# -- weights inside the model file -----------------------------------------------------------------------
+# Protobuf wire format: ModelProto.graph is field 7, GraphProto.initializer field 5, TensorProto.raw_data
+# field 9, all length-delimited (wire type 2).
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+_LENGTH_DELIMITED = 2
+
+
+def _varint(buffer, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buffer[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _fields(buffer, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, start of the field's tag, end of the field) for each field."""
+    position = start
+    while position < end:
+        tag_start = position
+        tag, position = _varint(buffer, position)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, position = _varint(buffer, position)
+        elif wire == 1:
+            position += 8
+        elif wire == _LENGTH_DELIMITED:
+            length, position = _varint(buffer, position)
+            position += length
+        elif wire == 5:
+            position += 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield number, wire, tag_start, position
+
+
+def _payload(buffer, tag_start: int) -> tuple[int, int]:
+    """(start, end) of a length-delimited field's bytes."""
+    _, position = _varint(buffer, tag_start)
+    length, position = _varint(buffer, position)
+    return position, position + length
+
+
+def _delimited(number: int, body: bytes) -> bytes:
+    return _encode_varint(number << 3 | _LENGTH_DELIMITED) + _encode_varint(len(body)) + body
+
+
+def _scan_weights_in_place(path: Path) -> onnx.ModelProto | None:
+    """The model with each initializer whose raw bytes are ``WEIGHT_MIN_BYTES`` or more turned into a
+    reference to those bytes inside the model file itself; None when the file is laid out otherwise
+    (then it is parsed whole)."""
+    import mmap
+
+    with open(path, "rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
+        size = len(buffer)
+        model_fields = list(_fields(buffer, 0, size))
+        graphs = [field for field in model_fields if field[0] == _MODEL_GRAPH]
+        if len(graphs) != 1 or graphs[0][1] != _LENGTH_DELIMITED:
+            return None
+        spans: list[tuple[int, int] | None] = []
+        graph_start, graph_end = _payload(buffer, graphs[0][2])
+        graph_body = bytearray()
+        for number, wire, tag_start, end in _fields(buffer, graph_start, graph_end):
+            if number != _GRAPH_INITIALIZER or wire != _LENGTH_DELIMITED:
+                graph_body += buffer[tag_start:end]
+                continue
+            tensor_start, tensor_end = _payload(buffer, tag_start)
+            raw = [f for f in _fields(buffer, tensor_start, tensor_end) if f[0] == _TENSOR_RAW_DATA]
+            if len(raw) != 1 or raw[0][1] != _LENGTH_DELIMITED:
+                spans.append(None)
+                graph_body += buffer[tag_start:end]
+                continue
+            raw_start, raw_end = _payload(buffer, raw[0][2])
+            if raw_end - raw_start < WEIGHT_MIN_BYTES:
+                spans.append(None)
+                graph_body += buffer[tag_start:end]
+                continue
+            spans.append((raw_start, raw_end - raw_start))
+            tensor = buffer[tensor_start : raw[0][2]] + buffer[raw[0][3] : tensor_end]
+            graph_body += _delimited(_GRAPH_INITIALIZER, tensor)
+        body = bytearray()
+        for number, _, tag_start, end in model_fields:
+            body += (
+                _delimited(_MODEL_GRAPH, bytes(graph_body))
+                if number == _MODEL_GRAPH
+                else buffer[tag_start:end]
+            )
+    model = onnx.ModelProto.FromString(bytes(body))
+    if len(model.graph.initializer) != len(spans):
+        return None
+    for tensor, span in zip(model.graph.initializer, spans, strict=True):
+        if span is None:
+            continue
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", path.name), ("offset", str(span[0])), ("length", str(span[1]))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+    return model
 
 
 def _read_bytes(tensor: onnx.TensorProto, weights_dir: Path) -> bytes:

@@ -178,3 +178,44 @@ def test_check_legalizes_an_external_data_export(export, tmp_path, capsys):
     feed = {name: array.astype(np.int32) for name, array in sample_feed(1, 16).items()}
     got = ort.InferenceSession(str(saved), providers=["CPUExecutionProvider"]).run(None, feed)[0]
     np.testing.assert_allclose(got, _cpu(export, sample_feed(1, 16))[0], atol=ATOL)
+
+
+def test_a_single_file_export_is_read_without_parsing_its_weights(export, tmp_path, monkeypatch):
+    from optimum_ipu_backend.compiler import external_data
+    from optimum_ipu_backend.compiler.external_data import read_graph, save_graph
+    from optimum_ipu_backend.compiler.pipeline import legalize
+
+    single = tmp_path / "single"
+    single.mkdir()
+    onnx.save_model(onnx.load(export / "model.onnx"), single / "model.onnx")  # weights inside the file
+    whole = onnx.load(single / "model.onnx")
+    monkeypatch.setattr(external_data, "SINGLE_FILE_SCAN_BYTES", 0)
+    scanned, files = read_graph(single / "model.onnx")
+    assert files == []  # no data file besides the model: the model file alone keys the cache
+    assert scanned.graph.node == whole.graph.node and scanned.graph.input == whole.graph.input
+    by_name = {tensor.name: tensor for tensor in whole.graph.initializer}
+    referenced = [tensor for tensor in scanned.graph.initializer if is_external(tensor)]
+    assert len(referenced) >= 8 and all(tensor_bytes(t) >= WEIGHT_MIN_BYTES for t in referenced)
+    for tensor in scanned.graph.initializer:
+        np.testing.assert_array_equal(
+            external_data.read_weight(tensor, single), onnx.numpy_helper.to_array(by_name[tensor.name])
+        )
+    shapes = {"input_ids": (1, 16), "attention_mask": (1, 16), "token_type_ids": (1, 16)}
+    legalized = legalize(scanned, shapes, weights_dir=single)
+    saved = save_graph(legalized.model, tmp_path / "legalized.onnx", single, legalized.weight_names)
+    feed = sample_feed(1, 16)
+    device_feed = {name: array.astype(np.int32) for name, array in feed.items()}
+    got = ort.InferenceSession(str(saved), providers=["CPUExecutionProvider"]).run(None, device_feed)[0]
+    np.testing.assert_allclose(got, _cpu(export, feed)[0], atol=ATOL)
+
+
+def test_weights_outside_the_model_directory_are_refused(export, tmp_path):
+    from optimum_ipu_backend.compiler.external_data import read_weight
+
+    model = load_graph(export / "model.onnx")
+    tensor = next(t for t in model.graph.initializer if is_external(t))
+    for entry in tensor.external_data:
+        if entry.key == "location":
+            entry.value = "../elsewhere/model.onnx_data"
+    with pytest.raises(ValueError, match="not a file beside the model"):
+        read_weight(tensor, export)
