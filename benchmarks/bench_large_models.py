@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -52,14 +51,23 @@ SEQUENCE = 128
 SECOND_SEQUENCE = 256
 
 
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as stream:
+        for line in stream:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+    """This process's peak resident set (VmHWM). Not ``ru_maxrss``: Linux keeps that across ``exec``, so
+    a child would start from its parent's peak."""
+    return _status_bytes("VmHWM")
 
 
 def _current_rss() -> int:
     """Resident bytes now (the baseline: imports may have peaked higher and freed it again)."""
-    with open("/proc/self/statm", encoding="ascii") as stream:
-        return int(stream.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return _status_bytes("VmRSS")
 
 
 def _emit(result: dict) -> None:
@@ -165,11 +173,10 @@ def _run_child(*args: str) -> dict:
 
 
 def _weights_bytes(onnx_dir: Path) -> int:
-    import onnx
-
+    from optimum_ipu_backend.compiler.external_data import load_graph
     from optimum_ipu_backend.compiler.graphs import tensor_bytes
 
-    model = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False)
+    model = load_graph(onnx_dir / "model.onnx")  # weights left in their files
     return sum(tensor_bytes(tensor) for tensor in model.graph.initializer)
 
 

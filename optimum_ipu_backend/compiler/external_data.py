@@ -272,9 +272,14 @@ def data_file_name(graph_path: Path) -> str:
 
 
 def _is_saved_as_weight(tensor: onnx.TensorProto, weight_names: frozenset[str]) -> bool:
+    """Whether a tensor goes to the data file: the export's weights when the caller names them (then
+    constants folded for one shape, such as a causal mask sliced to the sequence length, stay in the
+    graph and the data file is the same for every shape), else every tensor of ``WEIGHT_MIN_BYTES``."""
     if tensor.data_type == onnx.TensorProto.STRING:
         return False  # strings have no fixed-size bytes to place in a data file
-    return is_external(tensor) or tensor.name in weight_names or tensor_bytes(tensor) >= WEIGHT_MIN_BYTES
+    if is_external(tensor):
+        return True
+    return tensor.name in weight_names if weight_names else tensor_bytes(tensor) >= WEIGHT_MIN_BYTES
 
 
 def save_graph(
@@ -286,8 +291,8 @@ def save_graph(
     """Write ``model`` to ``path`` and its weights to ``<path>.data`` (see module doc).
 
     ``weights_dir`` is the directory the model's external references are relative to (the export's).
-    The top-level initializers that are weights (external, named in ``weight_names``, or of
-    ``WEIGHT_MIN_BYTES`` or more) are rewritten in place to point into the new data file;
+    The top-level initializers that are weights (external, or named in ``weight_names``; without names,
+    of ``WEIGHT_MIN_BYTES`` or more) are rewritten in place to point into the new data file;
     nothing else in ``model`` changes. Without weights no data file is written.
     """
     path = Path(path)

@@ -219,3 +219,29 @@ def test_weights_outside_the_model_directory_are_refused(export, tmp_path):
             entry.value = "../elsewhere/model.onnx_data"
     with pytest.raises(ValueError, match="not a file beside the model"):
         read_weight(tensor, export)
+
+
+def test_only_the_exports_weights_go_to_the_data_file(tmp_path):
+    """A constant folded for one shape (here 128 KiB) stays in that shape's graph, so the data file is
+    the same for every shape and the cache keeps one copy."""
+    from onnx import helper
+
+    from optimum_ipu_backend.compiler.external_data import save_graph
+
+    weight = onnx.numpy_helper.from_array(np.full((128, 128), 0.5, np.float32), "weight")
+    folded = onnx.numpy_helper.from_array(np.ones((256, 128), np.float32), "folded_mask")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["folded_mask", "weight"], ["y"])],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [256, 128])],
+        initializer=[weight, folded],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    save_graph(model, tmp_path / "g.onnx", None, frozenset({"weight"}))
+    saved = onnx.load(str(tmp_path / "g.onnx"), load_external_data=False)
+    placed = {t.name: is_external(t) for t in saved.graph.initializer}
+    assert placed == {"weight": True, "folded_mask": False}
+    assert (tmp_path / "g.onnx.data").stat().st_size == 128 * 128 * 4
+    (y,) = ort.InferenceSession(str(tmp_path / "g.onnx"), providers=["CPUExecutionProvider"]).run(None, {})
+    np.testing.assert_allclose(y, np.full((256, 128), 64.0, np.float32))
