@@ -11,7 +11,7 @@ longer than the largest compiled length is truncated (optimum-graphcore) or reje
 * calls of ``--batch`` random paragraphs padded by the tokenizer to the longest: padding the whole call
   to the bucket of its longest row, and splitting rows into batch-1 steps that are each cut to their
   real length (from the attention mask) and bucketed;
-* host cost per call of ``infer_dims`` + ``BucketPlan.padded_dims`` + ``pad_feed`` + ``slice_outputs``
+* host cost per call of ``infer_dims`` + ``BucketPlan.padded_dims`` + ``pad_feed`` + ``cut_output``
   at a BERT-base-sized call (batch 8, 120 tokens padded to the 128 bucket, hidden 768).
 
     python benchmarks/bench_padding.py [--batch 8] [--seed 0] [--json]
@@ -185,14 +185,14 @@ def batch_efficiencies(
 
 
 def host_cost(plan, runs: int = 200) -> dict[str, float]:
-    from optimum_ipu_backend.runtime.padding import infer_dims, inputs_for_dims, pad_feed, slice_outputs
+    from optimum_ipu_backend.runtime.padding import infer_dims, inputs_for_dims, pad_feed
+    from optimum_ipu_backend.runtime.padding_decisions import cut_output
 
     batch, length, hidden = 8, 120, 768
     rng = np.random.default_rng(0)
     input_shapes = {
         name: ("batch_size", "sequence_length") for name in ("input_ids", "attention_mask", "token_type_ids")
     }
-    output_shapes = {"last_hidden_state": ("batch_size", "sequence_length", hidden)}
     feed = {
         "input_ids": rng.integers(0, 30000, (batch, length), dtype=np.int64),
         "attention_mask": np.ones((batch, length), dtype=np.int64),
@@ -209,8 +209,9 @@ def host_cost(plan, runs: int = 200) -> dict[str, float]:
             **plan.padded_dims({"sequence_length": actual["sequence_length"]}, carriers),
             "batch_size": batch,
         }
-        padded = pad_feed(feed, input_shapes, padded_dims, pad_token_id=0)
-        sliced = slice_outputs(output, output_shapes, padded.actual_dims, padded.padded_dims)
+        pad_feed(feed, input_shapes, padded_dims, pad_token_id=0)
+        # the cut the padding proof locates for a right-padded sequence: the first `length` positions
+        sliced = {name: cut_output(array, ((1, slice(0, length)),)) for name, array in output.items()}
         timings.append(time.perf_counter() - started)
     assert sliced["last_hidden_state"].shape == (batch, length, hidden)
     return {"padded_length": padded_length, "median_us": statistics.median(timings) * 1e6}
@@ -226,7 +227,7 @@ def run(batch: int, seed: int) -> dict:
 
     lengths = paragraph_lengths()
     config = json.loads((minilm_dir() / "config.json").read_text(encoding="utf-8"))
-    plan = BucketPlan.default_for(config, ["batch_size", "sequence_length"], max_executables=MAX_EXECUTABLES)
+    plan = BucketPlan.for_dims(config, ["batch_size", "sequence_length"], sizes_per_dimension=MAX_EXECUTABLES)
     default_sizes = plan.sizes["sequence_length"]
     largest = default_sizes[-1]
     strategies = {
@@ -286,7 +287,7 @@ def print_markdown(report: dict) -> None:
         print(f"| {label} | {batched[key]:.3f} |")
     cost = report["host_cost"]
     print(
-        f"\nHost cost per call (infer_dims + padded_dims + pad_feed + slice_outputs), batch 8, 120 tokens "
+        f"\nHost cost per call (infer_dims + padded_dims + pad_feed + cut_output), batch 8, 120 tokens "
         f"padded to {cost['padded_length']}, hidden 768: median {cost['median_us']:.0f} us"
     )
 

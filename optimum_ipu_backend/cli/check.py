@@ -7,9 +7,15 @@ would (the task inferred from the config, ``--task`` to choose another).
 Sizes not given with ``--dim``/``--shape`` are those the runtime compiles by default: one sample, the
 bucket plan's largest size of each other dimension, one new token for a decoder that takes a past, and
 a past that leaves room for that token within the model's positions. A size over the model's limit is
-reported as such.
+reported as such. Graphs are checked as the runtime serves them: a top-k mixture-of-experts selection is
+computed densely, and its cost is printed.
 
-Exit status 0 means every graph is PopART-ready; 1 means at least one is not; 2 is a usage error.
+``--verify-padding`` also runs each graph on the host emulator, padded and at exact sizes, and compares
+the real outputs; it prints each dimension's padding verdict (padded because the padding proof holds, or
+compiled at exact sizes and the node that breaks the proof).
+
+Exit status 0 means every graph is PopART-ready (and, with ``--verify-padding``, padding changed no real
+output); 1 means at least one is not; 2 is a usage error.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ from typing import Any
 import onnx
 
 from optimum_ipu_backend.cli.check_diagnostics import explain, write_repro
+from optimum_ipu_backend.cli.check_padding import DEFAULT_ATOL, PaddingCheck, verify_padding
 from optimum_ipu_backend.cli.check_sizes import GraphSizes, graph_sizes, resolve_input_shapes
 from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
+from optimum_ipu_backend.compiler.graph_rewrites.dense_experts import densify_experts
 from optimum_ipu_backend.compiler.memory import MemoryEstimate, estimate_memory, estimate_memory_per_ipu
 from optimum_ipu_backend.compiler.op_table import branch_inputs
 from optimum_ipu_backend.compiler.passes.base import PassReport
@@ -60,6 +68,8 @@ class FileResult:
     saved_to: Path | None = None
     #: The legalization error, for --explain.
     legalization_error: LegalizationError | None = None
+    #: What serving changes in the exported graph before legalizing (experts computed densely).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ready(self) -> bool:
@@ -99,6 +109,7 @@ class FileResult:
                 for p in self.problems
             ],
             "error": self.error,
+            "graph_notes": self.notes,
             "memory": memory,
             "memory_per_ipu": [_memory_json(estimate) for estimate in self.memory_per_ipu],
             "saved_to": str(self.saved_to) if self.saved_to else None,
@@ -249,6 +260,14 @@ def check_file(
     if sizes.over_limit:
         result.error = "sizes over the model's limit: " + "; ".join(sizes.over_limit)
         return result
+    try:  # as the runtime serves it (runtime.graph_source): top-k experts computed densely
+        dense = densify_experts(model)
+    except ValueError as error:
+        result.error = str(error)
+        return result
+    if dense is not None:
+        model = dense.model
+        result.notes.append(dense.cost)
 
     def show(pass_name: str) -> None:
         print(f"[{label}] {pass_name} ...", file=sys.stderr, flush=True)
@@ -323,6 +342,7 @@ def format_result(result: FileResult) -> str:
         lines.append(f"  {result.failed_pass:<26} FAILED: {result.error}")
     elif result.error is not None:
         lines.append(f"  not checked: {result.error}")
+    lines.extend(f"  note: {note}" for note in result.notes)
     if result.problems:
         lines.append(f"  unsupported ({len(result.problems)}):")
         lines.extend(f"    - {problem.describe()}" for problem in result.problems)
@@ -429,6 +449,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print the node's inputs, producers, readers and shapes after fixing the sizes, in each graph",
     )
     parser.add_argument(
+        "--verify-padding",
+        action="store_true",
+        help="also run each graph on the host emulator padded and at exact sizes, compare the real outputs "
+        "and print each dimension's padding verdict",
+    )
+    parser.add_argument(
+        "--atol",
+        type=float,
+        default=DEFAULT_ATOL,
+        help=f"tolerance of --verify-padding (default {DEFAULT_ATOL:g})",
+    )
+    parser.add_argument(
         "--repro",
         type=Path,
         metavar="DIR",
@@ -500,6 +532,7 @@ def _check_all(
         )
     results = []
     explanations = []
+    padding_checks: list[PaddingCheck] = []
     for path in files:
         skeleton = onnx.load(path, load_external_data=False)
         file_inputs = {i.name for i in skeleton.graph.input}
@@ -517,8 +550,14 @@ def _check_all(
                 model, label = _bound(path, bindings)
                 error = result.legalization_error
                 explanations.append(explain(model, label, result.input_shapes, args.explain, error))
+        if args.verify_padding:
+            # the session serves every branch of a merged decoder itself: one check per file
+            check = verify_padding(path, config, path.name, atol=args.atol)
+            padding_checks.append(check)
+            if not args.json:
+                print(check.format(), flush=True)
     unused = set(shapes) - {name for r in results for name in r.input_shapes}
-    ready = all(result.ready for result in results)
+    ready = all(result.ready for result in results) and all(check.ok for check in padding_checks)
     if args.json:
         document = {
             "path": str(args.path),
@@ -529,6 +568,8 @@ def _check_all(
         }
         if args.explain:
             document["explain"] = explanations
+        if args.verify_padding:
+            document["padding_checks"] = [check.as_json() for check in padding_checks]
         print(json.dumps(document, indent=2))
     else:
         if unused:
@@ -536,6 +577,9 @@ def _check_all(
         for text in explanations:
             print(text)
         verdict = "every graph is PopART-ready" if ready else "some graphs are not PopART-ready"
+        if padding_checks:
+            failed = sum(not check.ok for check in padding_checks)
+            verdict += f"; padding verified on {len(padding_checks) - failed} of {len(padding_checks)}"
         print(f"{len(results)} graph(s) checked: {verdict}")
     return 0 if ready else 1
 

@@ -74,10 +74,11 @@ INT64_ONLY_OPERANDS: frozenset[tuple[str, int]] = INT64_COMPILE_TIME_OPERANDS | 
     {("RoiAlign", 2), ("Loop", 0)}
 )
 
-#: Outputs ONNX types int64 that PopART's IR computes as INT32 whatever the ONNX type says (the SDK
-#: documents this for ArgMax and ArgMin): (op_type, output index). Narrowed by a Cast to int32 right
-#: where they are produced, they never hold an int64 value on the device.
-POPART_INT32_OUTPUTS: frozenset[tuple[str, int]] = frozenset({("ArgMax", 0), ("ArgMin", 0)})
+#: Outputs ONNX types int64 that PopART's IR computes as INT32 whatever the ONNX type says (ArgMax and
+#: ArgMin, and TopK's indices, whose op sets up an INT32 output in PopART's source):
+#: (op_type, output index). Narrowed by a Cast to int32 right where they are produced, they never hold
+#: an int64 value on the device.
+POPART_INT32_OUTPUTS: frozenset[tuple[str, int]] = frozenset({("ArgMax", 0), ("ArgMin", 0), ("TopK", 1)})
 
 #: Operand slots PopART needs to know at compile time (shapes, indices of slices, clip bounds).
 COMPILE_TIME_OPERANDS: frozenset[tuple[str, int]] = INT64_COMPILE_TIME_OPERANDS | frozenset(

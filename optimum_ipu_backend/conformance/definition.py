@@ -22,6 +22,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from optimum_ipu_backend.conformance.zoo import MODEL_NAMES, TASK_ROUTES
+from optimum_ipu_backend.errors import ConfigurationError
 
 MODELS_FILE = "models.toml"
 TIERS_FILE = "tiers.toml"
@@ -32,7 +33,7 @@ EXPECTATIONS_DIR = "expectations"
 DISTRIBUTION_EXPECTATIONS_FILE = "conformance.toml"
 
 
-class DefinitionError(ValueError):
+class DefinitionError(ConfigurationError):
     """A definition or expectation file is malformed."""
 
 

@@ -20,6 +20,7 @@ from optimum_ipu_backend.conformance.definition import (
     load_expectation_file,
     suite_expectation_file,
 )
+from optimum_ipu_backend.errors import ConfigurationError
 from optimum_ipu_backend.integration.discovery import (
     ENTRY_POINT_GROUP,
     ProviderRegistration,
@@ -31,7 +32,7 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 REFERENCE_PROVIDER = "CPUExecutionProvider"
 
 
-class ProviderNotFoundError(LookupError):
+class ProviderNotFoundError(ConfigurationError, LookupError):
     """The provider named on the command line is neither a plugin nor one of onnxruntime's."""
 
 

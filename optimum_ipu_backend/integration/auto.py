@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from optimum_ipu_backend.errors import ConfigurationError
 from optimum_ipu_backend.integration import AUTO
 from optimum_ipu_backend.integration.discovery import ProviderRegistry, get_registry
 from optimum_ipu_backend.integration.errors import ProviderPluginError
@@ -39,7 +40,7 @@ NATIVE_PRIORITY = 0
 _logger = logging.getLogger(__name__)
 
 
-class ProviderPreferenceError(ValueError):
+class ProviderPreferenceError(ConfigurationError):
     """``OPTIMUM_PROVIDER_PREFERENCE`` names a provider that is not installed."""
 
 

@@ -107,8 +107,10 @@ class PaddingDecisions:
         micro-batch that has padding)."""
         wanted = {dim: size for dim, size in wanted.items() if not self.is_exact(dim)}
         padded = {dim for dim, size in wanted.items() if size != actual.get(dim, size)}
+        # A batch dimension already found exact is never filled up with repeated samples.
+        batch_paddable = not any(is_batch_dim(dim) and self.is_exact(dim) for dim in actual)
         if not padded:
-            return CallPadding({**actual, **wanted})
+            return CallPadding({**actual, **wanted}, batch_paddable=batch_paddable)
         with self._lock:
             proof = self._proof(actual, wanted, branches)
             if not proof.exact:

@@ -320,18 +320,39 @@ def test_argmax_feeding_a_gather_is_narrowed_where_it_is_produced():
     assert_pass_preserves(model, legalized.model, _pooling_feeds(2, 7, 4, 0), atol=0.0)
 
 
-def test_topk_indices_are_still_refused_with_the_tensor_named():
-    """PopART's documentation states the INT32 result for ArgMax/ArgMin only; TopK indices stay refused."""
+def test_topk_indices_feeding_a_gather_are_narrowed_where_they_are_produced():
+    """PopART's TopK sets up its indices as INT32 (like ArgMax/ArgMin): the Cast after it is free, the
+    graph is legal, and the gathered values are unchanged (a mixture-of-experts router's pattern)."""
     model = make_model(
         [
-            helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=-1),
+            helper.make_node("TopK", ["x", "k"], ["values", "indices"], name="/mlp/TopK", axis=-1),
             helper.make_node("Gather", ["x", "indices"], ["picked"], axis=0),
         ],
         [tensor_info("x", FLOAT, [5])],
         [tensor_info("picked", FLOAT, [2])],
         {"k": np.array([2], np.int64)},
     )
-    with pytest.raises(LegalizationError, match="indices__int64' is INT64"):
+    legalized = legalize(model, {})
+    assert find_unsupported_nodes(legalized.model) == []
+    (topk,) = [n for n in legalized.model.graph.node if n.op_type == "TopK"]
+    readers = [n for n in iter_nodes(legalized.model.graph) if topk.output[1] in n.input]
+    assert [(n.op_type, n.attribute[0].i) for n in readers] == [("Cast", INT32)]
+    x = np.random.default_rng(0).standard_normal(5).astype(np.float32)
+    assert_pass_preserves(model, legalized.model, {"x": x}, atol=0.0)
+
+
+def test_an_int64_output_popart_does_not_compute_as_int32_is_refused_with_the_tensor_named():
+    """MaxPool's indices have no INT32 form in PopART: verify names the int64 tensor."""
+    model = make_model(
+        [
+            helper.make_node("MaxPool", ["x"], ["pooled", "where"], kernel_shape=[2]),
+            helper.make_node("Cast", ["where"], ["where_float"], to=FLOAT),
+        ],
+        [tensor_info("x", FLOAT, [1, 1, 4])],
+        [tensor_info("where_float", FLOAT, [1, 1, 3])],
+        {},
+    )
+    with pytest.raises(LegalizationError, match="where__int64' is INT64"):
         legalize(model, {})
 
 

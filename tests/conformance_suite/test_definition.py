@@ -18,7 +18,7 @@ from optimum_ipu_backend.conformance.definition import (
     load_operators,
     load_tiers,
 )
-from optimum_ipu_backend.conformance.zoo import MODEL_NAMES, TASKS
+from optimum_ipu_backend.conformance.zoo import MODEL_NAMES, PATTERN_TASKS, TASKS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,10 +31,11 @@ REPO = Path(__file__).resolve().parents[2]
 def test_matrix_covers_every_zoo_architecture_and_every_ortmodel_class() -> None:
     matrix = load_models()
     assert {entry.architecture for entry in matrix.entries} == set(MODEL_NAMES)
-    assert {entry.ort_class for entry in matrix.entries} == set(TASKS)
+    classes = set(TASKS) | set(PATTERN_TASKS)
+    assert {entry.ort_class for entry in matrix.entries} == classes
     # --quick: exactly one small model per ORTModel class, never the 22M-parameter MiniLM.
     quick = matrix.select(quick=True, names=None)
-    assert sorted(entry.ort_class for entry in quick) == sorted(TASKS)
+    assert sorted(entry.ort_class for entry in quick) == sorted(classes)
     assert all(entry.architecture != "minilm" for entry in quick)
     # Several lengths and batch sizes, and every batch of more than one row carries a padded row.
     assert len({(s.batch, s.sequence_length) for s in matrix.input_sets}) >= 3

@@ -2,9 +2,10 @@
 PopART and on the PopTorch engine (the SDK double on the path, a doubled system of 4 IPUs): outputs
 match CPUExecutionProvider within the emulator's tolerance and generation is token-identical.
 
-By default every case runs on each engine once, the cases alternating between the two devices (each
-device still serves forward and generation cases on each engine), which keeps CI short;
-``OPTIMUM_IPU_FULL_ENGINE_MATRIX=1`` runs every case on both devices (the release check).
+By default (CI on two cores) each case runs once: the cases alternate between the two engines, and each
+engine's cases alternate between the two devices, so every class runs and each engine serves forward and
+generation cases on both devices. ``OPTIMUM_IPU_FULL_ENGINE_MATRIX=1`` runs every case on both devices
+of both engines (the release check).
 
 One fresh interpreter per engine (so the two run in parallel under xdist); each serves every model of
 both devices from one shared worker process.
@@ -22,14 +23,21 @@ from sdk_testing import call_log, sdk_environment
 from subprocess_env import python
 
 DEVICES = ("ipu", "ipu-model")
+ENGINES = ("popart", "poptorch")
 CASE_NAMES = [*FORWARD, *GENERATE]
 
 
 def _runs(engine: str) -> list[tuple[str, str, str]]:
-    """(device, engine, case) triples: the full product, or the cases alternating over the devices."""
+    """(device, engine, case) triples: the full product, or each case once, alternating engines and,
+    within an engine, devices."""
     if os.environ.get("OPTIMUM_IPU_FULL_ENGINE_MATRIX") == "1":
         return [(device, engine, name) for device in DEVICES for name in CASE_NAMES]
-    return [(DEVICES[index % len(DEVICES)], engine, name) for index, name in enumerate(CASE_NAMES)]
+    share = ENGINES.index(engine)
+    return [
+        (DEVICES[(index // len(ENGINES)) % len(DEVICES)], engine, name)
+        for index, name in enumerate(CASE_NAMES)
+        if index % len(ENGINES) == share
+    ]
 
 
 def _cases(zoo) -> dict:

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from model_zoo import session_zoo
@@ -205,3 +206,34 @@ def test_layers_per_ipu_that_does_not_match_ipus_per_replica_is_refused(bert, tm
     model_dir, onnx_dir = bert
     with pytest.raises(ProviderOptionError, match=r"layers_per_ipu=\[2, 2, 2\].*ipus_per_replica=4"):
         _session(onnx_dir, tmp_path, ipus_per_replica=4, layers_per_ipu="2,2,2")
+
+
+def test_a_batch_found_exact_is_never_filled_up_on_later_calls(tmp_path):
+    """A graph that mixes the samples of a batch (each row minus the batch mean) has its batch compiled
+    exactly after the first call; every later call of 3 samples must still return 3 rows, CPU's values."""
+    from onnx import TensorProto, helper
+
+    from optimum_ipu_backend.session import create_session
+
+    model = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("ReduceMean", ["x"], ["mean"], axes=[0], keepdims=1),
+                helper.make_node("Sub", ["x", "mean"], ["y"]),
+            ],
+            "mixes_samples",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch_size", 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch_size", 4])],
+        ),
+        opset_imports=[helper.make_opsetid("", 13)],
+    )
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    cpu = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = create_session(str(path), providers=["ipu"], provider_options={"device": "emulator"})
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.standard_normal((3, 4)).astype(np.float32)
+        (got,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(got, cpu.run(None, {"x": x})[0], atol=1e-6)
+    assert session.padding_verdicts()["batch_size"].startswith("exact sizes:")

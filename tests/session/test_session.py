@@ -242,3 +242,32 @@ def test_unsupported_graph_raises_or_falls_back_with_the_node_named(tmp_path):
         except Exception:
             pass  # onnxruntime may not know this made-up contrib op; the warning is what is checked
     assert any("FusedGelu" in str(w.message) and "Falling back" in str(w.message) for w in caught)
+
+
+def test_a_data_dependent_selection_that_is_not_top_k_experts_fails_at_creation(tmp_path):
+    """A NonZero over values computed from the inputs cannot be static; it is not the top-k experts
+    pattern that can be computed densely, so creating the session fails, naming the node and layer."""
+    model = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Greater", ["x", "zero"], ["positive"], name="/model/filter/Greater"),
+                helper.make_node("NonZero", ["positive"], ["where"], name="/model/filter/NonZero"),
+                helper.make_node("Transpose", ["where"], ["pairs"], name="/model/filter/Transpose"),
+            ],
+            "selection",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch_size", "sequence_length"])],
+            [helper.make_tensor_value_info("pairs", TensorProto.INT64, [None, 2])],
+            [helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])],
+        ),
+        opset_imports=[helper.make_opsetid("", 13)],
+    )
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    with pytest.raises(LegalizationError) as raised:
+        create_session(str(path), providers=["ipu"], provider_options={"device": "emulator"})
+    message = str(raised.value)
+    assert (
+        "NonZero node '/model/filter/NonZero' in layer '/model/filter' selects elements at run time"
+        in message
+    )
+    assert "not the top-k mixture-of-experts selection" in message

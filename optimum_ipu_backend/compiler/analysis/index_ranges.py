@@ -174,7 +174,7 @@ class _Graph:
 
     def __init__(self, model: onnx.ModelProto) -> None:
         # imported here: the per-call check imports this module for its result types at every session
-        # start, and op_table reads PopART's operator table when imported
+        # start, and the graph utilities are only needed when a graph is analysed
         from optimum_ipu_backend.compiler.graphs import iter_graphs
 
         self.model = model

@@ -3,8 +3,9 @@
 Poplar has no INT64 type. Every int64 graph input/output, initializer, Constant, ConstantOfShape value
 and ``Cast(to=INT64)`` becomes int32, in subgraphs too. Ops whose output ONNX defines as int64
 (Shape, ArgMax, TopK indices, ...) get a Cast to int32 right after them, so the value is narrowed where
-it is produced and every reader, wherever it sits, reads the int32 tensor. For ArgMax and ArgMin,
-PopART computes the output as INT32 anyway (``op_table.POPART_INT32_OUTPUTS``), and that Cast is free.
+it is produced and every reader, wherever it sits, reads the int32 tensor. For ArgMax, ArgMin and
+TopK's indices, PopART computes the output as INT32 anyway (``op_table.POPART_INT32_OUTPUTS``),
+and that Cast is free.
 
 One exception keeps the graph valid ONNX: operands that ONNX types as int64 only (Reshape/Expand
 shape, Tile repeats, Pad pads, RoiAlign batch indices, ..., see ``op_table.INT64_ONLY_OPERANDS``).

@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ...graphs import constant_node_value
+
 
 class EvaluationError(Exception):
     """A node could not be evaluated (an operator onnx's reference implementation lacks, bad inputs)."""
@@ -24,18 +26,10 @@ def attributes(node: onnx.NodeProto) -> dict[str, Any]:
 
 def constant_value(node: onnx.NodeProto) -> np.ndarray:
     """The value of a ``Constant`` node."""
-    for attr in node.attribute:
-        if attr.name == "value":
-            return numpy_helper.to_array(attr.t)
-        if attr.name == "value_float":
-            return np.array(attr.f, dtype=np.float32)
-        if attr.name == "value_floats":
-            return np.array(list(attr.floats), dtype=np.float32)
-        if attr.name == "value_int":
-            return np.array(attr.i, dtype=np.int64)
-        if attr.name == "value_ints":
-            return np.array(list(attr.ints), dtype=np.int64)
-    raise EvaluationError(f"Constant {node.name!r} has no supported value attribute")
+    value = constant_node_value(node)
+    if value is None:
+        raise EvaluationError(f"Constant {node.name!r} has no supported value attribute")
+    return value
 
 
 def _shape(node, inputs, attrs):

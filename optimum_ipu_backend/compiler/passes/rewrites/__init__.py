@@ -21,6 +21,7 @@ from .gather_scatter import GatherElementsRewrite, GatherNDRewrite, ScatterNDRew
 from .identity_castlike import CastLikeRewrite, IdentityRewrite
 from .integer_min_max import IntegerMinMaxRewrite
 from .layer_normalization import LayerNormalizationRewrite
+from .one_hot import OneHotRewrite
 from .pad import PadRewrite
 from .pow import PowRewrite
 from .range import RangeRewrite
@@ -53,6 +54,7 @@ REWRITES: tuple[Rewrite, ...] = (
     ScatterNDRewrite(),
     SizeRewrite(),
     XorRewrite(),
+    OneHotRewrite(),
     EinsumRewrite(),
 )
 
