@@ -242,11 +242,6 @@ def _sharding_defaults(config: IPURuntimeConfig) -> IPURuntimeConfig:
     )
 
 
-def read_ipu_config(path: str | Path) -> IPURuntimeConfig:
-    """The settings of one ``ipu_config.json`` on top of the defaults."""
-    return _apply_file(IPURuntimeConfig(), Path(path))
-
-
 def _apply_file(config: IPURuntimeConfig, path: Path) -> IPURuntimeConfig:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

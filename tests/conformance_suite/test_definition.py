@@ -33,9 +33,10 @@ def test_matrix_covers_every_zoo_architecture_and_every_ortmodel_class() -> None
     assert {entry.architecture for entry in matrix.entries} == set(MODEL_NAMES)
     classes = set(TASKS) | set(PATTERN_TASKS)
     assert {entry.ort_class for entry in matrix.entries} == classes
-    # --quick: exactly one small model per ORTModel class, never the 22M-parameter MiniLM.
+    # --quick: exactly one small model per ORTModel class of the main matrix, never the 22M-parameter
+    # MiniLM; the padding-pattern models (audio frames among them) run in the full run.
     quick = matrix.select(quick=True, names=None)
-    assert sorted(entry.ort_class for entry in quick) == sorted(classes)
+    assert sorted(entry.ort_class for entry in quick) == sorted(TASKS)
     assert all(entry.architecture != "minilm" for entry in quick)
     # Several lengths and batch sizes, and every batch of more than one row carries a padded row.
     assert len({(s.batch, s.sequence_length) for s in matrix.input_sets}) >= 3

@@ -14,7 +14,6 @@ from optimum_ipu_backend.runtime.ipu_config import (
     IPUConfigError,
     IPURuntimeConfig,
     load_runtime_config,
-    read_ipu_config,
 )
 
 # What optimum-graphcore's IPUConfig(...).to_json_file() writes for an inference set-up (its defaults plus
@@ -143,7 +142,7 @@ def test_an_unreadable_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(IPUConfigError, match="JSON"):
         load_runtime_config(tmp_path)
     with pytest.raises(IPUConfigError, match="does not exist"):
-        read_ipu_config(tmp_path / "missing.json")
+        load_runtime_config(config_path=tmp_path / "missing.json")
 
 
 @pytest.mark.parametrize("value", ["", "disabled", "DISABLED"])
