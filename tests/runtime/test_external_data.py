@@ -245,3 +245,22 @@ def test_only_the_exports_weights_go_to_the_data_file(tmp_path):
     assert (tmp_path / "g.onnx.data").stat().st_size == 128 * 128 * 4
     (y,) = ort.InferenceSession(str(tmp_path / "g.onnx"), providers=["CPUExecutionProvider"]).run(None, {})
     np.testing.assert_allclose(y, np.full((256, 128), 64.0, np.float32))
+
+
+def test_cache_commands_count_a_shared_weight_file_once(export, tmp_path, capsys):
+    import argparse
+
+    from optimum_ipu_backend.cli.cache import add_cache_parser
+    from optimum_ipu_backend.runtime.executable_cache import format_byte_size
+
+    session = _session(export, tmp_path)
+    session.run(None, sample_feed(1, 5))
+    session.run(None, sample_feed(1, 12))
+    parser = argparse.ArgumentParser()
+    add_cache_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["cache", "list", "--dir", str(tmp_path)])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    info = ExecutableCache(tmp_path).info()
+    assert info["total_bytes"] < sum(entry.size_bytes for entry in ExecutableCache(tmp_path).list())
+    assert f"2 entries, {format_byte_size(info['total_bytes'])}" in out
