@@ -189,7 +189,7 @@ def _print_entries(cache: ExecutableCache, entries: list[dict[str, Any]]) -> Non
             f"{'':<16}  shapes {_shapes(entry['shapes'])}; precision {entry['precision'] or '-'}; "
             f"engine {entry['engine'] or '-'}; device {entry['device'] or '-'}"
         )
-    total = sum(entry["size_bytes"] for entry in entries)
+    total = cache.info()["total_bytes"]  # a model's shared weight file counted once, not per entry
     print(f"{_entries(len(entries))}, {format_byte_size(total)} in {cache.root}")
 
 
@@ -222,4 +222,5 @@ def _print_info(info: dict[str, Any]) -> None:
     print(f"location:   {info['root']} (from {source})")
     print(f"entries:    {info['entries']}")
     print(f"total size: {format_byte_size(info['total_bytes'])}")
+    print(f"of which:   {format_byte_size(info['shared_bytes'])} in weight files shared by a model's shapes")
     print(f"size cap:   {format_byte_size(info['size_limit_bytes'])}")

@@ -32,15 +32,16 @@ from typing import Any
 
 import onnx
 
-from optimum_ipu_backend.cli.check_diagnostics import explain, save_model, write_repro
+from optimum_ipu_backend.cli.check_diagnostics import explain, write_repro
 from optimum_ipu_backend.cli.check_padding import DEFAULT_ATOL, PaddingCheck, verify_padding
 from optimum_ipu_backend.cli.check_sizes import GraphSizes, graph_sizes, resolve_input_shapes
 from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
 from optimum_ipu_backend.compiler.graph_rewrites.dense_experts import densify_experts
-from optimum_ipu_backend.compiler.memory import MemoryEstimate, estimate_memory
+from optimum_ipu_backend.compiler.memory import MemoryEstimate, estimate_memory, estimate_memory_per_ipu
 from optimum_ipu_backend.compiler.op_table import branch_inputs
 from optimum_ipu_backend.compiler.passes.base import PassReport
 from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
+from optimum_ipu_backend.compiler.passes.shard_over_ipus import Sharding
 from optimum_ipu_backend.compiler.pipeline import PRECISIONS, legalize
 
 
@@ -62,6 +63,8 @@ class FileResult:
     error: str | None = None
     failed_pass: str | None = None
     memory: MemoryEstimate | None = None
+    #: The estimate for each IPU of a replica sharded with --ipus N (N > 1).
+    memory_per_ipu: list[MemoryEstimate] = field(default_factory=list)
     saved_to: Path | None = None
     #: The legalization error, for --explain.
     legalization_error: LegalizationError | None = None
@@ -73,16 +76,7 @@ class FileResult:
         return self.error is None and not self.problems
 
     def as_json(self) -> dict[str, Any]:
-        memory = None
-        if self.memory is not None:
-            memory = {
-                "weights_bytes": self.memory.weights_bytes,
-                "peak_activation_bytes": self.memory.peak_activation_bytes,
-                "total_bytes": self.memory.total_bytes,
-                "ipu_memory_bytes": self.memory.ipu_memory_bytes,
-                "tiles_per_ipu": self.memory.tiles_per_ipu,
-                "ipus_needed": self.memory.ipus_needed,
-            }
+        memory = None if self.memory is None else _memory_json(self.memory)
         return {
             "file": str(self.path),
             "label": self.label or self.path.name,
@@ -117,8 +111,20 @@ class FileResult:
             "error": self.error,
             "graph_notes": self.notes,
             "memory": memory,
+            "memory_per_ipu": [_memory_json(estimate) for estimate in self.memory_per_ipu],
             "saved_to": str(self.saved_to) if self.saved_to else None,
         }
+
+
+def _memory_json(memory: MemoryEstimate) -> dict[str, int]:
+    return {
+        "weights_bytes": memory.weights_bytes,
+        "peak_activation_bytes": memory.peak_activation_bytes,
+        "total_bytes": memory.total_bytes,
+        "ipu_memory_bytes": memory.ipu_memory_bytes,
+        "tiles_per_ipu": memory.tiles_per_ipu,
+        "ipus_needed": memory.ipus_needed,
+    }
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -223,7 +229,9 @@ def export_checkpoint(checkpoint: Path, output: Path, task: str | None) -> Path:
 
 
 def _bound(path: Path, bindings: Mapping[str, bool] | None) -> tuple[onnx.ModelProto, str]:
-    model = onnx.load(path)
+    from optimum_ipu_backend.compiler.external_data import load_graph
+
+    model = load_graph(path)  # external weights stay in their files: legalization streams them
     label = path.name
     if bindings:
         model = bind_constant_inputs(model, {name: [value] for name, value in bindings.items()})
@@ -239,10 +247,12 @@ def check_file(
     save_dir: Path | None = None,
     progress: bool = False,
     bindings: Mapping[str, bool] | None = None,
+    sharding: Sharding | None = None,
 ) -> FileResult:
     """Legalize one graph and collect what each pass did, what is left, and the memory estimate.
 
-    ``bindings`` fixes boolean inputs (a merged decoder's ``use_cache_branch``) before legalizing.
+    ``bindings`` fixes boolean inputs (a merged decoder's ``use_cache_branch``) before legalizing;
+    ``sharding`` over several IPUs places every node and estimates each IPU's memory.
     """
     model, label = _bound(path, bindings)
     input_shapes = resolve_input_shapes(model, sizes.dims, shapes)
@@ -264,7 +274,13 @@ def check_file(
 
     try:
         legalized = legalize(
-            model, input_shapes, precision=precision, progress=show if progress else None, source=str(path)
+            model,
+            input_shapes,
+            precision=precision,
+            progress=show if progress else None,
+            source=str(path),
+            weights_dir=path.parent,
+            sharding=sharding,
         )
     except LegalizationError as error:
         result.reports = list(error.reports)
@@ -277,10 +293,18 @@ def check_file(
         return result
     result.reports = legalized.reports
     result.memory = _estimate_or_none(legalized.model)
+    if sharding is not None and sharding.ipus > 1:
+        try:
+            result.memory_per_ipu = estimate_memory_per_ipu(legalized.model)
+        except Exception:  # a courtesy, like the whole-graph estimate
+            result.memory_per_ipu = []
     if save_dir is not None:
         suffix = "".join(f".{name}_{str(value).lower()}" for name, value in (bindings or {}).items())
         result.saved_to = save_dir / f"{path.stem}{suffix}{path.suffix}"
-        save_model(legalized.model, result.saved_to)
+        from optimum_ipu_backend.compiler.external_data import save_graph
+
+        result.saved_to.parent.mkdir(parents=True, exist_ok=True)
+        save_graph(legalized.model, result.saved_to, legalized.weights_dir, legalized.weight_names)
     return result
 
 
@@ -330,6 +354,7 @@ def format_result(result: FileResult) -> str:
             f"of {_megabytes(memory.ipu_memory_bytes)} per IPU ({memory.tiles_per_ipu} tiles) "
             f"-> {memory.ipus_needed} IPU(s)"
         )
+    lines.extend(_per_ipu_lines(result.memory_per_ipu))
     lines.append(f"  PopART-ready: {'yes' if result.ready else 'no'}")
     if result.saved_to is not None:
         lines.append(f"  saved: {result.saved_to}")
@@ -339,6 +364,26 @@ def format_result(result: FileResult) -> str:
 # ------------------------------------------------------------------------------------------------------
 # The subcommand
 # ------------------------------------------------------------------------------------------------------
+
+
+def _per_ipu_lines(estimates: Sequence[MemoryEstimate]) -> list[str]:
+    """One line per IPU of a sharded replica, and for each IPU over its memory, what to change."""
+    lines = []
+    for ipu, memory in enumerate(estimates):
+        verdict = "fits" if memory.ipus_needed == 1 else "OVERFLOWS"
+        lines.append(
+            f"  IPU {ipu}: weights {_megabytes(memory.weights_bytes)} + peak activations "
+            f"{_megabytes(memory.peak_activation_bytes)} = {_megabytes(memory.total_bytes)} "
+            f"of {_megabytes(memory.ipu_memory_bytes)}: {verdict}"
+        )
+    over = [ipu for ipu, memory in enumerate(estimates) if memory.ipus_needed > 1]
+    if over:
+        lines.append(
+            f"  IPU(s) {', '.join(map(str, over))} overflow: move layers off them with layers_per_ipu, "
+            f"shard over more IPUs (--ipus {2 * len(estimates)}, ipus_per_replica), or use "
+            "--precision fp16 or smaller sizes"
+        )
+    return lines
 
 
 def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -375,6 +420,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="size of a symbolic dimension, e.g. sequence_length=128 or batch_size=4 (repeatable)",
     )
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument(
+        "--ipus",
+        type=int,
+        default=1,
+        metavar="N",
+        help="shard each graph over N IPUs (as ipus_per_replica=N) and report the memory of each IPU",
+    )
+    parser.add_argument(
+        "--layers-per-ipu",
+        metavar="COUNTS",
+        help="with --ipus: layers per IPU as in ipu_config.json, e.g. 2,-1 (default: balanced by memory)",
+    )
     parser.add_argument("--save", type=Path, metavar="DIR", help="write the legalized graph(s) into DIR")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     parser.add_argument(
@@ -432,10 +489,29 @@ def run_check(args: argparse.Namespace) -> int:
             shapes = dict(parse_shape(text) for text in args.shape)
             explicit_dims = dict(parse_dim(text) for text in args.dim)
             files, model_dir = _graphs_to_check(args, Path(scratch))
+            sharding = _sharding(args)
         except UsageError as error:
             print(f"optimum-ipu check: {error}", file=sys.stderr)
             return 2
-        return _check_all(args, files, model_dir, shapes, explicit_dims)
+        return _check_all(args, files, model_dir, shapes, explicit_dims, sharding)
+
+
+def _sharding(args: argparse.Namespace) -> Sharding | None:
+    if args.ipus < 1:
+        raise UsageError(f"--ipus expects a positive number of IPUs, not {args.ipus}")
+    layers = None
+    if args.layers_per_ipu is not None:
+        try:
+            layers = tuple(int(count) for count in args.layers_per_ipu.split(","))
+        except ValueError:
+            layers = ()
+        if not layers or any(count < -1 for count in layers):
+            raise UsageError(f"--layers-per-ipu expects counts such as 2,-1, not {args.layers_per_ipu!r}")
+    if args.ipus == 1:
+        if layers is not None:
+            raise UsageError("--layers-per-ipu needs --ipus N with N > 1")
+        return None
+    return Sharding(args.ipus, layers)
 
 
 def _check_all(
@@ -444,6 +520,7 @@ def _check_all(
     model_dir: Path,
     shapes: dict[str, list[int]],
     explicit_dims: dict[str, int],
+    sharding: Sharding | None = None,
 ) -> int:
     config = load_config(model_dir)
     progress = sys.stderr.isatty() and not args.json
@@ -463,7 +540,9 @@ def _check_all(
         # A merged decoder is static only once its branch is chosen: check each choice.
         for bindings in branch_bindings(skeleton):
             sizes = graph_sizes(skeleton, config, explicit_dims, bindings)
-            result = check_file(path, sizes, file_shapes, args.precision, args.save, progress, bindings)
+            result = check_file(
+                path, sizes, file_shapes, args.precision, args.save, progress, bindings, sharding
+            )
             results.append(result)
             if not args.json:
                 print(format_result(result), flush=True)

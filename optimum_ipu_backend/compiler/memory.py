@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import onnx
 
-from .graphs import element_bytes, iter_graphs, tensor_bytes
+from .graphs import element_bytes, iter_graphs, names_read, subgraphs_of, tensor_bytes
+from .passes.shard_over_ipus import VIRTUAL_GRAPH_ATTRIBUTE
 
 IPU_MEMORY_BYTES = 900_000_000  # in-processor memory of one Mk2/Bow IPU
 TILES_PER_IPU = 1472
@@ -43,8 +44,13 @@ def _constant_bytes(graph: onnx.GraphProto) -> int:
     return total
 
 
-def _peak_activations(graph: onnx.GraphProto, sizes: dict[str, int], constants: set[str]) -> int:
-    """Largest sum of live activations while the nodes run in graph order (a topological order)."""
+def _peak_activations(
+    graph: onnx.GraphProto, sizes: dict[str, int], constants: set[str], counted: set[str] | None = None
+) -> int:
+    """Largest sum of live activations while the nodes run in graph order (a topological order); only
+    the tensors in ``counted`` when given (those one IPU of a sharded graph holds)."""
+    if counted is not None:
+        sizes = {name: size for name, size in sizes.items() if name in counted}
     last_use: dict[str, int] = {}
     for index, node in enumerate(graph.node):
         for name in node.input:
@@ -62,7 +68,7 @@ def _peak_activations(graph: onnx.GraphProto, sizes: dict[str, int], constants: 
         for attr in node.attribute:
             branches = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
             for branch in branches:
-                subgraph_peak = max(subgraph_peak, _peak_activations(branch, sizes, constants))
+                subgraph_peak = max(subgraph_peak, _peak_activations(branch, sizes, constants, counted))
         for name in node.output:
             if name and name not in constants:
                 live[name] = sizes.get(name, 0)
@@ -73,12 +79,69 @@ def _peak_activations(graph: onnx.GraphProto, sizes: dict[str, int], constants: 
     return peak
 
 
+def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    if not any(graph.value_info for graph in iter_graphs(model.graph)):
+        model = onnx.shape_inference.infer_shapes(model)
+    return model
+
+
+def _ipu_of(node: onnx.NodeProto) -> int | None:
+    for attr in node.attribute:
+        if attr.name == VIRTUAL_GRAPH_ATTRIBUTE and attr.type == onnx.AttributeProto.INT:
+            return attr.i
+    return None
+
+
+def estimate_memory_per_ipu(
+    model: onnx.ModelProto, ipu_memory_bytes: int = IPU_MEMORY_BYTES, tiles_per_ipu: int = TILES_PER_IPU
+) -> list[MemoryEstimate]:
+    """``estimate_memory`` for each IPU of a graph sharded by the compiler (its nodes' ``__ipu_number``):
+    the weights its nodes read (a weight read on two IPUs counts on both) and the peak of the activations
+    its nodes produce or receive. A graph without placements is one IPU. ``ipus_needed`` above 1 says
+    that IPU overflows."""
+    model = _with_shapes(model)
+    graph = model.graph
+    placed = [(node, _ipu_of(node)) for node in graph.node]
+    if all(ipu is None for _, ipu in placed):
+        return [estimate_memory(model, ipu_memory_bytes, tiles_per_ipu)]
+    initializers = {init.name: tensor_bytes(init) for init in graph.initializer}
+    sizes = {vi.name: _value_bytes(vi) for vi in (*graph.input, *graph.value_info, *graph.output)}
+    estimates = []
+    for ipu in range(max(ipu or 0 for _, ipu in placed) + 1):
+        nodes = [node for node, node_ipu in placed if (node_ipu or 0) == ipu]
+        reads = {name for node in nodes for name in node.input if name} | {
+            name for node in nodes for sub in subgraphs_of(node) for name in names_read(sub)
+        }
+        weights = sum(size for name, size in initializers.items() if name in reads)
+        weights += sum(_constant_bytes(sub) for node in nodes for sub in subgraphs_of(node))
+        weights += sum(
+            tensor_bytes(attr.t)
+            for node in nodes
+            if node.op_type == "Constant"
+            for attr in node.attribute
+            if attr.type == onnx.AttributeProto.TENSOR
+        )
+        held = reads | {name for node in nodes for name in node.output}
+        peak = _peak_activations(graph, sizes, set(initializers), held)
+        total = weights + peak
+        estimates.append(
+            MemoryEstimate(
+                weights_bytes=weights,
+                peak_activation_bytes=peak,
+                total_bytes=total,
+                ipus_needed=max(1, math.ceil(total / ipu_memory_bytes)),
+                ipu_memory_bytes=ipu_memory_bytes,
+                tiles_per_ipu=tiles_per_ipu,
+            )
+        )
+    return estimates
+
+
 def estimate_memory(
     model: onnx.ModelProto, ipu_memory_bytes: int = IPU_MEMORY_BYTES, tiles_per_ipu: int = TILES_PER_IPU
 ) -> MemoryEstimate:
     """Weights (initializers and Constant values) plus the peak of live activations, against IPU memory."""
-    if not any(graph.value_info for graph in iter_graphs(model.graph)):
-        model = onnx.shape_inference.infer_shapes(model)
+    model = _with_shapes(model)
     weights = 0
     constants: set[str] = set()
     sizes: dict[str, int] = {}

@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import onnx
 
 from .errors import PATTERN_PASS_FAILURE, LegalizationError, UnsupportedNode
+from .external_data import is_external, read_weight
 from .graphs import WeightFreeCopy, count_ops, iter_graphs, names_read, weight_free_copy
 from .op_table import dtype_name
 from .passes.base import GraphPass, PassContext, PassReport
@@ -17,6 +19,7 @@ from .passes.fold_constants import FoldConstants
 from .passes.int64_to_int32 import Int64ToInt32, to_int32_values
 from .passes.lower_opset11 import LowerToOpset11
 from .passes.precision_fp16 import ToFloat16, to_float16_values
+from .passes.shard_over_ipus import Sharding, ShardOverIPUs
 from .passes.verify import VerifyPopartReady
 
 PRECISIONS = ("fp32", "fp16")
@@ -34,10 +37,15 @@ class LegalizedGraph:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     output_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     precision: str = "fp32"
+    #: The directory the model's external weight references are relative to (the export's), or None.
+    weights_dir: Path | None = None
+    #: The initializers that are the export's weights (in whatever type the passes gave them): what
+    #: ``external_data.save_graph`` puts in the data file, the same set for every shape.
+    weight_names: frozenset[str] = frozenset()
 
 
-def build_passes(precision: str) -> list[GraphPass]:
-    """The passes in the order they run for ``precision``."""
+def build_passes(precision: str, sharding: Sharding | None = None) -> list[GraphPass]:
+    """The passes in the order they run for ``precision`` (and ``sharding`` over several IPUs)."""
     passes: list[GraphPass] = [
         FixShapes(),
         FoldConstants(),
@@ -47,6 +55,8 @@ def build_passes(precision: str) -> list[GraphPass]:
     ]
     if precision == "fp16":
         passes.append(ToFloat16())
+    if sharding is not None and sharding.ipus > 1:
+        passes.append(ShardOverIPUs(sharding))
     passes.append(VerifyPopartReady())
     return passes
 
@@ -115,11 +125,13 @@ def _run_pass(
     return result
 
 
-def _converted_weight(tensor: onnx.TensorProto, elem_type: int) -> onnx.TensorProto:
-    """The weight in the type the passes gave its stand-in input (fp16 / int32 conversions)."""
+def _converted_weight(tensor: onnx.TensorProto, elem_type: int, weights_dir: Path | None) -> onnx.TensorProto:
+    """The weight in the type the passes gave its stand-in input (fp16 / int32 conversions). A weight
+    that keeps its type stays where it is (an external one is still a reference into the export's file);
+    a converted one is read (mapped, one at a time) and held converted in memory."""
     if elem_type == tensor.data_type:
         return tensor
-    values = onnx.numpy_helper.to_array(tensor)
+    values = read_weight(tensor, weights_dir) if is_external(tensor) else onnx.numpy_helper.to_array(tensor)
     if tensor.data_type == onnx.TensorProto.FLOAT and elem_type == onnx.TensorProto.FLOAT16:
         converted, _ = to_float16_values(values)
     elif tensor.data_type == onnx.TensorProto.INT64 and elem_type == onnx.TensorProto.INT32:
@@ -136,7 +148,9 @@ def _converted_weight(tensor: onnx.TensorProto, elem_type: int) -> onnx.TensorPr
     return onnx.numpy_helper.from_array(converted, tensor.name)
 
 
-def _attach_weights(light: onnx.ModelProto, detached: WeightFreeCopy) -> onnx.ModelProto:
+def _attach_weights(
+    light: onnx.ModelProto, detached: WeightFreeCopy, weights_dir: Path | None = None
+) -> onnx.ModelProto:
     """Put the weights back as initializers (in place) in the types the passes chose; drop unused ones."""
     if not detached.weights:
         return light
@@ -148,7 +162,9 @@ def _attach_weights(light: onnx.ModelProto, detached: WeightFreeCopy) -> onnx.Mo
     read = names_read(graph)
     for name, tensor in detached.weights.items():
         if name in read:
-            graph.initializer.append(_converted_weight(tensor, types.get(name, tensor.data_type)))
+            graph.initializer.append(
+                _converted_weight(tensor, types.get(name, tensor.data_type), weights_dir)
+            )
     return light
 
 
@@ -194,13 +210,19 @@ def legalize(
     precision: str = "fp32",
     progress: Callable[[str], None] | None = None,
     source: str | None = None,
+    weights_dir: str | Path | None = None,
+    sharding: Sharding | None = None,
 ) -> LegalizedGraph:
     """Return a PopART-ready copy of ``model`` at the given static input shapes.
 
     Raises LegalizationError (listing every offending node and what to do) when it cannot; each node
     names the exported node it came from, and the message names ``source`` (the ONNX file the model was
-    read from) when given. ``model`` itself is not modified.
+    read from) when given. ``model`` itself is not modified. ``weights_dir`` is the directory the model's
+    external weights are relative to (``compiler.external_data.load_graph`` leaves them in their files);
+    weights that keep their type stay references there, and ``LegalizedGraph.weights_dir`` carries it.
+    ``sharding`` over more than one IPU annotates every node with its IPU and pipeline stage.
     """
+    weights_dir = None if weights_dir is None else Path(weights_dir)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     ctx = PassContext(
@@ -210,7 +232,7 @@ def legalize(
     working = weights.model
     reports: list[PassReport] = []
     try:
-        for graph_pass in build_passes(precision):
+        for graph_pass in build_passes(precision, sharding):
             if progress is not None:
                 progress(graph_pass.name)
             working = _run_pass(graph_pass, working, ctx, reports)
@@ -218,11 +240,12 @@ def legalize(
         _name_origins(error, model, source)
         if error.model is not None:
             try:
-                error.model = _attach_weights(error.model, weights)
+                error.model = _attach_weights(error.model, weights, weights_dir)
             except LegalizationError:
                 pass  # keep the stand-ins: the error being raised says more than this one
         raise
-    working = _attach_weights(working, weights)
+    working = _attach_weights(working, weights, weights_dir)
+    attached = {init.name for init in working.graph.initializer} & set(weights.weights)
     initializer_names = {init.name for init in working.graph.initializer}
     input_types, shapes_in = _boundary([vi for vi in working.graph.input if vi.name not in initializer_names])
     output_types, shapes_out = _boundary(list(working.graph.output))
@@ -234,4 +257,6 @@ def legalize(
         input_shapes=shapes_in,
         output_shapes=shapes_out,
         precision=precision,
+        weights_dir=weights_dir,
+        weight_names=frozenset(attached),
     )

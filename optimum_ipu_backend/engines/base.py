@@ -91,6 +91,17 @@ class CompileOptions:
     compile_timeout: float | None = None
     # Engine settings that change the binary, passed through to the engine; part of every cache key.
     extra: dict[str, Any] = field(default_factory=dict)
+    # IPUs one replica is sharded over, and optimum-graphcore's layers per IPU (None: balanced by memory).
+    # The compiler annotates the graph (compiler.passes.shard_over_ipus); an engine on IPUs acquires
+    # ``replicas x ipus_per_replica`` IPUs and runs the annotated graph with manual virtual graphs, pipelined
+    # when there is more than one stage (``device_iterations`` then covers the stages).
+    ipus_per_replica: int = 1
+    layers_per_ipu: tuple[int, ...] | None = None
+
+    @property
+    def ipus(self) -> int:
+        """IPUs the executable runs on: replicas x IPUs per replica."""
+        return self.replicas * self.ipus_per_replica
 
     def binary_settings(self) -> dict[str, Any]:
         """Everything here that changes a compiled binary (threads, offline and timeouts do not; nor
@@ -102,6 +113,9 @@ class CompileOptions:
             "replicas": self.replicas,
             "extra": dict(sorted(self.extra.items())),
         }
+        if self.ipus_per_replica > 1:
+            layers = None if self.layers_per_ipu is None else list(self.layers_per_ipu)
+            settings["sharding"] = {"ipus_per_replica": self.ipus_per_replica, "layers_per_ipu": layers}
         if self.distributed is not None:
             settings["global_replicas"] = self.distributed.total
             settings["ipus_per_replica"] = self.distributed.ipus_per_replica
@@ -200,6 +214,8 @@ class Engine(_Closable, ABC):
     thread_safe: ClassVar[bool] = False
     # The pip extra that installs the engine's host-side dependencies, for error messages.
     pip_extra: ClassVar[str | None] = None
+    # True when the engine runs a graph sharded over several IPUs per replica (``ipus_per_replica``).
+    shards: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

@@ -107,6 +107,8 @@ class HostEmulatorEngine(Engine):
     emulated = True
     # onnxruntime sessions may be run from several threads at once.
     thread_safe = True
+    # It runs a sharded graph as it is: onnxruntime skips the ``__``-prefixed placement attributes.
+    shards = True
 
     @classmethod
     def probe(cls) -> Availability:

@@ -7,7 +7,10 @@ after ``import popart``, and follows the documented call order (graphcore-sdk-ap
    made every tensor int32;
 2. ``DataFlow(batches_per_step=device_iterations, {output: AnchorReturnType("All")})``;
 3. a new ``SessionOptions`` for every session (the default argument object is created at import and
-   picks up ``POPART_CACHE_DIR``): replication, ``partialsTypeMatMuls`` from the precision, and engine
+   picks up ``POPART_CACHE_DIR``): replication; for a graph the compiler sharded over several IPUs per
+   replica (``__ipu_number`` / ``__pipeline_stage`` on every node) ``virtualGraphMode = Manual`` and,
+   with more than one stage, ``enablePipelining`` (the runtime made ``batchesPerStep`` cover the
+   stages); ``partialsTypeMatMuls`` from the precision, and engine
    caching into the artifact directory of *our* cache entry. PopART's own cache key ignores initializer
    values, so a shared ``cachePath`` would serve a binary with old weights; each entry of ours is keyed
    by content that includes the weights and has its own ``cachePath``;
@@ -54,6 +57,7 @@ class PopARTEngine(WorkerEngine):
     priority = 20
     thread_safe = False
     sdk_module = "popart"
+    shards = True
     backend = "optimum_ipu_backend.engines.popart:PopARTBackend"
 
     @classmethod
@@ -84,13 +88,25 @@ class _Session:
     device_label: str
 
 
-def _io_names(graph: str) -> tuple[list[str], list[str]]:
+# The INT node attribute PopART reads a node's pipeline stage from (scale-out notes §2.1); the compiler's
+# shard_over_ipus pass writes it with the virtual graph (``__ipu_number``).
+PIPELINE_STAGE_ATTRIBUTE = "__pipeline_stage"
+
+
+def _graph_facts(graph: str) -> tuple[list[str], list[str], int]:
+    """The graph's inputs, outputs and number of pipeline stages (0: not sharded)."""
     import onnx  # after popart, in the worker: allowed
 
     model = onnx.load(graph, load_external_data=False)
     initializers = {tensor.name for tensor in model.graph.initializer}
     inputs = [value.name for value in model.graph.input if value.name not in initializers]
-    return inputs, [value.name for value in model.graph.output]
+    stages = {
+        attribute.i
+        for node in model.graph.node
+        for attribute in node.attribute
+        if attribute.name == PIPELINE_STAGE_ATTRIBUTE
+    }
+    return inputs, [value.name for value in model.graph.output], len(stages)
 
 
 class PopARTBackend:
@@ -130,9 +146,20 @@ class PopARTBackend:
     def close_device(self, device: Any) -> None:
         device.detach()
 
-    def _session_options(self, options: dict, artifacts: str | None, hardware: bool) -> Any:
+    def _session_options(self, options: dict, artifacts: str | None, hardware: bool, stages: int) -> Any:
         popart = self.popart
         session_options = popart.SessionOptions()  # new every time, never the default argument object
+        if int(options.get("ipus_per_replica", 1)) > 1:
+            # Every node carries its IPU (``__ipu_number``) and stage: manual virtual graphs, pipelined when
+            # there is more than one stage; inference needs batchesPerStep >= stages (scale-out §2.2).
+            session_options.virtualGraphMode = popart.VirtualGraphMode.Manual
+            if stages > 1:
+                if options["device_iterations"] < stages:
+                    raise ValueError(
+                        f"a pipeline of {stages} stages needs device_iterations >= {stages}, "
+                        f"got {options['device_iterations']}"
+                    )
+                session_options.enablePipelining = True
         replicas = options["replicas"]
         if replicas > 1:
             session_options.enableReplicatedGraphs = True
@@ -158,7 +185,7 @@ class PopARTBackend:
         self, graph: str, artifacts: str | None, options: dict, device: Any, device_name: str, offline: bool
     ) -> _Session:
         popart = self.popart
-        input_names, output_names = _io_names(graph)
+        input_names, output_names, stages = _graph_facts(graph)
         here = os.getcwd()
         os.chdir(os.path.dirname(os.path.abspath(graph)))  # external data is found from the CWD (§1.2)
         try:
@@ -172,7 +199,9 @@ class PopARTBackend:
                 fnModel=transformer.getModelProto(),
                 dataFlow=data_flow,
                 deviceInfo=device,
-                userOptions=self._session_options(options, artifacts, offline or device_name == "ipu"),
+                userOptions=self._session_options(
+                    options, artifacts, offline or device_name == "ipu", stages
+                ),
             )
         finally:
             os.chdir(here)

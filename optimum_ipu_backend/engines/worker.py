@@ -380,7 +380,7 @@ class RemoteExecutable(Executable):
     @property
     def _ipus(self) -> int:
         options = self._request["options"]
-        return int(options.get("replicas", 1))
+        return int(options.get("replicas", 1)) * int(options.get("ipus_per_replica", 1))
 
     def close(self) -> None:
         """Release the executable (and its IPUs, when it was their last) in the worker now."""

@@ -124,7 +124,9 @@ class Server:
         self, graph: str, artifacts: str | None, device: str, offline: bool, ipu_version: str, options: dict
     ) -> dict[str, Any]:
         distributed = options.get("distributed") or {}
-        ipus = options["replicas"] * int(distributed.get("ipus_per_replica", 1))
+        per_replica = int(options.get("ipus_per_replica", 1)) * int(distributed.get("ipus_per_replica", 1))
+        ipus = options["replicas"] * per_replica
+        ipus = 1 << (ipus - 1).bit_length()  # IPUs are acquired in powers of two (3 per replica take 4)
         try:
             slot = self._slot_for(device, ipus, offline, ipu_version, options)
         except Exception as exc:

@@ -18,6 +18,16 @@ Guarantees:
 * Bounded size: after each build the least-recently-used entries beyond the size cap are evicted
   (``get`` refreshes an entry's use time).
 * Nothing is ever pickled: manifests are JSON and payloads are opaque bytes.
+* Shared payloads stored once: the file a build names as ``shared`` (a model's weights, the same for
+  every compiled shape) goes to a group directory ``<root>/blobs/<sum[:2]>/<sum>/`` named by its
+  XXH3-128 checksum, and the files named ``beside_shared`` (the graph that points into it by a relative
+  name) go into the same directory as ``<key>.<name>``, so every shape's graph finds the one weight file
+  beside it, with no links (ONNX refuses hard-linked external data). The entry's manifest records where
+  each such file is, and every read verifies them like any other payload: a corrupt weight file fails
+  every entry that uses it, is removed with the first, and is rebuilt; an existing weight file is checked
+  again before a new entry joins its group, and replaced when corrupt. A group directory goes only when
+  no entry's manifest names it (pruning never breaks a live entry; a build holds the group's lock until
+  its entry is committed). Sizes count each weight file once.
 
 The root is, in order of precedence: the ``root`` argument (the ``executable_cache_dir`` setting), the
 ``OPTIMUM_IPU_CACHE`` environment variable, ``platformdirs.user_cache_dir("optimum-ipu-backend")``.
@@ -53,12 +63,14 @@ DEFAULT_SIZE_LIMIT_BYTES = 20 * 1024**3
 CACHE_FORMAT_VERSION = 2  # 2: payload checksums are XXH3-128 (1 used sha256)
 CHECKSUM = "xxh3_128"
 MANIFEST_NAME = "manifest.json"
+BLOBS_DIR = "blobs"
 # Touched on every use; its mtime orders entries for LRU eviction (atime is unreliable under relatime).
 LAST_USED_NAME = ".last_used"
 # Temporary build directories older than this belong to a dead process and may be swept.
 STALE_BUILD_SECONDS = 24 * 3600
 
 _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_BLOB_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 _HASH_CHUNK = 1 << 20
 
 
@@ -220,15 +232,18 @@ class CacheEntry:
 
     @property
     def files(self) -> dict[str, Path]:
-        return {name: self.path / PurePosixPath(name) for name in self.manifest["files"]}
+        return {name: self.file(name) for name in self.manifest["files"]}
 
     def file(self, name: str) -> Path:
-        """Path of payload file ``name``; ``KeyError`` naming the files the entry has."""
-        if name not in self.manifest["files"]:
+        """Path of payload file ``name`` (in the entry, or in a shared group directory); ``KeyError``
+        naming the files the entry has."""
+        item = self.manifest["files"].get(name)
+        if item is None:
             raise KeyError(
                 f"cache entry {self.key} has no file {name!r}; it has {sorted(self.manifest['files'])}"
             )
-        return self.path / PurePosixPath(name)
+        at = item.get("at")
+        return self.path.parent.parent / PurePosixPath(at) if at else self.path / PurePosixPath(name)
 
     def read_bytes(self, name: str) -> bytes:
         return self.file(name).read_bytes()
@@ -258,12 +273,17 @@ class CacheEntryInfo:
     engine: str | None
     meta: dict[str, Any] = field(default_factory=dict)
     readable: bool = True
+    #: The part of ``size_bytes`` in blobs other entries may share (counted once in the cache's total).
+    shared_bytes: int = 0
+    #: The checksums (blob names) of the shared files the entry links.
+    blobs: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "key": self.key,
             "path": str(self.path),
             "size_bytes": self.size_bytes,
+            "shared_bytes": self.shared_bytes,
             "created": self.created,
             "last_used": self.last_used,
             "engine": self.engine,
@@ -350,6 +370,8 @@ class ExecutableCache:
             return CacheEntry(digest, path, manifest)  # type: ignore[arg-type]
         if remove_corrupt:
             _logger.warning("cache entry %s is corrupt (%s); removing it so it is rebuilt", path, problem)
+            self._drop_corrupt_shared(_read_manifest(path)[0])
+            self._remove_entry_files(path)
             self._remove_dir(path)
         return None
 
@@ -360,13 +382,17 @@ class ExecutableCache:
         key: CacheKey | str,
         build: Callable[[Path], None],
         meta: Mapping[str, Any] | None = None,
+        shared: str | None = None,
+        beside_shared: Sequence[str] = (),
     ) -> CacheEntry:
         """The entry for ``key``, building it with ``build(directory)`` if it is missing or corrupt.
 
         ``build`` writes the payload files into the (empty, temporary) directory it is given. Exactly one
         process builds a given key at a time; the others wait and then read its result. If ``build``
         raises, nothing is stored and the exception propagates. ``meta`` (JSON data) is stored in the
-        manifest. After a build, least-recently-used entries beyond the size cap are evicted.
+        manifest. ``shared`` names a payload file to store once per content, and ``beside_shared`` the
+        files that must sit in the same directory as it (see the module doc). After a build,
+        least-recently-used entries beyond the size cap are evicted.
         """
         digest = _digest(key)
         meta_json = json.loads(canonical_json(dict(meta or {})))  # reject non-JSON metadata before building
@@ -384,16 +410,23 @@ class ExecutableCache:
             entry = self._verified(digest, remove_corrupt=True)
             if entry is not None:
                 return entry
-            entry = self._build(digest, key, build, meta_json)
+            entry = self._build(digest, key, build, meta_json, shared, tuple(beside_shared))
         finally:
             lock.release()
         self._evict(self.size_limit_bytes, keep=digest)
         return entry
 
     def _build(
-        self, digest: str, key: CacheKey | str, build: Callable[[Path], None], meta: dict[str, Any]
+        self,
+        digest: str,
+        key: CacheKey | str,
+        build: Callable[[Path], None],
+        meta: dict[str, Any],
+        shared: str | None = None,
+        beside_shared: tuple[str, ...] = (),
     ) -> CacheEntry:
         staging = Path(tempfile.mkdtemp(prefix=f"{digest[:16]}-", dir=self._tmp_dir()))
+        group_lock = contextlib.ExitStack()  # held from placing shared files until the entry is committed
         try:
             started = time.perf_counter()
             build(staging)
@@ -402,6 +435,9 @@ class ExecutableCache:
                 name = path.relative_to(staging).as_posix()
                 _fsync_file(path)
                 files[name] = {"size": path.stat().st_size, CHECKSUM: checksum_file(path)}
+            if shared is not None and shared in files:
+                group_lock.enter_context(self._lock(f"blob-{files[shared][CHECKSUM]}"))
+                self._place_in_group(staging, digest, files, shared, beside_shared)
             if not files:
                 raise CacheError(f"the build of cache entry {digest} wrote no files")
             key_inputs = key.inputs if isinstance(key, CacheKey) else None
@@ -431,11 +467,95 @@ class ExecutableCache:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        finally:
+            group_lock.close()
         _touch(final / LAST_USED_NAME)
         _logger.info(
             "stored cache entry %s (%s)", final, format_byte_size(sum(f["size"] for f in files.values()))
         )
         return CacheEntry(digest, final, manifest, created_now=True)
+
+    # -- shared payloads (group directories) ---------------------------------------------------------------
+
+    def blob_path(self, checksum: str) -> Path:
+        """The group directory of the shared file whose checksum is ``checksum``."""
+        return self.root / BLOBS_DIR / checksum[:2] / checksum
+
+    def _place_in_group(
+        self, staging: Path, digest: str, files: dict[str, Any], shared: str, beside: Sequence[str]
+    ) -> None:
+        """Move the staged shared file into its group (unless a verified copy is there already) and the
+        files that belong beside it; record where each went (``at``, relative to the root)."""
+        item = files[shared]
+        checksum = item[CHECKSUM]
+        group = self.blob_path(checksum)
+        group.mkdir(parents=True, exist_ok=True)
+        target = group / PurePosixPath(shared).name
+        staged = staging / PurePosixPath(shared)
+        if _size_or_zero(target) == item["size"] and checksum_file(target) == checksum:
+            staged.unlink()
+        else:
+            if target.exists():
+                _logger.warning("shared cache file %s is corrupt; replacing it", target)
+            os.replace(staged, target)
+        item.update(shared=checksum, at=target.relative_to(self.root).as_posix())
+        for name in beside:
+            if name in files:
+                companion = group / f"{digest}.{PurePosixPath(name).name}"
+                os.replace(staging / PurePosixPath(name), companion)
+                files[name]["at"] = companion.relative_to(self.root).as_posix()
+        _fsync_dir(group)
+
+    def _groups(self) -> Iterator[Path]:
+        directory = self.root / BLOBS_DIR
+        if not directory.is_dir():
+            return
+        for shard in sorted(directory.iterdir()):
+            if shard.is_dir():
+                yield from (path for path in sorted(shard.iterdir()) if _BLOB_PATTERN.match(path.name))
+
+    def _drop_unreferenced_groups(self) -> None:
+        """Remove group directories no entry's manifest names, and files in them whose entry is gone (a
+        build that failed after placing them). Groups a build holds are skipped."""
+        entries = self.list()
+        referenced = {blob for entry in entries for blob in entry.blobs}
+        keys = {entry.key for entry in entries}
+        for group in self._groups():
+            lock = self._lock(f"blob-{group.name}")
+            try:
+                lock.acquire(timeout=0)
+            except _lock_timeout():
+                continue
+            try:
+                if group.name not in referenced:
+                    self._remove_dir(group)
+                    continue
+                for path in group.iterdir():
+                    owner = path.name.split(".", 1)[0]
+                    orphan = _KEY_PATTERN.match(owner) and owner not in keys
+                    if orphan and not self.entry_path(owner).exists():
+                        path.unlink(missing_ok=True)
+            finally:
+                lock.release()
+
+    def _drop_corrupt_shared(self, manifest: dict[str, Any] | None) -> None:
+        """An entry is being removed as corrupt: drop the shared files it uses that fail their checksum,
+        so no other entry is served from them and the next build stores them again."""
+        for item in ((manifest or {}).get("files") or {}).values():
+            if not (isinstance(item, dict) and item.get("shared") and isinstance(item.get("at"), str)):
+                continue
+            path = _located(self.root, item["at"])
+            if path is not None and path.is_file() and checksum_file(path) != item.get(CHECKSUM):
+                path.unlink(missing_ok=True)
+
+    def _remove_entry_files(self, path: Path) -> None:
+        """Remove an entry's files that live in a group directory (its graph beside the shared weights)."""
+        manifest, _ = _read_manifest(path)
+        for item in ((manifest or {}).get("files") or {}).values():
+            if isinstance(item, dict) and isinstance(item.get("at"), str) and not item.get("shared"):
+                located = _located(self.root, item["at"])
+                if located is not None and located.name.startswith(f"{path.name}."):
+                    located.unlink(missing_ok=True)
 
     # -- maintenance ---------------------------------------------------------------------------------------
 
@@ -446,8 +566,10 @@ class ExecutableCache:
             manifest, _ = _read_manifest(path)
             last_used = _mtime(path / LAST_USED_NAME) or _mtime(path / MANIFEST_NAME) or _mtime(path) or 0.0
             if manifest is not None and isinstance(manifest.get("files"), dict):
-                size = sum(int(item.get("size", 0)) for item in manifest["files"].values())
+                items = [item for item in manifest["files"].values() if isinstance(item, dict)]
+                size = sum(int(item.get("size", 0)) for item in items)
                 size += _size_or_zero(path / MANIFEST_NAME)
+                shared = [item for item in items if isinstance(item.get("shared"), str)]
                 infos.append(
                     CacheEntryInfo(
                         key=path.name,
@@ -457,6 +579,8 @@ class ExecutableCache:
                         last_used=last_used,
                         engine=manifest.get("engine"),
                         meta=dict(manifest.get("meta") or {}),
+                        shared_bytes=sum(int(item.get("size", 0)) for item in shared),
+                        blobs=tuple(item["shared"] for item in shared),
                     )
                 )
             else:
@@ -469,14 +593,16 @@ class ExecutableCache:
         return infos
 
     def info(self) -> dict[str, Any]:
-        """Location, entry count, total size and cap."""
+        """Location, entry count, total size (shared blobs counted once) and cap."""
         entries = self.list()
+        shared = sum(_shared_sizes(entries).values())
         return {
             "root": str(self.root),
             "root_source": self.root_source,
             "environment_variable": CACHE_ENV,
             "entries": len(entries),
-            "total_bytes": sum(entry.size_bytes for entry in entries),
+            "total_bytes": _total_bytes(entries, shared),
+            "shared_bytes": shared,
             "size_limit_bytes": self.size_limit_bytes,
         }
 
@@ -492,6 +618,7 @@ class ExecutableCache:
         """Remove every entry (skipping any another process is building) and stale temporary directories;
         returns the number of entries removed."""
         removed = sum(self._remove_if_unlocked(path.name) for path in self._entry_dirs())
+        self._drop_unreferenced_groups()
         self._sweep_stale_builds()
         return removed
 
@@ -503,7 +630,12 @@ class ExecutableCache:
 
     def _evict(self, max_bytes: int, keep: str | None = None) -> list[str]:
         entries = self.list()
-        total = sum(entry.size_bytes for entry in entries)
+        blob_sizes = _shared_sizes(entries)
+        total = _total_bytes(entries, sum(blob_sizes.values()))
+        users: dict[str, int] = {}
+        for entry in entries:
+            for blob in entry.blobs:
+                users[blob] = users.get(blob, 0) + 1
         evicted = []
         for entry in reversed(entries):  # least recently used first
             if total <= max_bytes:
@@ -511,9 +643,14 @@ class ExecutableCache:
             if entry.key == keep:
                 continue
             if self._remove_if_unlocked(entry.key):
-                total -= entry.size_bytes
+                total -= entry.size_bytes - entry.shared_bytes
+                for blob in entry.blobs:  # the last entry that used a shared file frees it
+                    users[blob] -= 1
+                    if users[blob] == 0 and blob in blob_sizes:
+                        total -= blob_sizes.pop(blob)
                 evicted.append(entry.key)
                 _logger.info("evicted cache entry %s (%s)", entry.key, format_byte_size(entry.size_bytes))
+        self._drop_unreferenced_groups()
         if total > max_bytes:
             _logger.warning(
                 "the executable cache at %s holds %s, above its cap of %s, after evicting what it could",
@@ -533,6 +670,7 @@ class ExecutableCache:
             path = self.root / digest[:2] / digest
             if not path.exists():
                 return False
+            self._remove_entry_files(path)
             self._remove_dir(path)
             return True
         finally:
@@ -572,6 +710,28 @@ class ExecutableCache:
 # ----------------------------------------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------------------------------------
+
+
+def _shared_sizes(entries: Sequence[CacheEntryInfo]) -> dict[str, int]:
+    """The size of each shared file the entries use, once per file."""
+    sizes: dict[str, int] = {}
+    for entry in entries:
+        for blob in entry.blobs:
+            sizes[blob] = entry.shared_bytes // max(1, len(entry.blobs))
+    return sizes
+
+
+def _located(root: Path, at: str) -> Path | None:
+    """The file a manifest's ``at`` names, or None when it is not a path inside the group directories."""
+    relative = PurePosixPath(at)
+    if relative.is_absolute() or ".." in relative.parts or relative.parts[:1] != (BLOBS_DIR,):
+        return None
+    return root / relative
+
+
+def _total_bytes(entries: Sequence[CacheEntryInfo], blob_bytes: int) -> int:
+    """What the cache holds on disk: each entry's own files, and each shared blob once."""
+    return sum(entry.size_bytes - entry.shared_bytes for entry in entries) + blob_bytes
 
 
 def _digest(key: CacheKey | str) -> str:
@@ -614,6 +774,11 @@ def _check_entry(path: Path, digest: str) -> tuple[dict[str, Any] | None, str | 
         if relative.is_absolute() or ".." in relative.parts or not isinstance(expected, dict):
             return None, f"manifest.json lists an invalid file {name!r}"
         file_path = path / relative
+        if "at" in expected:  # a file in a shared group directory
+            located = _located(path.parent.parent, str(expected["at"]))
+            if located is None:
+                return None, f"manifest.json places {name!r} outside the shared directories"
+            file_path = located
         try:
             size = file_path.stat().st_size
             if size != expected.get("size"):

@@ -5,11 +5,14 @@ cache (a new process reuses what an earlier one compiled); on a miss it legalize
 shape, compiles it on the engine and stores both. Concurrent first calls of one signature compile
 once: a per-key lock in this process, and the cache's file lock across processes.
 
-Graphs go to engines as files (``legalized.onnx`` in the cache entry, weights in an external-data file
-beside it when they are large), never as one serialized buffer: protobuf cannot serialize more than
-2 GiB, and a copy would double the memory. An engine writes its own artifacts (PopART's ``.popef``)
-into the entry's ``artifacts/`` directory while it compiles, so they fall under the cache's integrity
-checks. Calls into an engine that does not declare itself thread-safe are serialized here.
+Graphs go to engines as files (``legalized.onnx`` in the cache entry, its weights in the data file
+``legalized.onnx.data`` beside it, written by ``compiler.external_data.save_graph`` straight from the
+export's files), never as one serialized buffer: protobuf cannot serialize more than 2 GiB, and a copy
+would double the memory. The data file is the same for every shape of one export and precision, so the
+cache stores it once, with every shape's graph beside it (``ExecutableCache.get_or_create(shared=...)``).
+An engine writes its own artifacts (PopART's ``.popef``) into the entry's ``artifacts/`` directory
+while it compiles, so they fall under the cache's integrity checks. Calls into an engine that does not
+declare itself thread-safe are serialized here.
 """
 
 from __future__ import annotations
@@ -36,9 +39,8 @@ from optimum_ipu_backend.runtime.progress import step_progress
 _logger = logging.getLogger(__name__)
 
 LEGALIZED_GRAPH_FILE = "legalized.onnx"
+LEGALIZED_DATA_FILE = f"{LEGALIZED_GRAPH_FILE}.data"
 ARTIFACTS_DIR = "artifacts"
-# Graphs whose initializers exceed this keep their weights in one external-data file beside them.
-EXTERNAL_DATA_BYTES = 1 << 30
 ShapeKey = tuple[tuple[str, object], ...]
 
 
@@ -97,17 +99,36 @@ class ExecutableTable:
             return _copy_graph(earlier, directory / LEGALIZED_GRAPH_FILE)
         # The compiler is imported on the first cache miss, keeping it off warm loads.
         from optimum_ipu_backend.compiler import build_passes, legalize
+        from optimum_ipu_backend.compiler.external_data import save_graph
         from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
 
         model = self._load_model()
         if branches:
             model = bind_constant_inputs(model, branches)
-        passes = len(build_passes(self._options.precision))
+        sharding = self._sharding()
+        passes = len(build_passes(self._options.precision, sharding))
         with step_progress(f"legalizing for {shapes}", passes, self._progress) as advance:
-            legalized = legalize(model, shapes, precision=self._options.precision, progress=advance)
-        path = save_graph(legalized.model, directory / LEGALIZED_GRAPH_FILE)
+            legalized = legalize(
+                model,
+                shapes,
+                precision=self._options.precision,
+                progress=advance,
+                weights_dir=None if self._model_path is None else self._model_path.parent,
+                sharding=sharding,
+            )
+        path = save_graph(
+            legalized.model, directory / LEGALIZED_GRAPH_FILE, legalized.weights_dir, legalized.weight_names
+        )
         _legalized_files[key] = path
         return path
+
+    def _sharding(self):
+        """The compiler's sharding for the options, None on one IPU per replica."""
+        if self._options.ipus_per_replica == 1:
+            return None
+        from optimum_ipu_backend.compiler.passes.shard_over_ipus import Sharding
+
+        return Sharding(self._options.ipus_per_replica, self._options.layers_per_ipu)
 
     def _legalized_key(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> tuple:
         return (
@@ -115,6 +136,8 @@ class ExecutableTable:
             tuple(sorted(shapes.items())),
             tuple(sorted(branches.items())),
             self._options.precision,
+            self._options.ipus_per_replica,
+            self._options.layers_per_ipu,
         )
 
     def _cache_key(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> CacheKey:
@@ -165,7 +188,13 @@ class ExecutableTable:
                 built["executable"] = self._engine.compile(graph, self._options, artifacts)
 
             key = self._cache_key(shapes, branches)
-            entry = self._cache.get_or_create(key, build, meta=self._manifest_meta(shapes, branches))
+            entry = self._cache.get_or_create(
+                key,
+                build,
+                meta=self._manifest_meta(shapes, branches),
+                shared=LEGALIZED_DATA_FILE,
+                beside_shared=(LEGALIZED_GRAPH_FILE,),
+            )
             graph, artifacts = entry.file(LEGALIZED_GRAPH_FILE), entry.path / ARTIFACTS_DIR
             _legalized_files[self._legalized_key(shapes, branches)] = graph
             if "executable" in built:
@@ -268,34 +297,18 @@ _legalized_files: dict[tuple, Path] = {}
 
 
 def _copy_graph(source: Path, target: Path) -> Path:
+    """A copy of a legalized graph this process wrote, with its data file (copied, never hard-linked:
+    ONNX refuses external data with several links; the cache keeps one copy of it anyway)."""
     shutil.copyfile(source, target)
-    data = source.with_name(f"{source.name}.data")
+    data = source.parent / LEGALIZED_DATA_FILE
     if data.is_file():
-        shutil.copyfile(data, target.with_name(f"{target.name}.data"))
+        shutil.copyfile(data, target.parent / LEGALIZED_DATA_FILE)
     return target
 
 
 def _remove_scratch(directories: list[Path]) -> None:
     for directory in directories:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def save_graph(model: onnx.ModelProto, path: Path) -> Path:
-    """Write ``model`` to ``path``; weights above ``EXTERNAL_DATA_BYTES`` go to one file beside it, so
-    graphs of any size are written (protobuf serializes at most 2 GiB) without a second copy in memory."""
-    weights = sum(len(tensor.raw_data) for tensor in model.graph.initializer)
-    if weights > EXTERNAL_DATA_BYTES:
-        onnx.save_model(
-            model,
-            str(path),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=f"{path.name}.data",
-            size_threshold=1024,
-        )
-    else:
-        onnx.save_model(model, str(path))
-    return path
 
 
 def _shape_key(shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> ShapeKey:

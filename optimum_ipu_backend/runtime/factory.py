@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from optimum_ipu_backend.engines.base import CompileOptions, Engine
+from optimum_ipu_backend.errors import ConfigurationError
 from optimum_ipu_backend.runtime.buckets import BucketPlan, model_limit
 from optimum_ipu_backend.runtime.dim_expressions import parse_dim
 from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
@@ -46,6 +47,31 @@ def dynamic_dims(input_shapes: Mapping[str, Any]) -> list[str]:
     return dims
 
 
+def pipeline_device_iterations(runtime: IPURuntimeConfig, engine: Engine) -> int:
+    """``device_iterations``, raised to fill the pipeline of a model sharded over several IPUs.
+
+    A pipeline of N stages (at most one per IPU of a replica) runs only with at least N batches per step
+    (PopART refuses fewer), so a sharded model's steps take ``max(device_iterations, ipus_per_replica)``
+    micro-batches; the runtime pads a short last step as it does for any step.
+    """
+    if runtime.ipus_per_replica == 1:
+        return runtime.device_iterations
+    if not engine.shards:
+        raise ConfigurationError(
+            f"ipus_per_replica={runtime.ipus_per_replica} "
+            f"({runtime.sources.get('ipus_per_replica', 'set')}): the {engine.name} engine runs each replica "
+            "on one IPU; use engine='popart' to shard a model over several IPUs, or set ipus_per_replica to 1"
+        )
+    if runtime.device_iterations < runtime.ipus_per_replica:
+        _logger.info(
+            "device_iterations raised from %d to %d to fill the %d-IPU pipeline",
+            runtime.device_iterations,
+            runtime.ipus_per_replica,
+            runtime.ipus_per_replica,
+        )
+    return max(runtime.device_iterations, runtime.ipus_per_replica)
+
+
 def build_runner(
     source: GraphSource,
     cache: ExecutableCache | None,
@@ -70,12 +96,15 @@ def build_runner(
         sizes_per_dimension=runtime.sizes_per_dimension,
         step_dims=generation_step_dims(input_shapes),
     )
+    device_iterations = pipeline_device_iterations(runtime, engine)
     options = CompileOptions(
         device=device,
         precision=precision,
         threads=threads,
-        device_iterations=runtime.device_iterations,
+        device_iterations=device_iterations,
         replicas=runtime.replication_factor,
+        ipus_per_replica=runtime.ipus_per_replica,
+        layers_per_ipu=runtime.layers_per_ipu,
         **(compile_settings or {}),  # the session's engine settings (offline, timeout, PopDist share)
     )
     table = ExecutableTable(
@@ -105,7 +134,7 @@ def build_runner(
         plan=plan,
         fills=fills,
         max_position_id=_max_position_id(config),
-        device_iterations=runtime.device_iterations,
+        device_iterations=device_iterations,
         replicas=runtime.replication_factor,
         left_padded_dims=left_padded,
         generated_masks=generated,

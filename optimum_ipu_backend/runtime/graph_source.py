@@ -154,14 +154,10 @@ def _file_digest(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def _external_files(path: Path, model: onnx.ModelProto) -> list[Path]:
-    locations = {
-        entry.value
-        for tensor in model.graph.initializer
-        for entry in tensor.external_data
-        if entry.key == "location"
-    }
-    return [path, *(path.parent / location for location in sorted(locations))]
+def _external_files(path: Path, data_files: list[str]) -> list[Path]:
+    """The model file and every external data file it points to: all of them key the cache, so changing
+    only the weights never serves an entry built from the old ones."""
+    return [path, *(path.parent / location for location in data_files)]
 
 
 class GraphSource:
@@ -176,6 +172,7 @@ class GraphSource:
         self._cache_root = cache_root
         self._model: onnx.ModelProto | None = None
         self._served: onnx.ModelProto | None = None
+        self._data_files: list[str] = []  # the external data files the model file points to
         self._lock = threading.Lock()
         self.description = self._load_description()
 
@@ -184,11 +181,14 @@ class GraphSource:
     def model(self) -> onnx.ModelProto:
         with self._lock:
             if self._model is None:
-                self._model = (
-                    onnx.load_from_string(self._bytes)
-                    if self._bytes is not None
-                    else onnx.load(str(self.path))
-                )
+                if self._bytes is not None:
+                    self._model = onnx.load_from_string(self._bytes)
+                else:
+                    # Large external weights stay in their files: the graph stays small enough to
+                    # serialize, and legalization streams the weights from there (compiler.external_data).
+                    from optimum_ipu_backend.compiler.external_data import read_graph
+
+                    self._model, self._data_files = read_graph(self.path)
             return self._model
 
     def served_model(self) -> onnx.ModelProto:
@@ -227,7 +227,7 @@ class GraphSource:
         if self._bytes is not None:
             digest = hashlib.sha256(self._bytes).hexdigest()
         else:
-            digest = _file_digest(_external_files(self.path, model))
+            digest = _file_digest(_external_files(self.path, self._data_files))
         description = _describe(model, digest)
         if stored is not None:
             _write_description(stored, description)

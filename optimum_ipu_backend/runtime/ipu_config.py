@@ -12,7 +12,10 @@ optimum-graphcore IPUConfig field      here
 ``inference_replication_factor``       ``replication_factor`` (wins over ``replication_factor``)
 ``replication_factor``                 ``replication_factor`` (when no ``inference_`` twin is given)
 ``inference_ipus_per_replica``         ``ipus_per_replica`` (wins over ``ipus_per_replica``)
-``ipus_per_replica``                   ``ipus_per_replica``
+``ipus_per_replica``                   ``ipus_per_replica`` (default: the length of ``layers_per_ipu``)
+``inference_layers_per_ipu``           ``layers_per_ipu`` (wins over ``layers_per_ipu``)
+``layers_per_ipu``                     ``layers_per_ipu``: encoder/decoder layers per IPU, ``-1``
+                                       entries share the rest (``compiler.passes.shard_over_ipus``)
 ``executable_cache_dir``               ``executable_cache_dir``; ``""`` or ``"disabled"`` turns the
                                        cache off, as in optimum-graphcore
 =====================================  ===========================================================
@@ -20,7 +23,7 @@ optimum-graphcore IPUConfig field      here
 Only inference runs here, so the ``inference_*`` value is the one that applies when a file has both.
 Values given per pod type (``{"default": 4, "pod16": 8}``, older optimum-graphcore files) use their
 ``"default"``. Graphcore fields with no meaning here (training, pipelining and memory-planning settings
-such as ``gradient_accumulation_steps``, ``layers_per_ipu``, ``matmul_proportion``) are listed in one
+such as ``gradient_accumulation_steps``, ``matmul_proportion``) are listed in one
 ``IgnoredIPUConfigFieldsWarning``; any other unknown field is an ``IPUConfigError`` naming the field
 and the file. Provider options (same names as the fields, values usually strings) override the file.
 """
@@ -66,14 +69,13 @@ _GRAPHCORE_ALIASES = {
     "inference_device_iterations": "device_iterations",
     "inference_replication_factor": "replication_factor",
     "inference_ipus_per_replica": "ipus_per_replica",
+    "inference_layers_per_ipu": "layers_per_ipu",
 }
 
 # optimum-graphcore IPUConfig fields (current and earlier releases) that have no meaning for this runtime.
 GRAPHCORE_IGNORED_FIELDS = frozenset(
     {
         "gradient_accumulation_steps",
-        "layers_per_ipu",
-        "inference_layers_per_ipu",
         "optimizer_state_offchip",
         "replicated_tensor_sharding",
         "matmul_proportion",
@@ -139,6 +141,9 @@ class IPURuntimeConfig:
     device_iterations: int = 1
     replication_factor: int = 1
     ipus_per_replica: int = 1
+    #: Layers per IPU of a model sharded over ``ipus_per_replica`` IPUs (optimum-graphcore's field, ``-1``
+    #: entries share the remaining layers); None: balanced by the memory estimate.
+    layers_per_ipu: tuple[int, ...] | None = None
     executable_cache_dir: str | None = None
     cache_enabled: bool = True
     precision: str | None = None
@@ -223,7 +228,18 @@ def load_runtime_config(
     updates = {
         target: _convert(target, name, value, "provider option") for target, (name, value) in values.items()
     }
-    return _with_updates(config, updates, sources)
+    return _sharding_defaults(_with_updates(config, updates, sources))
+
+
+def _sharding_defaults(config: IPURuntimeConfig) -> IPURuntimeConfig:
+    """optimum-graphcore's rule: without ``ipus_per_replica``, a model takes ``len(layers_per_ipu)`` IPUs."""
+    if config.layers_per_ipu is None or "ipus_per_replica" in config.sources:
+        return config
+    return replace(
+        config,
+        ipus_per_replica=len(config.layers_per_ipu),
+        sources={**config.sources, "ipus_per_replica": f"the length of {config.sources['layers_per_ipu']}"},
+    )
 
 
 def _apply_file(config: IPURuntimeConfig, path: Path) -> IPURuntimeConfig:
@@ -322,6 +338,8 @@ def _convert(target: str, name: str, value: Any, source: str) -> Any:
         if not isinstance(value, str):
             raise IPUConfigError(f"{where} must be a directory path, '' or 'disabled', got {value!r}")
         return value
+    if target == "layers_per_ipu":
+        return _layers_per_ipu(value, where)
     if target == "cache_enabled":
         flag = _boolean(value)
         if flag is None:
@@ -340,6 +358,27 @@ def _convert(target: str, name: str, value: Any, source: str) -> Any:
         except ValueError as exc:
             raise IPUConfigError(f"{where}: {exc}") from None
     raise AssertionError(f"no conversion for {target}")
+
+
+def _layers_per_ipu(value: Any, where: str) -> tuple[int, ...]:
+    """A list of layer counts (``-1``: share the rest), from JSON or ``"2,-1"``."""
+    items = value.split(",") if isinstance(value, str) else value
+    counts: list[int] = []
+    if isinstance(items, list | tuple) and items:
+        for item in items:
+            try:
+                number = int(str(item).strip()) if not isinstance(item, bool) else None
+            except ValueError:
+                number = None
+            if number is None or number < -1:
+                break
+            counts.append(number)
+        else:
+            return tuple(counts)
+    raise IPUConfigError(
+        f"{where} must be a list of layer counts per IPU (integers >= 0, or -1 to share the remaining "
+        f"layers), for example [2, -1] or '2,-1'; got {value!r}"
+    )
 
 
 def _positive_int(value: Any) -> int | None:

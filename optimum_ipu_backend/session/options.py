@@ -118,12 +118,13 @@ class IPUProviderOptions:
             runtime = load_runtime_config(model_dir, raw, other_options=SESSION_OPTION_HELP)
         except (IPUConfigError, BucketOptionError) as exc:
             raise ProviderOptionError(str(exc)) from exc
-        if runtime.ipus_per_replica != 1:
+        layers = runtime.layers_per_ipu
+        if layers is not None and len(layers) != runtime.ipus_per_replica and set(layers) != {-1}:
             raise ProviderOptionError(
-                f"ipus_per_replica={runtime.ipus_per_replica} "
-                f"({runtime.sources.get('ipus_per_replica', 'set')}): "
-                "splitting one model over several IPUs is not supported yet; every replica runs on one IPU. "
-                "Set ipus_per_replica to 1 (replication_factor still spreads copies over several IPUs)."
+                f"layers_per_ipu={list(layers)} ({runtime.sources.get('layers_per_ipu')}) has {len(layers)} "
+                f"entries and ipus_per_replica={runtime.ipus_per_replica} "
+                f"({runtime.sources.get('ipus_per_replica', 'the default')}); give one layer count per IPU "
+                "(-1 shares the remaining layers), or [-1] to split the layers evenly"
             )
         return cls(
             device=device,

@@ -75,7 +75,6 @@ def test_a_graphcore_file_maps_inference_fields_and_reports_the_rest(tmp_path: P
     message = str(caught[0].message)
     ignored = [
         "gradient_accumulation_steps",
-        "layers_per_ipu",
         "matmul_proportion",
         "recompute_checkpoint_every_layer",
         "seed",
@@ -90,6 +89,8 @@ def test_a_graphcore_file_maps_inference_fields_and_reports_the_rest(tmp_path: P
     assert config.device_iterations == 4
     assert config.replication_factor == 2
     assert config.ipus_per_replica == 1
+    assert config.layers_per_ipu == (-1,)  # inference_layers_per_ipu wins; sharding now reads it
+    assert "layers_per_ipu" not in config.ignored_fields
     assert config.executable_cache_dir == "./exe_cache" and config.cache_enabled
     assert config.sources["device_iterations"].endswith("inference_device_iterations")
     assert config.samples_per_step(micro_batch=3) == 3 * 4 * 2

@@ -100,9 +100,9 @@ def test_ipu_config_json_beside_the_model(bert, tmp_path):
         if item.is_file():
             (local / item.name).write_bytes(item.read_bytes())
     (local / "ipu_config.json").write_text(
-        json.dumps({"sequence_lengths": [12, 24], "inference_device_iterations": 1, "layers_per_ipu": [-1]})
+        json.dumps({"sequence_lengths": [12, 24], "inference_device_iterations": 1, "matmul_proportion": 0.2})
     )
-    with pytest.warns(UserWarning, match="layers_per_ipu"):
+    with pytest.warns(UserWarning, match="matmul_proportion"):
         session = _session(local, tmp_path / "cache")
     assert session.bucket_sizes()["sequence_length"] == [12, 24]
     (local / "ipu_config.json").write_text(json.dumps({"sequence_lenghts": [12]}))
@@ -202,10 +202,10 @@ def test_trim_padding_regroups_rows_and_keeps_every_real_position(bert, tmp_path
     assert computed < 6 * 32  # less than padding the whole call to its bucket
 
 
-def test_sharding_over_several_ipus_is_refused_not_ignored(bert, tmp_path):
+def test_layers_per_ipu_that_does_not_match_ipus_per_replica_is_refused(bert, tmp_path):
     model_dir, onnx_dir = bert
-    with pytest.raises(ProviderOptionError, match="ipus_per_replica=4.*not supported yet"):
-        _session(onnx_dir, tmp_path, ipus_per_replica=4)
+    with pytest.raises(ProviderOptionError, match=r"layers_per_ipu=\[2, 2, 2\].*ipus_per_replica=4"):
+        _session(onnx_dir, tmp_path, ipus_per_replica=4, layers_per_ipu="2,2,2")
 
 
 def test_a_batch_found_exact_is_never_filled_up_on_later_calls(tmp_path):
