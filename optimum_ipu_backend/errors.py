@@ -48,8 +48,8 @@ class UnsupportedModelError(IPUBackendError):
 
 
 class DeviceError(IPUBackendError, RuntimeError):
-    """The device or what drives it cannot do what was asked: no IPU or SDK, an engine that is not part of
-    this release, a device that refuses what it was fed, a broken executable cache entry."""
+    """The device or what drives it cannot do what was asked: no IPU or SDK, an engine whose SDK cannot start
+    here, a device that refuses what it was fed, a broken executable cache entry."""
 
 
 class InstallationError(IPUBackendError, RuntimeError):

@@ -19,6 +19,10 @@ import pytest
 from filelock import FileLock
 from model_zoo import PERSISTENT_ZOO_ENV
 
+from optimum_ipu_backend.compiler.passes.shard_over_ipus import (
+    PIPELINE_STAGE_ATTRIBUTE,
+    VIRTUAL_GRAPH_ATTRIBUTE,
+)
 from optimum_ipu_backend.conformance.zoo import export_onnx
 
 TASK = "token-classification"
@@ -100,3 +104,19 @@ def copy_export(source: Path, target: Path) -> Path:
     """A private copy of an export directory (tests that change files must not touch the shared one)."""
     shutil.copytree(source, target)
     return target
+
+
+def placement(model: onnx.ModelProto) -> dict[str, tuple[int | None, int | None]]:
+    """Each top-level node's (IPU, pipeline stage) as annotated, by node name (or output name)."""
+
+    def attribute(node: onnx.NodeProto, name: str) -> int | None:
+        values = [a.i for a in node.attribute if a.name == name and a.type == onnx.AttributeProto.INT]
+        return values[0] if values else None
+
+    return {
+        node.name or node.output[0]: (
+            attribute(node, VIRTUAL_GRAPH_ATTRIBUTE),
+            attribute(node, PIPELINE_STAGE_ATTRIBUTE),
+        )
+        for node in model.graph.node
+    }

@@ -506,18 +506,25 @@ def _widen_bart_decoder_positions(model: transformers.PreTrainedModel) -> None:
         decoder.embed_positions.weight.mul_(4.0)
 
 
-def _t5(out_dir: Path) -> transformers.PretrainedConfig:
-    import transformers
-
-    # T5's layout: pad=0 doubles as the decoder start token, eos=1, unk=2.
-    tokenizer = _unigram_tokenizer(
+def _t5_family_tokenizer(out_dir: Path):
+    """T5's layout, shared by LongT5: pad=0 doubles as the decoder start token, eos=1, unk=2."""
+    return _unigram_tokenizer(
         out_dir,
         special_tokens=["<pad>", "</s>", "<unk>"],
         templates=("$A </s>", "$A </s> $B </s>"),
         model_input_names=["input_ids", "attention_mask"],
         token_roles={"pad_token": "<pad>", "eos_token": "</s>"},
     )
-    return transformers.T5Config(
+
+
+def _t5_family_config(config_class: type, tokenizer, **architecture) -> transformers.PretrainedConfig:
+    """A T5-family config of the zoo's size with ``tokenizer``'s special tokens.
+
+    Tied, a random T5 decoder echoes its input token (greedy output is all pad); untied like T5 v1.1 it
+    varies, and a small factor keeps logits near 1-5, where fp32 comparisons at 1e-4 stay meaningful
+    (initializer_factor=8 gives logits near 200).
+    """
+    return config_class(
         vocab_size=len(tokenizer),
         d_model=_HIDDEN,
         d_kv=_HIDDEN // _HEADS,
@@ -525,17 +532,21 @@ def _t5(out_dir: Path) -> transformers.PretrainedConfig:
         num_layers=_LAYERS,
         num_decoder_layers=_LAYERS,
         num_heads=_HEADS,
-        relative_attention_num_buckets=8,
         relative_attention_max_distance=32,
-        # Tied, a random T5 decoder echoes its input token (greedy output is all pad); untied like
-        # T5 v1.1 it varies, and a small factor keeps logits near 1-5, where fp32 comparisons at 1e-4
-        # stay meaningful (initializer_factor=8 gives logits near 200).
         tie_word_embeddings=False,
         initializer_factor=0.5,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         decoder_start_token_id=tokenizer.pad_token_id,
+        **architecture,
     )
+
+
+def _t5(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    tokenizer = _t5_family_tokenizer(out_dir)
+    return _t5_family_config(transformers.T5Config, tokenizer, relative_attention_num_buckets=8)
 
 
 def _vit(out_dir: Path) -> transformers.PretrainedConfig:
@@ -678,31 +689,14 @@ def _m2m100(out_dir: Path) -> transformers.PretrainedConfig:
 def _longt5(out_dir: Path) -> transformers.PretrainedConfig:
     import transformers
 
-    tokenizer = _unigram_tokenizer(
-        out_dir,
-        special_tokens=["<pad>", "</s>", "<unk>"],
-        templates=("$A </s>", "$A </s> $B </s>"),
-        model_input_names=["input_ids", "attention_mask"],
-        token_roles={"pad_token": "<pad>", "eos_token": "</s>"},
-    )
-    return transformers.LongT5Config(
-        vocab_size=len(tokenizer),
-        d_model=_HIDDEN,
-        d_kv=_HIDDEN // _HEADS,
-        d_ff=_FFN,
-        num_layers=_LAYERS,
-        num_decoder_layers=_LAYERS,
-        num_heads=_HEADS,
+    tokenizer = _t5_family_tokenizer(out_dir)
+    return _t5_family_config(
+        transformers.LongT5Config,
+        tokenizer,
         encoder_attention_type="local",  # blocks of local_radius tokens, built with Pad
         local_radius=4,
         global_block_size=4,
         relative_attention_num_buckets=16,  # with 8, greedy decoding of the zoo's seed cycles over 3 tokens
-        relative_attention_max_distance=32,
-        tie_word_embeddings=False,  # as for T5
-        initializer_factor=0.5,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id,
     )
 
 

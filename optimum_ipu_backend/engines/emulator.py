@@ -25,7 +25,7 @@ from optimum_ipu_backend.engines.probe import EMULATION_NOTICE
 
 _logger = logging.getLogger(__name__)
 
-# The dtypes Poplar has a device type for (graphcore-sdk-api.md §2.3; no INT64, DOUBLE, BFLOAT16), as
+# The dtypes Poplar has a device type for (per the SDK's documentation: no INT64, DOUBLE, BFLOAT16), as
 # onnxruntime names them.
 _ORT_TYPES = {
     f"tensor({name})": dtype

@@ -1,8 +1,8 @@
 """Device faults of the Poplar SDK engines, as errors a user can act on.
 
-The worker process classifies an SDK exception by its documented class (graphcore-sdk-api.md §1.6,
-§3) and sends the class name, message and kind across; ``device_fault`` turns that into one of the
-classes below with what happened and what to try. The SDK's own message is kept in full and chained
+The worker process classifies an SDK exception by its documented class and sends the class name,
+message and kind across; ``device_fault`` turns that into one of the classes below with what happened
+and what to try. The SDK's own message is kept in full and chained
 as ``SdkError`` (the SDK's exception object itself lives in the worker process).
 """
 

@@ -1,7 +1,7 @@
 """The PopART engine: the legalized ONNX graph as a ``popart.InferenceSession``.
 
 ``PopARTEngine`` is the host side (no SDK import); ``PopARTBackend`` runs inside the worker process,
-after ``import popart``, and follows the documented call order (graphcore-sdk-api.md §1.1):
+after ``import popart``, and follows the documented call order (the SDK's documented order):
 
 1. ``GraphTransformer(path).convertINT64ToINT32(clip=True)``: a safety net, the compiler already
    made every tensor int32;
@@ -19,7 +19,7 @@ after ``import popart``, and follows the documented call order (graphcore-sdk-ap
    tiles is far from a real IPU), ``createOfflineIPUDevice`` to compile without hardware;
 5. ``prepareDevice()``, ``weightsFromHost()``, ``initAnchorArrays()``; each run is ``PyStepIO`` over
    C-contiguous arrays of exactly the declared dtypes, laid out ``[device_iterations, replicas,
-   *shape]`` (§1.5: only element counts are checked), then ``run()``; devices are detached on release.
+   *shape]`` (only element counts are checked), then ``run()``; devices are detached on release.
 
 Weights stay constants (``constantWeights`` True, the inference default), so an engine switch on a
 shared device reloads them with the executable and needs no ``weightsFromHost``.
@@ -36,7 +36,7 @@ from optimum_ipu_backend.engines.base import Availability, CompileOptions
 from optimum_ipu_backend.engines.probe import module_origin
 from optimum_ipu_backend.engines.worker import WorkerEngine
 
-# A Mk2/Bow or C600 IPU; createIpuModelDevice defaults to 4 tiles otherwise (§0.6).
+# A Mk2/Bow or C600 IPU; createIpuModelDevice defaults to 4 tiles otherwise.
 TILES_PER_IPU = 1472
 _NUMPY_TYPES = {
     "float": "float32",
@@ -88,7 +88,7 @@ class _Session:
     device_label: str
 
 
-# The INT node attribute PopART reads a node's pipeline stage from (scale-out notes §2.1); the compiler's
+# The INT node attribute PopART reads a node's pipeline stage from (as the SDK documents); the compiler's
 # shard_over_ipus pass writes it with the virtual graph (``__ipu_number``).
 PIPELINE_STAGE_ATTRIBUTE = "__pipeline_stage"
 
@@ -151,7 +151,7 @@ class PopARTBackend:
         session_options = popart.SessionOptions()  # new every time, never the default argument object
         if int(options.get("ipus_per_replica", 1)) > 1:
             # Every node carries its IPU (``__ipu_number``) and stage: manual virtual graphs, pipelined when
-            # there is more than one stage; inference needs batchesPerStep >= stages (scale-out §2.2).
+            # there is more than one stage; inference needs batchesPerStep >= stages (as the SDK documents).
             session_options.virtualGraphMode = popart.VirtualGraphMode.Manual
             if stages > 1:
                 if options["device_iterations"] < stages:
@@ -170,7 +170,7 @@ class PopARTBackend:
                 import popdist.popart
 
                 popdist.popart.configureSessionOptions(session_options)
-            else:  # the fields popdist.popart.configureSessionOptions sets (scale-out §1.2)
+            else:  # the fields popdist.popart.configureSessionOptions sets (as PopDist documents them)
                 session_options.enableDistributedReplicatedGraphs = True
                 session_options.globalReplicationFactor = distributed["total"]
                 session_options.globalReplicaOffset = distributed["offset"]
@@ -187,7 +187,7 @@ class PopARTBackend:
         popart = self.popart
         input_names, output_names, stages = _graph_facts(graph)
         here = os.getcwd()
-        os.chdir(os.path.dirname(os.path.abspath(graph)))  # external data is found from the CWD (§1.2)
+        os.chdir(os.path.dirname(os.path.abspath(graph)))  # external data is found from the CWD
         try:
             transformer = popart.GraphTransformer(os.path.basename(graph))
             transformer.convertINT64ToINT32(clip=True)

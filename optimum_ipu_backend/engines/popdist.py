@@ -1,7 +1,7 @@
 """This process's share of the replicas under PopRun, as PopDist describes it.
 
 ``poprun --num-instances N --num-replicas R ...`` starts N processes and gives each its share through
-environment variables (graphcore-scale-out.md §1.1): ``POPDIST_NUM_TOTAL_REPLICAS`` (R),
+environment variables (as PopDist documents them): ``POPDIST_NUM_TOTAL_REPLICAS`` (R),
 ``POPDIST_NUM_LOCAL_REPLICAS`` (R / N), ``POPDIST_REPLICA_INDEX_OFFSET`` (this instance's first replica),
 ``POPDIST_NUM_IPUS_PER_REPLICA``. Where the ``popdist`` package is installed its documented functions
 are used instead; either way the instance count is total / local and the index offset / local, as

@@ -3,7 +3,7 @@
 Chosen with the provider option ``engine="poptorch"`` (install ``optimum-ipu-backend[poptorch]`` and
 the SDK's PopTorch wheel). PopTorch compiles torch modules, not ONNX, so the worker turns the legalized
 graph into one (``engines.onnx_torch``; why not onnx2torch is said there) and maps the provider options
-onto ``poptorch.Options`` (graphcore-sdk-api.md §3): ``deviceIterations``, ``replicationFactor``,
+onto ``poptorch.Options`` (as PopTorch documents them): ``deviceIterations``, ``replicationFactor``,
 ``outputMode(OutputMode.All)``, ``Precision.setPartialsType`` from the precision,
 ``enableExecutableCaching`` into the artifact directory of our cache entry (IPU and offline targets;
 PopTorch warns that caching does not work on the IPU Model), ``useIpuModel`` for ``ipu-model`` and

@@ -1,7 +1,7 @@
 """The Poplar SDK runs in a worker process; this is the host side of it.
 
 Why a process: ``import popart`` raises ImportError once ``onnx`` is imported, and optimum imports onnx
-long before a session exists (graphcore-sdk-api.md §0). The worker is started with
+long before a session exists (as the SDK documents). The worker is started with
 ``python -c "import popart; ..."``, so the SDK is its first import; it inherits the user's environment
 as it is (the SDK's ``enable`` script sets ``PYTHONPATH`` and ``POPLAR_SDK_ENABLED``), and asks the SDK
 which IPUs exist. A process also contains device faults: a compile that hangs is stopped after
@@ -489,10 +489,6 @@ class WorkerEngine(Engine):
                 "'ipu-model' "
                 f"for Graphcore's simulator. {OPT_IN_HINT}"
             )
-
-    @property
-    def worker_pid(self) -> int | None:
-        return self._worker.pid
 
     def _target_ipu_version(self, options: CompileOptions) -> str:
         if self.offline or self.device != "ipu":

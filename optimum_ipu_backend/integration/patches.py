@@ -2,8 +2,8 @@
 the CPU in silence.
 
 optimum-onnx resolves these names from module globals at call time, so replacing the globals is
-enough (reference: optimum-onnx-integration.md §2, §6). Which module gets which patch is listed once,
-in the bootstrap's ``PATCHED_GLOBALS``:
+enough (how optimum-onnx creates sessions, read from its source). Which module gets which patch is
+listed once, in the bootstrap's ``PATCHED_GLOBALS``:
 
 * ``validate_provider_availability`` (utils and its imported copy in base): accept plugin names and
   ``"auto"``.

@@ -5,7 +5,7 @@ PopART consumes one step's input as a host buffer of logical shape ``[batches_pe
 carries the micro-batch on its batch axis; it reads the buffer in C order, iteration-major then replica,
 so iteration ``s`` of replica ``r`` gets ``buffer[s, r]``, i.e. host samples
 ``[(s * replicas + r) * micro_batch, ... + micro_batch)`` of the step. Output ("anchor") buffers come
-back as ``[batches_per_step, replicas, *onnx_output_shape]`` (graphcore-sdk-api.md §1.5). PopART drops
+back as ``[batches_per_step, replicas, *onnx_output_shape]`` (as PopART documents its anchors). PopART drops
 dimensions equal to 1 by convention and only checks element counts; the functions here always use the
 full rank and accept dropped dimensions back through ``anchor_shape``.
 

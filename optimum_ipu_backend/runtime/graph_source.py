@@ -73,7 +73,7 @@ def _io(values, initializers: set[str]) -> list[IOSpec]:
 def past_padding(model: onnx.ModelProto):
     """The rewrite that lets a decoder's past be padded, or None when the graph needs none or it is not
     provably safe (then the past is compiled at the length it comes in)."""
-    from optimum_ipu_backend.compiler.passes.mask_padded_past import add_past_padding_mask
+    from optimum_ipu_backend.compiler.graph_rewrites.past_padding_mask import add_past_padding_mask
 
     try:
         return add_past_padding_mask(model)

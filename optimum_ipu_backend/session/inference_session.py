@@ -1,6 +1,6 @@
 """``IPUInferenceSession``: what optimum-onnx gets back from ``InferenceSession(...)`` for ipu.
 
-It has the surface optimum-onnx uses (reference optimum-onnx-integration.md §2) and owns the
+It has the surface optimum-onnx uses (the calls ORTModel makes on its sessions) and owns the
 lifecycle of one ONNX file: checks at creation, per-call validation of the feed, and delegation to
 the runtime, which compiles one executable per shape and runs it on the chosen engine.
 """

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from large_model_helper import LAYERS, external_bert, sample_feed
+from large_model_helper import LAYERS, external_bert, placement, sample_feed
 
 from optimum_ipu_backend.cli.check import main as check_main
 from optimum_ipu_backend.compiler.errors import LegalizationError
@@ -21,7 +21,6 @@ from optimum_ipu_backend.compiler.passes.shard_over_ipus import (
     Sharding,
     layer_ipus,
     layer_of,
-    placement,
     placement_problems,
 )
 from optimum_ipu_backend.compiler.pipeline import legalize

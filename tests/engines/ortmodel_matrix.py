@@ -1,8 +1,9 @@
 """Run in a fresh interpreter by test_ortmodels_on_engines.py: the cases of
-tests/integration/ortmodel_checks.py
-with provider="ipu" on the Poplar SDK engines (the SDK double on the path) instead of the emulator.
-Argument: a JSON file of {"runs": [[device, engine, case name], ...], "cases": {...}}; prints one JSON
-object keyed "device/engine/name"."""
+tests/integration/ortmodel_checks.py (the main matrix) and tests/integration/ortmodel_class_checks.py
+(the zoo's CLASS_CASES: the other ORTModel classes and the diffusion pipelines) with provider="ipu" on the
+Poplar SDK engines (the SDK double on the path) instead of the emulator.
+Argument: a JSON file of {"runs": [[device, engine, case name], ...], "cases": {...}}, each case naming
+its "matrix" ("main" or "classes") and its "kind"; prints one JSON object keyed "device/engine/name"."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
 import ortmodel_checks as checks  # noqa: E402
+import ortmodel_class_checks as class_checks  # noqa: E402
+
+KINDS = {"main": checks.KINDS, "classes": class_checks.KINDS}
 
 
 def main() -> None:
@@ -27,7 +31,7 @@ def main() -> None:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                results[key] = checks.KINDS[case["kind"]](case)
+                results[key] = KINDS[case["matrix"]][case["kind"]](case)
             results[key]["fallback_warnings"] = [
                 str(w.message) for w in caught if "Falling back" in str(w.message)
             ]

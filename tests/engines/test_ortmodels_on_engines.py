@@ -1,6 +1,8 @@
 """Every ORTModel class the emulator serves, unchanged, with device="ipu" and device="ipu-model" on the
-PopART and on the PopTorch engine (the SDK double on the path, a doubled system of 4 IPUs): outputs
-match CPUExecutionProvider within the emulator's tolerance and generation is token-identical.
+PopART and on the PopTorch engine (the SDK double on the path, a doubled system of 4 IPUs): the main
+matrix (tests/integration/test_ortmodels.py) and the zoo's CLASS_CASES (tests/integration/
+test_ortmodel_classes.py: the other ORTModel classes and the three diffusion pipelines). Outputs match
+CPUExecutionProvider within the emulator's tolerances, generation is token-identical and images agree.
 
 By default (CI on two cores) each case runs once: the cases alternate between the two engines, and each
 engine's cases alternate between the two devices, so every class runs and each engine serves forward and
@@ -17,14 +19,18 @@ import json
 import os
 from pathlib import Path
 
+from integration.test_ortmodel_classes import ATOL as CLASS_ATOL
+from integration.test_ortmodel_classes import IMAGE_ATOL, class_case_specs
 from integration.test_ortmodels import ATOL, FORWARD, GENERATE, _onnx_dir
 from model_zoo import session_zoo
 from sdk_testing import call_log, sdk_environment
 from subprocess_env import python
 
+from optimum_ipu_backend.conformance.zoo import CLASS_CASES
+
 DEVICES = ("ipu", "ipu-model")
 ENGINES = ("popart", "poptorch")
-CASE_NAMES = [*FORWARD, *GENERATE]
+CASE_NAMES = [*FORWARD, *GENERATE, *CLASS_CASES]
 
 
 def _runs(engine: str) -> list[tuple[str, str, str]]:
@@ -40,10 +46,11 @@ def _runs(engine: str) -> list[tuple[str, str, str]]:
     ]
 
 
-def _cases(zoo) -> dict:
-    cases = {}
+def _cases(zoo, scratch: Path) -> dict:
+    cases = class_case_specs(zoo, scratch)
     for name, (cls, model, task) in FORWARD.items():
         cases[name] = {
+            "matrix": "main",
             "kind": "forward",
             "class": cls,
             "model": model,
@@ -52,6 +59,7 @@ def _cases(zoo) -> dict:
         }
     for name, (cls, model, task, load_kwargs) in GENERATE.items():
         cases[name] = {
+            "matrix": "main",
             "kind": "generate",
             "class": cls,
             "model": model,
@@ -67,13 +75,13 @@ def _run(tmp_path_factory, engine: str) -> tuple[dict, list[dict]]:
     scratch = tmp_path_factory.mktemp(f"matrix-{engine}")
     environment = sdk_environment(scratch, ipus=4)
     spec = scratch / "spec.json"
-    spec.write_text(json.dumps({"runs": _runs(engine), "cases": _cases(zoo)}))
+    spec.write_text(json.dumps({"runs": _runs(engine), "cases": _cases(zoo, scratch)}))
     script = Path(__file__).with_name("ortmodel_matrix.py")
     completed = python(
         f"import runpy, sys; sys.argv = ['matrix', {str(spec)!r}]; "
         f"runpy.run_path({str(script)!r}, run_name='__main__')",
         # one worker serves every model in turn (it waits for the next session instead of stopping)
-        timeout=1800,  # 28 model loads and their compiles; a shared 2-core machine can take long
+        timeout=2400,  # up to 54 model loads and their compiles; a shared 2-core machine can take long
         env={
             **environment,
             "OPTIMUM_IPU_CACHE": str(scratch / "cache"),
@@ -96,14 +104,19 @@ def _check_sessions(result: dict, device: str, engine: str) -> None:
 
 
 def _failures(results: dict, engine: str) -> list[str]:
-    """Every case on both devices: the session facts, then CPU tolerance or identical tokens."""
+    """Every case run: the session facts, then CPU tolerance, identical tokens or the same image."""
     failures = []
     for device, _, name in _runs(engine):
         result = results[f"{device}/{engine}/{name}"]
         try:
             _check_sessions(result, device, engine)
-            if name in FORWARD:
-                assert result["max_abs_diff"] <= ATOL, f"max abs diff {result['max_abs_diff']}"
+            kind = CLASS_CASES[name].kind if name in CLASS_CASES else None
+            if name in FORWARD or kind == "forward":
+                atol = ATOL if name in FORWARD else CLASS_ATOL
+                assert result["max_abs_diff"] <= atol, f"max abs diff {result['max_abs_diff']}"
+            elif kind == "diffusion":
+                assert result["max_abs_diff"] <= IMAGE_ATOL, f"image diff {result['max_abs_diff']}"
+                assert result["image_std"] > 0.01, "a flat image cannot tell providers apart"
             else:
                 assert result["tokens_equal"], f"tokens differ from CPU: {result['expected_tokens']}"
                 assert result["distinct_tokens"] >= 3, "degenerate generation"
@@ -128,9 +141,9 @@ def test_every_ortmodel_class_on_poptorch(tmp_path_factory):
 
 
 def _check_popart_call_log(log: list[dict]) -> None:
-    """graphcore-sdk-api.md §1.1: GraphTransformer(path).convertINT64ToINT32(clip=True), DataFlow with All
-    anchors, a new SessionOptions, the device, InferenceSession(bytes, ...), prepareDevice, weightsFromHost,
-    initAnchorArrays, then PyStepIO runs with C-contiguous arrays."""
+    """PopART's documented call order: GraphTransformer(path).convertINT64ToINT32(clip=True), DataFlow
+    with All anchors, a new SessionOptions, the device, InferenceSession(bytes, ...), prepareDevice,
+    weightsFromHost, initAnchorArrays, then PyStepIO runs with C-contiguous arrays."""
     calls = [entry["call"] for entry in log]
     sessions = [index for index, call in enumerate(calls) if call == "InferenceSession.__init__"]
     assert sessions, "no PopART session was created"

@@ -101,7 +101,7 @@ def test_replication_and_device_iterations_use_the_documented_host_layout(double
             created["options"]["enableReplicatedGraphs"] and created["options"]["replicatedGraphCount"] == 2
         )
         for run in _calls(double, "InferenceSession.run"):
-            # [batches_per_step, replicas, micro_batch, ...] (§1.5), anchors in the same layout
+            # [batches_per_step, replicas, micro_batch, ...], anchors in the same layout
             assert run["inputs"]["x"]["shape"][:2] == [2, 2] and run["outputs"]["y"]["shape"][:2] == [2, 2]
     else:
         for compiled in _calls(double, "poptorch.compile"):
@@ -234,7 +234,7 @@ def test_hung_compile_times_out_and_the_next_call_serves(double, model, tmp_path
 def test_killed_worker_is_reported_and_restarted(double, model, tmp_path, caplog):
     session = _session(model, tmp_path)
     _check(session, model)
-    pid = session.engine.worker_pid
+    pid = session.engine._worker.pid
     os.kill(pid, signal.SIGKILL)
     _wait_until_dead(pid)
     with caplog.at_level(logging.WARNING):
@@ -279,7 +279,7 @@ def test_close_releases_the_ipus_and_a_closed_session_refuses_to_run(double, mod
     with pytest.raises(EngineClosedError, match="closed"):
         session.run(None, feed())
     _check(other, model, batch=2, seed=1)
-    pid = other.engine.worker_pid
+    pid = other.engine._worker.pid
     other.close()
     for _ in range(50):  # the last engine closed: its worker process exits
         if not _alive(pid):
@@ -292,7 +292,7 @@ def test_garbage_collection_releases_the_worker(double, model, tmp_path):
     gc.collect()  # sessions other tests dropped
     session = _session(model, tmp_path)
     _check(session, model)
-    pid = session.engine.worker_pid
+    pid = session.engine._worker.pid
     del session
     gc.collect()
     for _ in range(50):
@@ -365,7 +365,8 @@ def test_each_poprun_instance_configures_its_share(double, model, tmp_path, monk
 
 
 def test_sdk_double_refuses_import_after_onnx():
-    """The trap the worker process exists for (graphcore-sdk-api.md §0.1), as the double reproduces it."""
+    """The trap the worker process exists for (the SDK imported after onnx in one process), as the
+    double reproduces it."""
     from sdk_testing import DOUBLE_DIR
     from subprocess_env import python
 
@@ -395,7 +396,7 @@ def test_interpreter_exit_releases_the_ipus_and_the_worker(double, model):
         "options = IPUProviderOptions.parse({'device': 'ipu'})\n"
         f"session = IPUInferenceSession({str(model)!r}, options=options)\n"
         "session.run(None, feed())\n"
-        "print(session.engine.worker_pid)\n"  # no close(): the interpreter exits
+        "print(session.engine._worker.pid)\n"  # no close(): the interpreter exits
     )
     completed = python(code, env=double)
     assert completed.returncode == 0, completed.stderr

@@ -15,7 +15,8 @@ import optimum.onnxruntime as ort_models
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ortmodel_checks import CPU, IPU, _flatten, _max_diff, _session_facts, main  # noqa: E402
+import ortmodel_checks as checks  # noqa: E402
+from ortmodel_checks import _flatten, _max_diff, _session_facts, main  # noqa: E402
 
 
 def _inputs(case: dict) -> dict[str, torch.Tensor]:
@@ -25,8 +26,8 @@ def _inputs(case: dict) -> dict[str, torch.Tensor]:
 
 def forward_case(case: dict) -> dict:
     cls = getattr(ort_models, case["class"])
-    cpu = cls.from_pretrained(case["onnx_dir"], **CPU)
-    ipu = cls.from_pretrained(case["onnx_dir"], **IPU)
+    cpu = cls.from_pretrained(case["onnx_dir"], **checks.CPU)
+    ipu = cls.from_pretrained(case["onnx_dir"], **checks.IPU)
     inputs = _inputs(case)
     with torch.no_grad():
         expected, got = cpu(**inputs), ipu(**inputs)
@@ -42,8 +43,8 @@ def forward_case(case: dict) -> dict:
 
 def generate_case(case: dict) -> dict:
     cls = getattr(ort_models, case["class"])
-    cpu = cls.from_pretrained(case["onnx_dir"], **CPU)
-    ipu = cls.from_pretrained(case["onnx_dir"], **IPU)
+    cpu = cls.from_pretrained(case["onnx_dir"], **checks.CPU)
+    ipu = cls.from_pretrained(case["onnx_dir"], **checks.IPU)
     inputs = _inputs(case)
     # Each step of a longer past compiles once more where the past cannot be padded (ViT-GPT-2's positions
     # count from the past length), so few steps keep the run short.
@@ -62,8 +63,8 @@ def diffusion_case(case: dict) -> dict:
     from optimum_ipu_backend.conformance.zoo import diffusion_call
 
     cls = getattr(ort_models, case["class"])
-    cpu = cls.from_pretrained(case["onnx_dir"], **CPU)
-    ipu = cls.from_pretrained(case["onnx_dir"], **IPU)
+    cpu = cls.from_pretrained(case["onnx_dir"], **checks.CPU)
+    ipu = cls.from_pretrained(case["onnx_dir"], **checks.IPU)
     call, seed = diffusion_call(case["name"])
     expected, got = (
         pipeline(generator=torch.Generator().manual_seed(seed), output_type="np", **call).images
@@ -77,5 +78,9 @@ def diffusion_case(case: dict) -> dict:
     }
 
 
+# The provider options are read from ``checks.IPU`` at call time: the engine matrix
+# (tests/engines/ortmodel_matrix.py) sets them to an SDK engine's device.
+KINDS = {"forward": forward_case, "generate": generate_case, "diffusion": diffusion_case}
+
 if __name__ == "__main__":
-    main({"forward": forward_case, "generate": generate_case, "diffusion": diffusion_case})
+    main(KINDS)

@@ -29,14 +29,14 @@ GENERATE = [name for name, case in CLASS_CASES.items() if case.kind == "generate
 DIFFUSION = [name for name, case in CLASS_CASES.items() if case.kind == "diffusion"]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    zoo = session_zoo(tmp_path_factory)
-    scratch = tmp_path_factory.mktemp("ortmodel-classes")
+def class_case_specs(zoo, scratch: Path) -> dict[str, dict]:
+    """The spec of every CLASS_CASES case for ortmodel_class_checks.py (also run on the SDK engines by
+    tests/engines/test_ortmodels_on_engines.py); inputs are written to ``scratch``."""
     cases = {}
     for name, case in CLASS_CASES.items():
         cases[name] = {
             "name": name,
+            "matrix": "classes",
             "kind": case.kind,
             "class": case.ort_class,
             "onnx_dir": str(zoo.class_onnx(name)),
@@ -45,6 +45,14 @@ def results(tmp_path_factory) -> dict:
             feeds = scratch / f"{name}.npz"
             np.savez(feeds, **class_inputs(name, zoo.class_model(name)))
             cases[name]["feeds"] = str(feeds)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+    zoo = session_zoo(tmp_path_factory)
+    scratch = tmp_path_factory.mktemp("ortmodel-classes")
+    cases = class_case_specs(zoo, scratch)
     spec = scratch / "cases.json"
     spec.write_text(json.dumps(cases))
     script = Path(__file__).with_name("ortmodel_class_checks.py")

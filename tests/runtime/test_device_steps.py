@@ -1,5 +1,5 @@
 """Device steps: N samples as steps of micro_batch x device_iterations x replicas in PopART's host layout
-``[batches_per_step, replicas, *onnx_shape]`` (graphcore-sdk-api.md §1.5)."""
+``[batches_per_step, replicas, *onnx_shape]`` (PopART's documented anchor layout)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from large_model_helper import copy_export, external_bert, sample_feed
+from large_model_helper import copy_export, external_bert, placement, sample_feed
 
-from optimum_ipu_backend.compiler.passes.shard_over_ipus import placement, placement_problems
+from optimum_ipu_backend.compiler.passes.shard_over_ipus import placement_problems
 from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
 from optimum_ipu_backend.runtime.executables import LEGALIZED_GRAPH_FILE
 from optimum_ipu_backend.session import IPUInferenceSession

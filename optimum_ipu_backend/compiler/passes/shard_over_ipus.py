@@ -199,19 +199,8 @@ def _int_attribute(node: onnx.NodeProto, name: str) -> int | None:
     return None
 
 
-def placement(model: onnx.ModelProto) -> dict[str, tuple[int | None, int | None]]:
-    """Each top-level node's (IPU, pipeline stage) as annotated, by node name (or output name)."""
-    return {
-        node.name or node.output[0]: (
-            _int_attribute(node, VIRTUAL_GRAPH_ATTRIBUTE),
-            _int_attribute(node, PIPELINE_STAGE_ATTRIBUTE),
-        )
-        for node in model.graph.node
-    }
-
-
 def placement_problems(model: onnx.ModelProto, ipus: int) -> list[str]:
-    """What breaks PopART's rules for a manual, pipelined placement (§2.3 of the scale-out notes)."""
+    """What breaks PopART's rules for a manual, pipelined placement (as the SDK documents them)."""
     problems = []
     producer: dict[str, tuple[str, int, int]] = {}
     stage_ipu: dict[int, int] = {}

@@ -1,6 +1,6 @@
 """A test double of PopART's public Python API, for CI machines without the Poplar SDK.
 
-Written from the public API as recorded in graphcore-sdk-api.md §1 and graphcore-scale-out.md §1-4:
+Written from the public API as the SDK documents it (sessions, devices, sharding, replication, PopDist):
 the same names, signatures, enums, exception classes and message prefixes. Graphs execute with
 onnxruntime on the CPU, so results can be compared with a plain CPU run. Nothing in
 optimum_ipu_backend may depend on anything here beyond the documented API.
@@ -90,7 +90,7 @@ def _fault(at: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Exceptions (§1.6)
+# Exceptions
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -431,7 +431,7 @@ class Patterns:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Devices (§1.4, scale-out §3)
+# Devices
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -710,7 +710,7 @@ class GraphTransformer:
             for value in [*graph.input, *graph.output, *graph.value_info]:
                 if value.type.tensor_type.elem_type == onnx.TensorProto.INT64:
                     value.type.tensor_type.elem_type = onnx.TensorProto.INT32
-            for node in graph.node:  # Cast's `to` is not rewritten (§2.3)
+            for node in graph.node:  # Cast's `to` is not rewritten
                 for attribute in node.attribute:
                     if (
                         attribute.type == onnx.AttributeProto.TENSOR
@@ -723,7 +723,7 @@ class GraphTransformer:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Sessions (§1.1-1.5)
+# Sessions
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -852,7 +852,7 @@ class InferenceSession:
         opts, device = self._options, self._device
         if not opts.enableEngineCaching or device.type not in (DeviceType.Ipu, DeviceType.OfflineIpu):
             return None
-        # The key hashes the IR without initializer values, as PopART's does (scale-out §4).
+        # The key hashes the IR without initializer values, as PopART's does.
         from onnx import numpy_helper  # noqa: F401
 
         stripped = type(self._model)()
@@ -883,7 +883,7 @@ class InferenceSession:
         if cache_file and os.path.exists(cache_file):
             with open(cache_file, "rb") as stream:
                 header = stream.readline()
-                model_bytes = stream.read()  # the cached binary: its constant weights win (scale-out §4)
+                model_bytes = stream.read()  # the cached binary: its constant weights win
             _log("cache_hit", path=cache_file, header=header.decode().strip())
         else:
             self._check_memory()
@@ -896,7 +896,7 @@ class InferenceSession:
 
         self._executable = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
         self._prepared = True
-        self._device._loaded = None  # prepare resets the marker (scale-out §3)
+        self._device._loaded = None  # prepare resets the marker
         if loadEngine:
             self.loadEngineAndConnectStreams()
 
@@ -983,7 +983,7 @@ class InferenceSession:
             raise popart_exception("Offline IPU device is not configured for execution")
         if not self._prepared:
             raise popart_exception("Must call prepareDevice before run")
-        if self._device._loaded is not self:  # switching happens inside run (scale-out §3)
+        if self._device._loaded is not self:  # switching happens inside run
             self.loadEngineAndConnectStreams()
         _fault("run")
         bps, replicas = self.dataFlow.batchesPerStep(), self.replicationFactor

@@ -1,4 +1,4 @@
-"""A test double of PopTorch's public Python API (graphcore-sdk-api.md §3), for CI without the SDK.
+"""A test double of PopTorch's public Python API, for CI without the SDK.
 
 ``inferenceModel`` wraps a ``torch.nn.Module`` in a ``PoplarExecutor`` that checks PopTorch's batch rule
 and runs the module on the CPU, one micro-batch per device iteration and replica, concatenating outputs

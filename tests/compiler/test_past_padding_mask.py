@@ -22,7 +22,7 @@ from model_zoo import session_zoo
 from onnx import TensorProto, helper
 
 from optimum_ipu_backend.compiler import legalize
-from optimum_ipu_backend.compiler.passes.mask_padded_past import (
+from optimum_ipu_backend.compiler.graph_rewrites.past_padding_mask import (
     MASK_INPUT,
     PastPaddingRewrite,
     add_past_padding_mask,

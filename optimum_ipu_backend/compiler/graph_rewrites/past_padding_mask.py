@@ -33,6 +33,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from optimum_ipu_backend.compiler.graphs import NameAllocator, TensorIndex, constant_node_value, shape_view
+
 MASK_INPUT = "ipu_past_mask"
 PADDING_SIDE = "left"
 
@@ -40,9 +42,6 @@ _PAST_SELF_ATTENTION = re.compile(r"^past_key_values\.(\d+)\.decoder\.(key|value
 # Names of learned absolute position tables; only a safety net against position lookups this pass
 # does not recognise, never used to decide what to rewrite.
 _POSITION_TABLE = re.compile(r"position|wpe", re.IGNORECASE)
-# Initializers at least this large are left out of the copy shape inference reads: it needs types and
-# ranks only, and a model over 2 GB cannot be serialized for it at all.
-_SHAPE_VIEW_MIN_BYTES = 64 * 1024
 
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Where"})
 _SAME_LAYOUT = frozenset({"Cast", "Identity"})
@@ -93,7 +92,7 @@ def add_past_padding_mask(model: onnx.ModelProto) -> PastPaddingRewrite | None:
 
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
-    _Rewriter(rewritten.graph, facts, batch_dim, past_dim).apply(masked, lookups)
+    _Rewriter(rewritten, facts, batch_dim, past_dim).apply(masked, lookups)
     return PastPaddingRewrite(
         model=rewritten,
         mask_input=MASK_INPUT,
@@ -150,28 +149,6 @@ def _has_mask_over_past(graph: onnx.GraphProto, past_dim: str) -> bool:
     return False
 
 
-def _shape_view(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy for shape inference in which large weights are typed inputs instead of data."""
-    view = onnx.ModelProto()
-    view.ir_version = model.ir_version
-    view.opset_import.extend(model.opset_import)
-    graph = view.graph
-    graph.node.extend(model.graph.node)
-    graph.input.extend(model.graph.input)
-    graph.output.extend(model.graph.output)
-    graph.value_info.extend(model.graph.value_info)
-    listed = {vi.name for vi in model.graph.input}
-    for init in model.graph.initializer:
-        size = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize * int(np.prod(init.dims))
-        if init.data_location == TensorProto.EXTERNAL or size >= _SHAPE_VIEW_MIN_BYTES:
-            if init.name not in listed:
-                graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-        else:
-            graph.initializer.append(init)
-    view.functions.extend(model.functions)
-    return view
-
-
 class _GraphFacts:
     """Producers, consumers, ranks and element types of the top-level graph's tensors."""
 
@@ -184,16 +161,11 @@ class _GraphFacts:
         # One list of node objects, so every lookup hands out the same objects and their positions hold.
         self.nodes = list(graph.node)
         self.position = {id(node): index for index, node in enumerate(self.nodes)}
-        self.producer: dict[str, onnx.NodeProto] = {}
-        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
-        for node in self.nodes:
-            for index, name in enumerate(node.input):
-                if name:
-                    self.consumers[name].append((node, index))
-            for name in node.output:
-                self.producer[name] = node
-        self.subgraph_reads = _names_read_in_subgraphs(graph)
-        inferred = onnx.shape_inference.infer_shapes(_shape_view(model), strict_mode=False)
+        index = TensorIndex(graph, subgraphs=False)
+        self.producer = index.producer
+        self.consumers = index.consumers
+        self.subgraph_reads = index.read_in_subgraphs
+        inferred = onnx.shape_inference.infer_shapes(shape_view(model), strict_mode=False)
         self.types: dict[str, onnx.TypeProto] = {}
         for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
             self.types[vi.name] = vi.type
@@ -244,26 +216,8 @@ class _GraphFacts:
             return numpy_helper.to_array(self.initializers[name])
         node = self.producer.get(name)
         if node is not None and node.op_type == "Constant":
-            for attribute in node.attribute:
-                if attribute.name == "value":
-                    return numpy_helper.to_array(attribute.t)
-                if attribute.name in ("value_int", "value_ints"):
-                    return np.asarray(helper.get_attribute_value(attribute), np.int64)
+            return constant_node_value(node)
         return None
-
-
-def _names_read_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
-    read: set[str] = set()
-    for node in graph.node:
-        for attribute in node.attribute:
-            subgraphs = list(attribute.graphs)
-            if attribute.HasField("g"):
-                subgraphs.append(attribute.g)
-            for subgraph in subgraphs:
-                for inner in subgraph.node:
-                    read.update(inner.input)
-                read |= _names_read_in_subgraphs(subgraph)
-    return read
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -537,26 +491,19 @@ def _dependents(facts: _GraphFacts, sources: Iterable[str]) -> set[str]:
 
 
 class _Rewriter:
-    """Adds the mask input and the nodes that use it to ``graph`` (a copy owned by the caller)."""
+    """Adds the mask input and the nodes that use it to ``model`` (a copy owned by the caller)."""
 
-    def __init__(self, graph: onnx.GraphProto, facts: _GraphFacts, batch_dim: str, past_dim: str) -> None:
-        self.graph = graph
+    def __init__(self, model: onnx.ModelProto, facts: _GraphFacts, batch_dim: str, past_dim: str) -> None:
+        self.graph = model.graph
         self.facts = facts
         self.batch_dim = batch_dim
         self.past_dim = past_dim
-        taken = {n.name for n in graph.node} | set(facts.types) | set(facts.producer)
-        taken |= {vi.name for vi in graph.input} | {init.name for init in graph.initializer}
-        self._taken = taken
+        self._names = NameAllocator.for_model(model)
         self._before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
         self._renamed_input: dict[tuple[int, int], str] = {}
 
     def _fresh(self, hint: str) -> str:
-        name, counter = f"/ipu_past_mask/{hint}", 0
-        while name in self._taken:
-            counter += 1
-            name = f"/ipu_past_mask/{hint}_{counter}"
-        self._taken.add(name)
-        return name
+        return self._names.fresh(f"/ipu_past_mask/{hint}")
 
     def _node(self, anchor: int, op_type: str, inputs: list[str], hint: str, **attributes: object) -> str:
         """Schedule a node to run just before node ``anchor``; return its output's name."""
