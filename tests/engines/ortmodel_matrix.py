@@ -1,7 +1,7 @@
 """Run in a fresh interpreter by test_ortmodels_on_engines.py: the cases of
 tests/integration/ortmodel_checks.py (the main matrix) and tests/integration/ortmodel_class_checks.py
-(the zoo's CLASS_CASES: the other ORTModel classes and the diffusion pipelines) with provider="ipu" on the
-Poplar SDK engines (the SDK double on the path) instead of the emulator.
+(CLASS_CASES of tests/class_zoo.py: the other ORTModel classes and the diffusion pipelines) with
+provider="ipu" on the Poplar SDK engines (the SDK double on the path) instead of the emulator.
 Argument: a JSON file of {"runs": [[device, engine, case name], ...], "cases": {...}}, each case naming
 its "matrix" ("main" or "classes") and its "kind"; prints one JSON object keyed "device/engine/name"."""
 

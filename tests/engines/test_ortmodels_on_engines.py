@@ -1,8 +1,9 @@
 """Every ORTModel class the emulator serves, unchanged, with device="ipu" and device="ipu-model" on the
 PopART and on the PopTorch engine (the SDK double on the path, a doubled system of 4 IPUs): the main
-matrix (tests/integration/test_ortmodels.py) and the zoo's CLASS_CASES (tests/integration/
-test_ortmodel_classes.py: the other ORTModel classes and the three diffusion pipelines). Outputs match
-CPUExecutionProvider within the emulator's tolerances, generation is token-identical and images agree.
+matrix (tests/integration/test_ortmodels.py) and CLASS_CASES (tests/class_zoo.py: the other ORTModel
+classes and the three diffusion pipelines, as tests/integration/test_ortmodel_classes.py runs them).
+Outputs match CPUExecutionProvider within the emulator's tolerances, generation is token-identical and
+images agree.
 
 By default (CI on two cores) each case runs once: the cases alternate between the two engines, and each
 engine's cases alternate between the two devices, so every class runs and each engine serves forward and
@@ -19,14 +20,13 @@ import json
 import os
 from pathlib import Path
 
+from class_zoo import CLASS_CASES
 from integration.test_ortmodel_classes import ATOL as CLASS_ATOL
 from integration.test_ortmodel_classes import IMAGE_ATOL, class_case_specs
 from integration.test_ortmodels import ATOL, FORWARD, GENERATE, _onnx_dir
 from model_zoo import session_zoo
 from sdk_testing import call_log, sdk_environment
 from subprocess_env import python
-
-from optimum_ipu_backend.conformance.zoo import CLASS_CASES
 
 DEVICES = ("ipu", "ipu-model")
 ENGINES = ("popart", "poptorch")

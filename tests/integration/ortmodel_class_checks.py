@@ -1,5 +1,6 @@
-"""Run in a fresh interpreter by test_ortmodel_classes.py: each ORTModel class of the zoo's
-``CLASS_CASES`` with provider="ipu" on the host emulator against the same class on CPUExecutionProvider.
+"""Run in a fresh interpreter by test_ortmodel_classes.py: each ORTModel class of ``CLASS_CASES``
+(tests/class_zoo.py) with provider="ipu" on the host emulator against the same class on
+CPUExecutionProvider.
 Prints one JSON object of measured figures per case; the test process applies the tolerances.
 
 Nothing here calls ``install()``: the plugin must already be active from the installed package.
@@ -60,7 +61,8 @@ def generate_case(case: dict) -> dict:
 
 
 def diffusion_case(case: dict) -> dict:
-    from optimum_ipu_backend.conformance.zoo import diffusion_call
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for class_zoo
+    from class_zoo import diffusion_call
 
     cls = getattr(ort_models, case["class"])
     cpu = cls.from_pretrained(case["onnx_dir"], **checks.CPU)

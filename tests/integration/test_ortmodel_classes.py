@@ -1,8 +1,9 @@
-"""One tiny model per ORTModel class outside the main matrix (the zoo's ``CLASS_CASES``: zero-shot image
-classification, Vision2Seq, Pix2Struct, image-to-image, EfficientNet, semantic segmentation, CTC, audio
-classification, x-vectors, custom tasks) and the text-to-image, image-to-image and inpainting pipelines,
-each through its class with provider="ipu" on the host emulator against the same class on
-CPUExecutionProvider: outputs within atol 1e-4, generated tokens identical, images within atol 1e-3.
+"""One tiny model per ORTModel class outside the main matrix (``CLASS_CASES`` of tests/class_zoo.py:
+zero-shot image classification, Vision2Seq, Pix2Struct, image-to-image, EfficientNet, semantic
+segmentation, CTC, audio classification, x-vectors, custom tasks) and the text-to-image, image-to-image
+and inpainting pipelines, each through its class with provider="ipu" on the host emulator against the
+same class on CPUExecutionProvider: outputs within atol 1e-4, generated tokens identical, images within
+atol 1e-3.
 
 All cases run in one fresh interpreter of the installed environment (ortmodel_class_checks.py); this
 process builds the models and the inputs and applies the tolerances. Batches of 3 run padded to the
@@ -16,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from class_zoo import CLASS_CASES, class_inputs, class_zoo, diffusion_call
 from model_zoo import session_zoo
 from subprocess_env import python_json
 
 from integration.test_ortmodels import _assert_on_ipu_emulator
-from optimum_ipu_backend.conformance.zoo import CLASS_CASES, class_inputs, diffusion_call
 
 ATOL = 1e-4
 IMAGE_ATOL = 1e-3
@@ -31,7 +32,9 @@ DIFFUSION = [name for name, case in CLASS_CASES.items() if case.kind == "diffusi
 
 def class_case_specs(zoo, scratch: Path) -> dict[str, dict]:
     """The spec of every CLASS_CASES case for ortmodel_class_checks.py (also run on the SDK engines by
-    tests/engines/test_ortmodels_on_engines.py); inputs are written to ``scratch``."""
+    tests/engines/test_ortmodels_on_engines.py), built beside the session's ``zoo``; inputs are written
+    to ``scratch``."""
+    zoo = class_zoo(zoo)
     cases = {}
     for name, case in CLASS_CASES.items():
         cases[name] = {
