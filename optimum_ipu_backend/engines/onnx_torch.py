@@ -189,13 +189,32 @@ def _gemm(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     return result
 
 
+def _pads(attrs: Attrs, data: torch.Tensor, kernel: Sequence[int]) -> list[int]:
+    """Explicit ``[begin..., end...]`` pads, ``auto_pad`` resolved as ONNX defines it for static shapes:
+    SAME_* pads so that the output is ceil(input / stride), the odd pixel at the end (UPPER) or the
+    beginning (LOWER); VALID pads nothing."""
+    spatial = data.dim() - 2
+    auto_pad = _text(attrs.get("auto_pad", "NOTSET"))
+    if auto_pad == "NOTSET":
+        return list(attrs.get("pads", [0] * 2 * spatial))
+    if auto_pad == "VALID":
+        return [0] * 2 * spatial
+    strides = attrs.get("strides", [1] * spatial)
+    dilations = attrs.get("dilations", [1] * spatial)
+    begin, end = [], []
+    for size, k, stride, dilation in zip(data.shape[2:], kernel, strides, dilations, strict=True):
+        total = max((math.ceil(size / stride) - 1) * stride + (k - 1) * dilation + 1 - size, 0)
+        small = total // 2
+        begin.append(small if auto_pad == "SAME_UPPER" else total - small)
+        end.append(total - begin[-1])
+    return begin + end
+
+
 def _conv(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     data, weight = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     spatial = data.dim() - 2
-    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        raise EngineContractError("Conv with auto_pad is not supported by the PopTorch graph converter")
-    pads = attrs.get("pads", [0] * 2 * spatial)
+    pads = _pads(attrs, data, weight.shape[2:])
     begin, end = pads[:spatial], pads[spatial:]
     if begin != end:
         data = torch.nn.functional.pad(
@@ -294,12 +313,88 @@ def _batch_norm(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     )
 
 
+def _instance_norm(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data, scale, bias = inputs[:3]
+    return torch.nn.functional.instance_norm(data, weight=scale, bias=bias, eps=attrs.get("epsilon", 1e-5))
+
+
+def _depth_to_space(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data = inputs[0]
+    block = attrs["blocksize"]
+    batch, channels, height, width = data.shape
+    depth = channels // (block * block)
+    if _text(attrs.get("mode", "DCR")) == "CRD":
+        blocks = data.reshape(batch, depth, block, block, height, width).permute(0, 1, 4, 2, 5, 3)
+    else:  # DCR, the default: the block offsets are the outer part of the channel index
+        blocks = data.reshape(batch, block, block, depth, height, width).permute(0, 3, 4, 1, 5, 2)
+    return blocks.reshape(batch, depth, height * block, width * block)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# Resize (opset 11) as torch's interpolate computes it: ONNX's (mode, coordinate transformation, nearest
+# mode) -> (interpolate mode, align_corners). torch's "nearest" takes floor(x / scale), ONNX's asymmetric
+# transformation with floor rounding; its linear modes with align_corners=False are ONNX's half_pixel.
+_RESIZE_MODES = {
+    ("nearest", "asymmetric", "floor"): ("nearest", None),
+    ("linear", "half_pixel", None): ("linear", False),
+    ("linear", "pytorch_half_pixel", None): ("linear", False),
+    ("linear", "align_corners", None): ("linear", True),
+}
+_LINEAR_BY_RANK = {1: "linear", 2: "bilinear", 3: "trilinear"}
+
+
+def _resize(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    data = inputs[0]
+    scales = inputs[2] if len(inputs) > 2 and inputs[2] is not None and inputs[2].numel() else None
+    sizes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else []
+    mode = _text(attrs.get("mode", "nearest"))
+    transformation = _text(attrs.get("coordinate_transformation_mode", "half_pixel"))
+    nearest = _text(attrs.get("nearest_mode", "round_prefer_floor")) if mode == "nearest" else None
+    spatial = data.dim() - 2
+    factors = [float(v) for v in scales.reshape(-1).tolist()] if scales is not None else []
+    outer = sizes[:2] == list(data.shape[:2]) if sizes else factors[:2] == [1.0, 1.0]
+    out = sizes[2:] or [math.floor(n * f) for n, f in zip(data.shape[2:], factors[2:], strict=True)]
+    torch_mode = _RESIZE_MODES.get((mode, transformation, nearest))
+    # pytorch_half_pixel maps a size-1 output to 0, where torch's half-pixel mapping does not
+    if (
+        torch_mode is None
+        or spatial not in _LINEAR_BY_RANK
+        or not outer
+        or (transformation == "pytorch_half_pixel" and min(out) == 1)
+    ):
+        raise EngineContractError(
+            f"Resize with mode={mode!r}, coordinate_transformation_mode={transformation!r}"
+            + (f", nearest_mode={nearest!r}" if nearest else "")
+            + f" from {list(data.shape)} to {list(data.shape[:2]) + out} is not supported by the PopTorch "
+            f"graph converter (it resizes the spatial axes of a rank-3 to rank-5 input with "
+            f"{list(_RESIZE_MODES)}); serve this model with engine='popart'"
+        )
+    interpolate_mode, align_corners = torch_mode
+    if interpolate_mode == "linear":
+        interpolate_mode = _LINEAR_BY_RANK[spatial]
+    if sizes:
+        return torch.nn.functional.interpolate(
+            data, size=out, mode=interpolate_mode, align_corners=align_corners
+        )
+    # The given scales, not out/in, map the coordinates, as in ONNX
+    return torch.nn.functional.interpolate(
+        data,
+        scale_factor=factors[2:],
+        mode=interpolate_mode,
+        align_corners=align_corners,
+        recompute_scale_factor=False,
+    )
+
+
 def _pool(kind: str) -> Op:
     def op(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
         data = inputs[0]
         spatial = data.dim() - 2
         kernel = attrs["kernel_shape"]
-        pads = attrs.get("pads", [0] * 2 * spatial)
+        pads = _pads(attrs, data, kernel)
         if pads[:spatial] != pads[spatial:]:
             raise EngineContractError(
                 f"{kind} with asymmetric pads is not supported by the PopTorch converter"
@@ -387,6 +482,7 @@ OPS: dict[str, Op] = {
     "Cos": _unary(torch.cos),
     "Cosh": _unary(torch.cosh),
     "CumSum": _cumsum,
+    "DepthToSpace": _depth_to_space,
     "Div": _div,
     "Dropout": lambda inputs, attrs: [inputs[0], torch.ones_like(inputs[0], dtype=torch.bool)],
     "Elu": lambda inputs, attrs: torch.nn.functional.elu(inputs[0], attrs.get("alpha", 1.0)),
@@ -409,6 +505,7 @@ OPS: dict[str, Op] = {
         attrs.get("alpha", 0.2) * inputs[0] + attrs.get("beta", 0.5), 0, 1
     ),
     "Identity": _unary(lambda x: x),
+    "InstanceNormalization": _instance_norm,
     "IsInf": _unary(torch.isinf),
     "IsNaN": _unary(torch.isnan),
     "LeakyRelu": lambda inputs, attrs: torch.nn.functional.leaky_relu(inputs[0], attrs.get("alpha", 0.01)),
@@ -442,6 +539,7 @@ OPS: dict[str, Op] = {
     "ReduceSumSquare": _reduce(lambda d, dims, keep: (d * d).sum(dim=dims, keepdim=keep)),
     "Relu": _unary(torch.relu),
     "Reshape": _reshape,
+    "Resize": _resize,
     "Round": _unary(torch.round),
     "ScatterElements": _scatter_elements,
     "Selu": lambda inputs, attrs: (
@@ -551,3 +649,23 @@ class OnnxGraphModule(torch.nn.Module):
                 if name:
                     values[name] = value
         return tuple(values[name] for name in self.output_names)
+
+
+class ScalarsWithLeadingAxis(torch.nn.Module):
+    """``module`` with a leading axis of 1 on its rank-0 inputs and outputs.
+
+    PopTorch's batch rule splits dim 0 of every input over device iterations and replicas and concatenates
+    outputs on dim 0, so a scalar cannot pass as it is: the engine feeds it as ``[steps]``, each
+    micro-batch sees ``[1]``, and this wrapper hands the graph the scalar it declares.
+    """
+
+    def __init__(self, module: OnnxGraphModule, scalar_inputs: set[int], scalar_outputs: set[int]) -> None:
+        super().__init__()
+        self.module = module
+        self.scalar_inputs = frozenset(scalar_inputs)
+        self.scalar_outputs = frozenset(scalar_outputs)
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args = [x.reshape(()) if i in self.scalar_inputs else x for i, x in enumerate(inputs)]
+        results = self.module(*args)
+        return tuple(y.reshape((1,)) if i in self.scalar_outputs else y for i, y in enumerate(results))

@@ -12,7 +12,8 @@ tells PopTorch this instance's place.
 
 PopTorch's batch rule: dim 0 of every input is ``micro-batch x deviceIterations x replicationFactor``,
 and outputs come back concatenated on dim 0. Our step buffers ``[device_iterations, replicas, *shape]``
-are exactly that in C order, so they are passed as views, reshaped, without a copy.
+are exactly that in C order, so they are passed as views, reshaped, without a copy. A scalar has no
+dim 0: it travels as ``[steps]`` and the module hands the graph its scalar (``ScalarsWithLeadingAxis``).
 
 Residency: a PopTorch executor attaches to its own IPUs. When executables outnumber the IPUs, the worker
 detaches the one loaded on a device before attaching another (``detachFromDevice`` /
@@ -136,37 +137,34 @@ class PopTorchBackend:
     ) -> _Executor:
         import onnx
 
-        from optimum_ipu_backend.engines.onnx_torch import OnnxGraphModule
+        from optimum_ipu_backend.engines.onnx_torch import OnnxGraphModule, ScalarsWithLeadingAxis
 
         torch = self.torch
         model = onnx.load(graph)  # external data resolves next to the file
-        module = OnnxGraphModule(model).eval()
+        graph_module = OnnxGraphModule(model).eval()
         steps = options["device_iterations"] * options["replicas"]
 
         def specs(values) -> list[dict[str, Any]]:
             result = []
             for value in values:
-                if value.name not in module.input_names and value.name not in module.output_names:
+                if value.name not in graph_module.input_names and value.name not in graph_module.output_names:
                     continue
                 shape = tuple(d.dim_value for d in value.type.tensor_type.shape.dim)
                 dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-                if steps > 1 and not shape:
-                    raise EngineContractError(
-                        f"{value.name!r} is a scalar; PopTorch concatenates device iterations and "
-                        "replicas on "
-                        "dim 0, so scalars need device_iterations = replication_factor = 1"
-                    )
                 result.append({"name": value.name, "shape": shape, "dtype": np.dtype(dtype).name})
             return result
 
         inputs, outputs = specs(model.graph.input), specs(model.graph.output)
+        # PopTorch's batch rule needs a dim 0 on every input and output: scalars travel as [steps]
+        module = ScalarsWithLeadingAxis(
+            graph_module,
+            {index for index, spec in enumerate(inputs) if not spec["shape"]},
+            {index for index, spec in enumerate(outputs) if not spec["shape"]},
+        ).eval()
         opts = self._options(options, artifacts, device_name, offline, options.get("ipu_version") or "ipu2")
         executor = self.poptorch.inferenceModel(module, opts)
         examples = [
-            torch.zeros(
-                (spec["shape"][0] * steps, *spec["shape"][1:]) if spec["shape"] else (),
-                dtype=_torch_dtype(torch, spec["dtype"]),
-            )
+            torch.zeros(_leading_axis(spec["shape"], steps), dtype=_torch_dtype(torch, spec["dtype"]))
             for spec in inputs
         ]
         executor.compile(*examples)
@@ -178,11 +176,7 @@ class PopTorchBackend:
         for spec in built.inputs:
             array = inputs[spec["name"]]
             shape = spec["shape"]
-            args.append(
-                torch.from_numpy(
-                    array.reshape((shape[0] * built.steps, *shape[1:])) if shape else array.reshape(())
-                )
-            )
+            args.append(torch.from_numpy(array.reshape(_leading_axis(shape, built.steps))))
         results = built.executor(*args)
         if isinstance(results, torch.Tensor):
             results = (results,)
@@ -222,6 +216,12 @@ class PopTorchBackend:
                 return {"kind": "acquisition"}
             return {"kind": "sdk"}
         return None
+
+
+def _leading_axis(shape: tuple[int, ...], steps: int) -> tuple[int, ...]:
+    """The shape PopTorch takes for one step's ``steps`` micro-batches of an ONNX ``shape``: dim 0
+    multiplied by the steps, and a scalar given a dim 0 of its own."""
+    return (shape[0] * steps, *shape[1:]) if shape else (steps,)
 
 
 def _torch_dtype(torch: Any, name: str) -> Any:

@@ -28,6 +28,10 @@ from model_zoo import session_zoo
 from sdk_testing import call_log, sdk_environment
 from subprocess_env import python
 
+# PopTorch runs the graph as torch operators, whose float32 sums are ordered differently from
+# onnxruntime's kernels: results may also differ by this fraction of the largest output (a few units in
+# the last place; the real all-MiniLM-L6-v2 differs by 1.2e-5 on the first run of the full product).
+TORCH_RTOL = 1e-6
 DEVICES = ("ipu", "ipu-model")
 ENGINES = ("popart", "poptorch")
 CASE_NAMES = [*FORWARD, *GENERATE, *CLASS_CASES]
@@ -113,7 +117,12 @@ def _failures(results: dict, engine: str) -> list[str]:
             kind = CLASS_CASES[name].kind if name in CLASS_CASES else None
             if name in FORWARD or kind == "forward":
                 atol = ATOL if name in FORWARD else CLASS_ATOL
-                assert result["max_abs_diff"] <= atol, f"max abs diff {result['max_abs_diff']}"
+                if engine == "poptorch":
+                    atol += TORCH_RTOL * result["max_abs_expected"]
+                largest = result["max_abs_expected"]
+                assert result["max_abs_diff"] <= atol, (
+                    f"max abs diff {result['max_abs_diff']} > {atol} (largest output {largest})"
+                )
             elif kind == "diffusion":
                 assert result["max_abs_diff"] <= IMAGE_ATOL, f"image diff {result['max_abs_diff']}"
                 assert result["image_std"] > 0.01, "a flat image cannot tell providers apart"

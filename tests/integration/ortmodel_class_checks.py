@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ortmodel_checks as checks  # noqa: E402
-from ortmodel_checks import _flatten, _max_diff, _session_facts, main  # noqa: E402
+from ortmodel_checks import _flatten, _max_abs, _max_diff, _session_facts, main  # noqa: E402
 
 
 def _inputs(case: dict) -> dict[str, torch.Tensor]:
@@ -35,6 +35,7 @@ def forward_case(case: dict) -> dict:
     tensors = _flatten(expected)
     return {
         "max_abs_diff": _max_diff(expected, got),
+        "max_abs_expected": _max_abs(expected),
         # how far the outputs are from constant: a degenerate output would compare equal by accident
         "output_spread": min(float(t.float().max() - t.float().min()) for t in tensors),
         "output_shapes": [list(t.shape) for t in tensors],

@@ -18,6 +18,7 @@ from subprocess_env import python
 
 from optimum_ipu_backend.conformance.zoo import sample_inputs
 from optimum_ipu_backend.runtime.buckets import InputTooLargeError
+from optimum_ipu_backend.runtime.serving import ExecutableLimitError
 from optimum_ipu_backend.session import IPUInferenceSession
 from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
 
@@ -90,6 +91,26 @@ def test_device_iterations_and_replication_use_popart_layout(bert, tmp_path):
     # 11 samples in steps of micro-batch 2 x 2 iterations x 2 replicas = 8: two steps,
     # each buffer [device_iterations, replicas, micro_batch, sequence]
     assert [shapes["input_ids"] for shapes in seen] == [(2, 2, 2, 16), (2, 2, 2, 16)]
+
+
+def test_a_call_past_max_executables_is_refused_naming_the_cap_and_earlier_shapes_still_serve(bert, tmp_path):
+    model_dir, onnx_dir = bert
+    session = _session(onnx_dir, tmp_path, sequence_lengths="8,16", batch_size="1", max_executables="1")
+    short = sample_inputs("bert", model_dir, batch=1, seq=5)
+    np.testing.assert_allclose(session.run(None, short)[0], _reference(onnx_dir, short)[0], atol=ATOL)
+    longer = sample_inputs("bert", model_dir, batch=1, seq=12)  # needs the 16 bucket: a second executable
+    with pytest.raises(ExecutableLimitError) as info:
+        session.run(None, longer)
+    message = str(info.value)
+    assert "max_executables=1" in message and "Raise max_executables" in message and "16" in message
+    (entry,) = session.compiled_executables()
+    # each entry carries the padding verdict of every dimension: here the sequence is padded by proof
+    assert entry["padding"] == session.padding_verdicts()
+    assert any(
+        dim.endswith("sequence_length") and v.startswith("padded") for dim, v in entry["padding"].items()
+    )
+    other = sample_inputs("bert", model_dir, batch=1, seq=7, seed=3)  # fits the compiled executable
+    np.testing.assert_allclose(session.run(None, other)[0], _reference(onnx_dir, other)[0], atol=ATOL)
 
 
 def test_ipu_config_json_beside_the_model(bert, tmp_path):

@@ -614,13 +614,19 @@ _INT64_INPUTS = {
     "ConstantOfShape": (0,),
     "Pad": (1,),
     "TopK": (1,),
-    "Resize": (),
+    "Resize": (3,),
     "Upsample": (),
 }
 
 
+# Index outputs PopART computes as INT32 (its ArgMax/ArgMin and TopK ops set up INT32 indices), where
+# onnxruntime's kernels produce int64: (op type, output position).
+_INT32_INDEX_OUTPUTS = {"ArgMax": 0, "ArgMin": 0, "TopK": 1}
+
+
 def _executable_by_onnxruntime(model):
-    """The graph as the double executes it: int32 shape operands go back to int64 for onnxruntime."""
+    """The graph as the double executes it: int32 shape operands go back to int64 for onnxruntime, and
+    the int64 indices onnxruntime computes are cast to the int32 PopART produces."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -647,6 +653,12 @@ def _executable_by_onnxruntime(model):
                     nodes.append(helper.make_node("Cast", [name], [wide], to=onnx.TensorProto.INT64))
                     node.input[position] = wide
             nodes.append(node)
+            position = _INT32_INDEX_OUTPUTS.get(node.op_type)
+            if position is not None and position < len(node.output) and node.output[position]:
+                narrow = node.output[position]
+                wide = f"{narrow}__onnxruntime_int64_{len(nodes)}"
+                node.output[position] = wide
+                nodes.append(helper.make_node("Cast", [wide], [narrow], to=onnx.TensorProto.INT32))
         graph.ClearField("node")
         graph.node.extend(nodes)
     return model
@@ -1023,7 +1035,8 @@ class InferenceSession:
         names = list(outputs)
         for step in range(bps):
             for replica in range(replicas):
-                results = self._executable.run(names, {k: v[step, replica] for k, v in feeds.items()})
+                # [step, replica, ...] keeps a scalar tensor a 0-d array
+                results = self._executable.run(names, {k: v[step, replica, ...] for k, v in feeds.items()})
                 for name, value in zip(names, results, strict=True):
                     outputs[name][step, replica] = value
 
