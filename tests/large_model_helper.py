@@ -120,3 +120,28 @@ def placement(model: onnx.ModelProto) -> dict[str, tuple[int | None, int | None]
         )
         for node in model.graph.node
     }
+
+
+def emulator_session(onnx_dir: Path, cache_dir: Path, **options):
+    """An emulator session on ``onnx_dir/model.onnx`` caching in ``cache_dir``, buckets of 8 and 16 tokens
+    unless ``options`` say otherwise."""
+    from optimum_ipu_backend.session import IPUInferenceSession
+    from optimum_ipu_backend.session.options import IPUProviderOptions
+
+    options = {
+        "device": "emulator",
+        "executable_cache_dir": str(cache_dir),
+        "sequence_lengths": "8,16",
+        **options,
+    }
+    return IPUInferenceSession(
+        str(onnx_dir / "model.onnx"), options=IPUProviderOptions.parse(options, onnx_dir)
+    )
+
+
+def cpu_outputs(onnx_dir: Path, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The export's outputs on onnxruntime's CPU provider."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    return session.run(None, feed)

@@ -20,10 +20,11 @@ from optimum_ipu_backend.conformance.zoo import (
     PATTERN_TASKS,
     TASKS,
     ModelZoo,
-    auto_model_class,
+    auto_model_class_for,
     build_model,
     export_onnx,
-    sample_inputs,
+    preprocessed_inputs,
+    task_of_config,
 )
 
 # Eager torch and ORT CPU run the same fp32 arithmetic in a different order; tiny models stay well inside.
@@ -67,7 +68,8 @@ def _float_outputs(outputs: Any) -> dict[str, np.ndarray]:
 
 def build_auto_model(model_dir: Path) -> transformers.PreTrainedModel:
     """The saved head, reloaded; every weight must come from the checkpoint, none freshly initialised."""
-    model, loading_info = auto_model_class(model_dir).from_pretrained(
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    model, loading_info = auto_model_class_for(task_of_config(config)).from_pretrained(
         model_dir, local_files_only=True, output_loading_info=True
     )
     missing = set(loading_info.pop("missing_keys"))
@@ -137,7 +139,7 @@ def test_build_is_deterministic(zoo: ModelZoo, tmp_path: Path, name: str) -> Non
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_sample_inputs_exercise_padding(zoo: ModelZoo, name: str) -> None:
     model_dir = zoo.model(name)
-    inputs = sample_inputs(name, model_dir, batch=3, seq=10, seed=1)
+    inputs = preprocessed_inputs(model_dir, batch=3, seq=10, seed=1)
     assert all(value.shape[0] == 3 for value in inputs.values())
     if "attention_mask" in inputs:
         mask = inputs["attention_mask"]
@@ -145,7 +147,7 @@ def test_sample_inputs_exercise_padding(zoo: ModelZoo, name: str) -> None:
         assert mask[0].all() and not mask[-1].all()
     if "token_type_ids" in inputs:
         assert set(np.unique(inputs["token_type_ids"])) == {0, 1}
-    again = sample_inputs(name, model_dir, batch=3, seq=10, seed=1)
+    again = preprocessed_inputs(model_dir, batch=3, seq=10, seed=1)
     assert all(np.array_equal(inputs[key], again[key]) for key in inputs)
     if name == "whisper":
         features = inputs["input_features"]
@@ -184,7 +186,7 @@ def test_generation_models_do_not_repeat_one_token(zoo: ModelZoo) -> None:
         model_dir = zoo.model(name, task)
         model = build_auto_model(model_dir)
         generated = model.generate(
-            **_generation_inputs(sample_inputs(name, model_dir)),
+            **_generation_inputs(preprocessed_inputs(model_dir)),
             max_new_tokens=NEW_TOKENS,
             min_new_tokens=NEW_TOKENS,
             do_sample=False,
@@ -205,7 +207,7 @@ def test_onnx_export_matches_eager_torch(zoo: ModelZoo, class_name: str, name: s
     ort_model = getattr(optimum.onnxruntime, class_name).from_pretrained(
         onnx_dir, provider="CPUExecutionProvider", local_files_only=True
     )
-    inputs = sample_inputs(name, model_dir)
+    inputs = preprocessed_inputs(model_dir)
 
     with torch.no_grad():
         expected = _float_outputs(eager(**_torch_inputs(inputs)))

@@ -27,6 +27,19 @@ class MemoryEstimate:
     ipu_memory_bytes: int = IPU_MEMORY_BYTES
     tiles_per_ipu: int = TILES_PER_IPU
 
+    @classmethod
+    def of(cls, weights: int, peak: int, ipu_memory_bytes: int, tiles_per_ipu: int) -> MemoryEstimate:
+        """The estimate for ``weights`` plus a ``peak`` of live activations on IPUs of that memory."""
+        total = weights + peak
+        return cls(
+            weights_bytes=weights,
+            peak_activation_bytes=peak,
+            total_bytes=total,
+            ipus_needed=max(1, math.ceil(total / ipu_memory_bytes)),
+            ipu_memory_bytes=ipu_memory_bytes,
+            tiles_per_ipu=tiles_per_ipu,
+        )
+
 
 def _value_bytes(value_info: onnx.ValueInfoProto) -> int:
     tensor_type = value_info.type.tensor_type
@@ -123,17 +136,7 @@ def estimate_memory_per_ipu(
         )
         held = reads | {name for node in nodes for name in node.output}
         peak = _peak_activations(graph, sizes, set(initializers), held)
-        total = weights + peak
-        estimates.append(
-            MemoryEstimate(
-                weights_bytes=weights,
-                peak_activation_bytes=peak,
-                total_bytes=total,
-                ipus_needed=max(1, math.ceil(total / ipu_memory_bytes)),
-                ipu_memory_bytes=ipu_memory_bytes,
-                tiles_per_ipu=tiles_per_ipu,
-            )
-        )
+        estimates.append(MemoryEstimate.of(weights, peak, ipu_memory_bytes, tiles_per_ipu))
     return estimates
 
 
@@ -151,12 +154,4 @@ def estimate_memory(
         for value_info in list(graph.input) + list(graph.value_info) + list(graph.output):
             sizes[value_info.name] = _value_bytes(value_info)
     peak = _peak_activations(model.graph, sizes, constants)
-    total = weights + peak
-    return MemoryEstimate(
-        weights_bytes=weights,
-        peak_activation_bytes=peak,
-        total_bytes=total,
-        ipus_needed=max(1, math.ceil(total / ipu_memory_bytes)),
-        ipu_memory_bytes=ipu_memory_bytes,
-        tiles_per_ipu=tiles_per_ipu,
-    )
+    return MemoryEstimate.of(weights, peak, ipu_memory_bytes, tiles_per_ipu)

@@ -10,7 +10,7 @@ Typical use::
 
     zoo = ModelZoo(root)
     onnx_dir = zoo.onnx("bert", "text-classification")
-    inputs = sample_inputs("bert", onnx_dir, batch=3, seq=12)
+    inputs = preprocessed_inputs(onnx_dir, batch=3, seq=12)
 
 (the tests get a per-session ``ModelZoo`` from ``tests/model_zoo.py``'s ``session_zoo``).
 """
@@ -809,7 +809,6 @@ def build_model(name: str, root: Path, task: str | None = None) -> Path:
     if name not in _BUILDERS:
         raise ValueError(f"unknown zoo model {name!r}; expected one of {MODEL_NAMES}")
     build_task = _build_task(task)
-    auto_class_name = _AUTO_CLASS_FOR_TASK["feature-extraction" if build_task is None else build_task]
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -818,7 +817,6 @@ def build_model(name: str, root: Path, task: str | None = None) -> Path:
         if final_dir.is_dir():
             return final_dir
         import torch
-        import transformers
 
         # Build next to the final directory and rename, so an interrupted build never looks finished.
         staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=root))
@@ -827,7 +825,7 @@ def build_model(name: str, root: Path, task: str | None = None) -> Path:
             if build_task in NUM_LABELS:
                 config.num_labels = NUM_LABELS[build_task]
             torch.manual_seed(seed_for(name, build_task))
-            auto_class = getattr(transformers, auto_class_name)
+            auto_class = auto_model_class_for(build_task)
             model = auto_class.from_config(config)
             if name in _AFTER_INIT:
                 _AFTER_INIT[name](model)
@@ -883,12 +881,12 @@ def task_of_config(config: Mapping[str, Any]) -> str:
     return "feature-extraction"
 
 
-def auto_model_class(model_dir: Path) -> type:
-    """The transformers Auto class matching the head saved in ``model_dir``."""
+def auto_model_class_for(task: str | None) -> type:
+    """The transformers Auto class of the head a build task names (the base model for None); with
+    ``task_of_config``, the class that loads a saved head."""
     import transformers
 
-    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    return getattr(transformers, _AUTO_CLASS_FOR_TASK[task_of_config(config)])
+    return getattr(transformers, _AUTO_CLASS_FOR_TASK["feature-extraction" if task is None else task])
 
 
 _EXPORT_MARKER = ".zoo-export.json"
@@ -1025,15 +1023,6 @@ def _decoder_input_ids(config: Any, batch: int, seq: int, rng: np.random.Generat
 
 # Decoder-only models whose export takes position_ids, which generate() derives from the attention mask.
 _POSITIONS_FROM_MASK = frozenset({"gpt2", "qwen3_moe"})
-
-
-def sample_inputs(
-    name: str, model_dir: Path, batch: int = 2, seq: int = 8, seed: int = 0
-) -> dict[str, np.ndarray]:
-    """Forward inputs for a zoo model (or its ONNX export dir); see ``preprocessed_inputs``."""
-    if name not in MODEL_NAMES:
-        raise ValueError(f"unknown zoo model {name!r}; expected one of {MODEL_NAMES}")
-    return preprocessed_inputs(model_dir, batch, seq, seed)
 
 
 def preprocessed_inputs(

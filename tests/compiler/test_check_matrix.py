@@ -38,7 +38,7 @@ from matrix_testing import (
 from model_zoo import session_zoo
 
 from optimum_ipu_backend.cli.main import main
-from optimum_ipu_backend.conformance.zoo import ModelZoo, sample_inputs
+from optimum_ipu_backend.conformance.zoo import ModelZoo, preprocessed_inputs
 from optimum_ipu_backend.engines import load_engine
 from optimum_ipu_backend.engines.base import CompileOptions
 
@@ -68,7 +68,7 @@ def zoo(tmp_path_factory) -> ModelZoo:
 
 def _check_runs(zoo: ModelZoo, name: str, task: str) -> list[CheckRun]:
     export_dir = zoo.onnx(name, task)
-    sample = sample_inputs(name, zoo.model(name, task), batch=BATCH, seq=SEQ)
+    sample = preprocessed_inputs(zoo.model(name, task), batch=BATCH, seq=SEQ)
     if name == "gpt2":
         model = onnx.load(export_dir / "model.onnx")
         prompt, next_token = decoder_only_steps(model, sample)

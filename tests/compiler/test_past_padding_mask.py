@@ -27,7 +27,7 @@ from optimum_ipu_backend.compiler.graph_rewrites.past_padding_mask import (
     PastPaddingRewrite,
     add_past_padding_mask,
 )
-from optimum_ipu_backend.conformance.zoo import sample_inputs
+from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 
 FP32_ATOL = 1e-5
 # float16 keeps ~3 decimal digits; the zoo's logits are O(1), and an unmasked padded past moves them by
@@ -135,7 +135,7 @@ def _case(zoo, name: str, task: str) -> _Seq2Seq:
     rewrite = add_past_padding_mask(original)
     assert rewrite is not None
     encoder, decoder = _session(graphs["encoder_model"]), _session(graphs["decoder_model"])
-    sample = sample_inputs(name, zoo.model(name, task), batch=BATCH, seq=SEQ)
+    sample = preprocessed_inputs(zoo.model(name, task), batch=BATCH, seq=SEQ)
     hidden = _run(encoder, sample)["last_hidden_state"]
     cross = {"encoder_hidden_states": hidden}
     if "attention_mask" in sample:

@@ -35,7 +35,7 @@ from model_zoo import session_zoo
 from onnx import helper
 
 from optimum_ipu_backend.compiler import LegalizationError, find_unsupported_nodes, legalize
-from optimum_ipu_backend.conformance.zoo import sample_inputs
+from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 
 
 def test_importing_the_compiler_does_not_import_the_folding_libraries():
@@ -112,7 +112,7 @@ def _cases(
     name: str, export_dir: Path, model_dir: Path
 ) -> list[tuple[str, onnx.ModelProto, dict[str, np.ndarray]]]:
     graphs = {path.name: onnx.load(path) for path in sorted(export_dir.glob("*.onnx"))}
-    sample = sample_inputs(name, model_dir, batch=BATCH, seq=SEQ)
+    sample = preprocessed_inputs(model_dir, batch=BATCH, seq=SEQ)
     if "encoder_model.onnx" in graphs:
         steps = seq2seq_steps(export_dir, sample)
         feeds = {
@@ -183,7 +183,7 @@ def minilm_classifier(tmp_path_factory) -> tuple[Path, Path]:
 def test_fp16_bert_classification_top1_agrees_on_256_inputs(minilm_classifier):
     model_dir, export_dir = minilm_classifier
     original = onnx.load(export_dir / "model.onnx")
-    feeds = sample_inputs("minilm", model_dir, batch=256, seq=16, seed=7)
+    feeds = preprocessed_inputs(model_dir, batch=256, seq=16, seed=7)
     feeds = only_inputs(original, feeds)
     legalized = legalize(original, {k: v.shape for k, v in feeds.items()}, precision="fp16")
     assert legalized.output_types["logits"] == onnx.TensorProto.FLOAT16
@@ -199,7 +199,7 @@ def test_fp16_minilm_sentence_embeddings_keep_cosine_0_999(zoo):
     task = "feature-extraction"
     export_dir = zoo.onnx("minilm", task)
     original = onnx.load(export_dir / "model.onnx")
-    feeds = sample_inputs("minilm", zoo.model("minilm", task), batch=16, seq=32, seed=3)
+    feeds = preprocessed_inputs(zoo.model("minilm", task), batch=16, seq=32, seed=3)
     feeds = only_inputs(original, feeds)
     legalized = legalize(original, {k: v.shape for k, v in feeds.items()}, precision="fp16")
     assert_popart_ready(legalized.model, "minilm fp16")

@@ -17,7 +17,7 @@ import numpy as np
 import optimum.onnxruntime as ort_models
 import torch
 
-from optimum_ipu_backend.conformance.zoo import sample_inputs
+from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 
 IPU = {"provider": "ipu", "provider_options": {"device": "emulator"}}
 CPU = {"provider": "CPUExecutionProvider"}
@@ -92,7 +92,7 @@ def _session_facts(model) -> dict:
 
 def _torch_inputs(name: str, model_dir: Path, drop=()) -> dict:
     # Sizes that are not compiled sizes (batch 3 -> 4, 11 tokens -> 12), so every case runs padded.
-    inputs = sample_inputs(name, model_dir, batch=3, seq=11)
+    inputs = preprocessed_inputs(model_dir, batch=3, seq=11)
     return {k: torch.from_numpy(v) for k, v in inputs.items() if k not in drop}
 
 

@@ -132,14 +132,14 @@ def test_provider_options_with_auto_are_keyed_by_provider_name():
 SCENARIOS = """
 import json, logging, os, sys, torch
 from optimum.onnxruntime import ORTModelForSequenceClassification as Cls
-from optimum_ipu_backend.conformance.zoo import sample_inputs
+from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 model_dir, onnx_dir, scenarios = json.loads(sys.argv[1])
 class Record(logging.Handler):
     def emit(self, record):
         lines.append(record.levelname + " " + record.name + ": " + record.getMessage())
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 logging.getLogger().addHandler(Record(logging.INFO))
-inputs = {k: torch.from_numpy(v) for k, v in sample_inputs("bert", model_dir).items()}
+inputs = {k: torch.from_numpy(v) for k, v in preprocessed_inputs(model_dir).items()}
 expected = Cls.from_pretrained(onnx_dir, provider="CPUExecutionProvider")(**inputs).logits
 results = {}
 for name, env in scenarios.items():
@@ -297,7 +297,7 @@ EVERY_CLASS = """
 import json, sys, torch, transformers
 import optimum.onnxruntime as ort_models
 from optimum.pipelines import pipeline as optimum_pipeline
-from optimum_ipu_backend.conformance.zoo import sample_inputs
+from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 cases = json.loads(sys.argv[1])
 out = {}
 def flat(value):
@@ -315,7 +315,7 @@ for name, case in cases.items():
     kwargs = case.get("load_kwargs", {})
     cpu = cls.from_pretrained(case["onnx_dir"], provider="CPUExecutionProvider", **kwargs)
     chosen = cls.from_pretrained(case["onnx_dir"], provider="auto", **kwargs)
-    arrays = sample_inputs(case["model"], case["model_dir"], batch=2)
+    arrays = preprocessed_inputs(case["model_dir"], batch=2)
     skip = ("decoder_input_ids", "position_ids")
     inputs = {k: torch.from_numpy(v) for k, v in arrays.items() if k not in skip}
     with torch.no_grad():

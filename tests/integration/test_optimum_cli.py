@@ -188,12 +188,12 @@ def test_exported_directory_starts_warm_in_a_new_process_and_matches_cpu(exporte
         f"""
         import json, torch
         from optimum.onnxruntime import ORTModelForSequenceClassification as Cls
-        from optimum_ipu_backend.conformance.zoo import sample_inputs
+        from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
         cpu = Cls.from_pretrained({str(output)!r}, provider="CPUExecutionProvider")
         ipu = Cls.from_pretrained({str(output)!r}, provider="ipu", provider_options={{"device": "emulator"}})
         diffs = []
         for seq in (5, 16):  # one call per compiled sequence length
-            arrays = sample_inputs("bert", {str(model_dir)!r}, seq=seq)
+            arrays = preprocessed_inputs({str(model_dir)!r}, seq=seq)
             inputs = {{k: torch.from_numpy(v) for k, v in arrays.items()}}
             diffs.append(float((ipu(**inputs).logits - cpu(**inputs).logits).abs().max()))
         print(json.dumps({{"diffs": diffs, "executables": ipu.model.compiled_executables(),

@@ -23,8 +23,8 @@ def _compare_code(model_dir: Path, onnx_dir: Path, provider_lines: str) -> str:
     return f"""
         import json, numpy as np, torch, onnxruntime
         from optimum.onnxruntime import ORTModelForSequenceClassification as Cls
-        from optimum_ipu_backend.conformance.zoo import sample_inputs
-        inputs = {{k: torch.from_numpy(v) for k, v in sample_inputs("bert", {str(model_dir)!r}).items()}}
+        from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
+        inputs = {{k: torch.from_numpy(v) for k, v in preprocessed_inputs({str(model_dir)!r}).items()}}
         cpu = Cls.from_pretrained({str(onnx_dir)!r}, provider="CPUExecutionProvider")
         expected = cpu(**inputs).logits
         out = {{"cpu_session_type": type(cpu.model).__module__ + "." + type(cpu.model).__name__}}

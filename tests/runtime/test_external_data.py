@@ -12,15 +12,20 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from large_model_helper import DATA_FILE, copy_export, external_bert, sample_feed
+from large_model_helper import (
+    DATA_FILE,
+    copy_export,
+    cpu_outputs,
+    emulator_session,
+    external_bert,
+    sample_feed,
+)
 
 from optimum_ipu_backend.cli.check import main as check_main
 from optimum_ipu_backend.compiler.external_data import ALIGNMENT, is_external, load_graph
 from optimum_ipu_backend.compiler.graphs import WEIGHT_MIN_BYTES, tensor_bytes
 from optimum_ipu_backend.runtime.executable_cache import CHECKSUM, ExecutableCache
 from optimum_ipu_backend.runtime.executables import LEGALIZED_DATA_FILE, LEGALIZED_GRAPH_FILE
-from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 ATOL = 1e-5
 
@@ -28,24 +33,6 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
     return external_bert(tmp_path_factory)
-
-
-def _session(onnx_dir, cache_dir, **options) -> IPUInferenceSession:
-    options = {
-        "device": "emulator",
-        "executable_cache_dir": str(cache_dir),
-        "sequence_lengths": "8,16",
-        **options,
-    }
-    return IPUInferenceSession(
-        str(onnx_dir / "model.onnx"), options=IPUProviderOptions.parse(options, onnx_dir)
-    )
-
-
-def _cpu(onnx_dir, feed):
-    return ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"]).run(
-        None, feed
-    )
 
 
 def _entries(cache_dir):
@@ -64,10 +51,10 @@ def test_the_export_keeps_its_weights_outside_the_graph(export):
 
 @pytest.mark.parametrize("precision, atol", [("fp32", ATOL), ("fp16", 2e-2)])
 def test_two_shapes_match_cpu_and_share_one_weight_file(export, tmp_path, precision, atol):
-    session = _session(export, tmp_path, precision=precision)
+    session = emulator_session(export, tmp_path, precision=precision)
     for seq in (5, 12):  # buckets 8 and 16: two executables
         feed = sample_feed(2, seq, seed=seq)
-        np.testing.assert_allclose(session.run(None, feed)[0], _cpu(export, feed)[0], atol=atol)
+        np.testing.assert_allclose(session.run(None, feed)[0], cpu_outputs(export, feed)[0], atol=atol)
     cache, entries = _entries(tmp_path)
     assert len(entries) == 2 and all(entry is not None for entry in entries)
     first, second = (entry.file(LEGALIZED_DATA_FILE) for entry in entries)
@@ -96,7 +83,7 @@ def test_two_shapes_match_cpu_and_share_one_weight_file(export, tmp_path, precis
 def test_changing_only_the_weights_never_serves_the_old_entry(export, tmp_path):
     onnx_dir = copy_export(export, tmp_path / "export")
     feed = sample_feed(1, 6)
-    before = _session(onnx_dir, tmp_path / "cache").run(None, feed)[0]
+    before = emulator_session(onnx_dir, tmp_path / "cache").run(None, feed)[0]
     model = onnx.load(onnx_dir / "model.onnx")  # with its weights
     largest = max(model.graph.initializer, key=tensor_bytes)  # the word embeddings
     values = onnx.numpy_helper.to_array(largest) * -2.0
@@ -104,15 +91,15 @@ def test_changing_only_the_weights_never_serves_the_old_entry(export, tmp_path):
     onnx.save_model(
         model, onnx_dir / "model.onnx", save_as_external_data=True, location=DATA_FILE, size_threshold=1024
     )
-    after = _session(onnx_dir, tmp_path / "cache").run(None, feed)[0]
-    np.testing.assert_allclose(after, _cpu(onnx_dir, feed)[0], atol=ATOL)
+    after = emulator_session(onnx_dir, tmp_path / "cache").run(None, feed)[0]
+    np.testing.assert_allclose(after, cpu_outputs(onnx_dir, feed)[0], atol=ATOL)
     assert not np.allclose(after, before, atol=1e-3)
     assert len(ExecutableCache(tmp_path / "cache").list()) == 2
 
 
 def test_a_corrupt_shared_weight_file_is_detected_rebuilt_and_never_served(export, tmp_path, caplog):
     feed = sample_feed(2, 5)
-    _session(export, tmp_path).run(None, feed)
+    emulator_session(export, tmp_path).run(None, feed)
     cache, (entry,) = _entries(tmp_path)
     blob = entry.file(LEGALIZED_DATA_FILE)
     assert blob.parent == cache.blob_path(entry.manifest["files"][LEGALIZED_DATA_FILE][CHECKSUM])
@@ -122,16 +109,16 @@ def test_a_corrupt_shared_weight_file_is_detected_rebuilt_and_never_served(expor
         stream.seek(-64, os.SEEK_CUR)
         stream.write(bytes(b ^ 0xFF for b in chunk))
     with caplog.at_level(logging.WARNING):
-        got = _session(export, tmp_path).run(None, feed)[0]
+        got = emulator_session(export, tmp_path).run(None, feed)[0]
     assert "corrupt" in caplog.text
-    np.testing.assert_allclose(got, _cpu(export, feed)[0], atol=ATOL)
+    np.testing.assert_allclose(got, cpu_outputs(export, feed)[0], atol=ATOL)
     cache, (rebuilt,) = _entries(tmp_path)
     assert rebuilt is not None  # verified: size and checksum match again
     assert rebuilt.file(LEGALIZED_DATA_FILE) == blob
 
 
 def test_a_new_shape_never_joins_a_corrupt_weight_file(export, tmp_path, caplog):
-    session = _session(export, tmp_path)
+    session = emulator_session(export, tmp_path)
     session.run(None, sample_feed(1, 5))
     _, (entry,) = _entries(tmp_path)
     blob = entry.file(LEGALIZED_DATA_FILE)
@@ -139,7 +126,7 @@ def test_a_new_shape_never_joins_a_corrupt_weight_file(export, tmp_path, caplog)
     blob.write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))  # the last weight's last byte goes bad
     with caplog.at_level(logging.WARNING):
         feed = sample_feed(1, 12)  # a second shape: its weights are checked before it uses the file
-        np.testing.assert_allclose(session.run(None, feed)[0], _cpu(export, feed)[0], atol=ATOL)
+        np.testing.assert_allclose(session.run(None, feed)[0], cpu_outputs(export, feed)[0], atol=ATOL)
     assert "is corrupt; replacing it" in caplog.text
     assert blob.read_bytes() == good
     _, entries = _entries(tmp_path)
@@ -147,7 +134,7 @@ def test_a_new_shape_never_joins_a_corrupt_weight_file(export, tmp_path, caplog)
 
 
 def test_pruning_keeps_the_weights_live_entries_need(export, tmp_path):
-    session = _session(export, tmp_path)
+    session = emulator_session(export, tmp_path)
     session.run(None, sample_feed(1, 5))
     session.run(None, sample_feed(1, 12))
     cache = ExecutableCache(tmp_path)
@@ -177,7 +164,7 @@ def test_check_legalizes_an_external_data_export(export, tmp_path, capsys):
     assert result["saved_to"] == str(saved) and (tmp_path / "model.onnx.data").is_file()
     feed = {name: array.astype(np.int32) for name, array in sample_feed(1, 16).items()}
     got = ort.InferenceSession(str(saved), providers=["CPUExecutionProvider"]).run(None, feed)[0]
-    np.testing.assert_allclose(got, _cpu(export, sample_feed(1, 16))[0], atol=ATOL)
+    np.testing.assert_allclose(got, cpu_outputs(export, sample_feed(1, 16))[0], atol=ATOL)
 
 
 def test_a_single_file_export_is_read_without_parsing_its_weights(export, tmp_path, monkeypatch):
@@ -206,7 +193,7 @@ def test_a_single_file_export_is_read_without_parsing_its_weights(export, tmp_pa
     feed = sample_feed(1, 16)
     device_feed = {name: array.astype(np.int32) for name, array in feed.items()}
     got = ort.InferenceSession(str(saved), providers=["CPUExecutionProvider"]).run(None, device_feed)[0]
-    np.testing.assert_allclose(got, _cpu(export, feed)[0], atol=ATOL)
+    np.testing.assert_allclose(got, cpu_outputs(export, feed)[0], atol=ATOL)
 
 
 def test_weights_outside_the_model_directory_are_refused(export, tmp_path):
@@ -253,7 +240,7 @@ def test_cache_commands_count_a_shared_weight_file_once(export, tmp_path, capsys
     from optimum_ipu_backend.cli.cache import add_cache_parser
     from optimum_ipu_backend.runtime.executable_cache import format_byte_size
 
-    session = _session(export, tmp_path)
+    session = emulator_session(export, tmp_path)
     session.run(None, sample_feed(1, 5))
     session.run(None, sample_feed(1, 12))
     parser = argparse.ArgumentParser()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from model_zoo import session_zoo
 
-from optimum_ipu_backend.conformance.zoo import sample_inputs
+from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 
 NEW_TOKENS = 64
 # model -> (class, export task, the session that serves the per-token steps)
@@ -39,7 +39,7 @@ def test_greedy_generation_is_token_identical_with_one_executable_per_bucket(tmp
     ipu = cls.from_pretrained(onnx_dir, provider="ipu", provider_options={"device": "emulator"})
     inputs = {
         k: torch.from_numpy(v)
-        for k, v in sample_inputs(name, model_dir, batch=2, seq=8).items()
+        for k, v in preprocessed_inputs(model_dir, batch=2, seq=8).items()
         if k not in ("decoder_input_ids", "position_ids", "token_type_ids")
     }
     settings = {

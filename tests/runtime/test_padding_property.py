@@ -23,7 +23,7 @@ import torch
 from model_zoo import session_zoo
 
 from optimum_ipu_backend.compiler.external_data import save_graph
-from optimum_ipu_backend.conformance.zoo import PATTERN_TASKS, TASKS, sample_inputs
+from optimum_ipu_backend.conformance.zoo import PATTERN_TASKS, TASKS, preprocessed_inputs
 from optimum_ipu_backend.runtime.buckets import BucketPlan
 from optimum_ipu_backend.runtime.factory import dynamic_dims
 from optimum_ipu_backend.runtime.graph_source import GraphSource
@@ -61,7 +61,7 @@ def _record_calls(cls_name: str, model: str, task: str, zoo, rng: np.random.Gene
         # The first call's 3 samples are never a compiled batch size, so every model sees padding tried.
         batch, seq = 3 if call == 0 else int(rng.integers(1, 4)), int(rng.integers(8, 16))
         inputs = {
-            key: torch.from_numpy(value) for key, value in sample_inputs(model, model_dir, batch, seq).items()
+            key: torch.from_numpy(value) for key, value in preprocessed_inputs(model_dir, batch, seq).items()
         }
         with torch.no_grad():
             if generating:

@@ -16,7 +16,7 @@ import pytest
 from model_zoo import session_zoo
 from subprocess_env import python
 
-from optimum_ipu_backend.conformance.zoo import sample_inputs
+from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 from optimum_ipu_backend.runtime.buckets import InputTooLargeError
 from optimum_ipu_backend.runtime.serving import ExecutableLimitError
 from optimum_ipu_backend.session import IPUInferenceSession
@@ -50,7 +50,7 @@ def _reference(onnx_dir: Path, feed):
 def test_padded_and_split_runs_equal_unpadded_cpu(bert, tmp_path, batch, seq):
     model_dir, onnx_dir = bert
     session = _session(onnx_dir, tmp_path, sequence_lengths="8,16,32", batch_size="1,2,4")
-    feed = sample_inputs("bert", model_dir, batch=batch, seq=seq)
+    feed = preprocessed_inputs(model_dir, batch=batch, seq=seq)
     got = session.run(None, feed)
     expected = _reference(onnx_dir, feed)
     assert got[0].shape == expected[0].shape
@@ -63,7 +63,7 @@ def test_padded_and_split_runs_equal_unpadded_cpu(bert, tmp_path, batch, seq):
 def test_one_token_over_the_largest_bucket_is_a_clear_error(bert, tmp_path):
     model_dir, onnx_dir = bert
     session = _session(onnx_dir, tmp_path, sequence_lengths="8,16")
-    feed = sample_inputs("bert", model_dir, batch=1, seq=17)
+    feed = preprocessed_inputs(model_dir, batch=1, seq=17)
     with pytest.raises(InputTooLargeError) as info:
         session.run(None, feed)
     message = str(info.value)
@@ -85,7 +85,7 @@ def test_device_iterations_and_replication_use_popart_layout(bert, tmp_path):
         return original(shapes, branches, feed)
 
     table.run_step = spy
-    feed = sample_inputs("bert", model_dir, batch=11, seq=12)
+    feed = preprocessed_inputs(model_dir, batch=11, seq=12)
     got = session.run(None, feed)
     np.testing.assert_allclose(got[0], _reference(onnx_dir, feed)[0], atol=ATOL)
     # 11 samples in steps of micro-batch 2 x 2 iterations x 2 replicas = 8: two steps,
@@ -96,9 +96,9 @@ def test_device_iterations_and_replication_use_popart_layout(bert, tmp_path):
 def test_a_call_past_max_executables_is_refused_naming_the_cap_and_earlier_shapes_still_serve(bert, tmp_path):
     model_dir, onnx_dir = bert
     session = _session(onnx_dir, tmp_path, sequence_lengths="8,16", batch_size="1", max_executables="1")
-    short = sample_inputs("bert", model_dir, batch=1, seq=5)
+    short = preprocessed_inputs(model_dir, batch=1, seq=5)
     np.testing.assert_allclose(session.run(None, short)[0], _reference(onnx_dir, short)[0], atol=ATOL)
-    longer = sample_inputs("bert", model_dir, batch=1, seq=12)  # needs the 16 bucket: a second executable
+    longer = preprocessed_inputs(model_dir, batch=1, seq=12)  # needs the 16 bucket: a second executable
     with pytest.raises(ExecutableLimitError) as info:
         session.run(None, longer)
     message = str(info.value)
@@ -109,7 +109,7 @@ def test_a_call_past_max_executables_is_refused_naming_the_cap_and_earlier_shape
     assert any(
         dim.endswith("sequence_length") and v.startswith("padded") for dim, v in entry["padding"].items()
     )
-    other = sample_inputs("bert", model_dir, batch=1, seq=7, seed=3)  # fits the compiled executable
+    other = preprocessed_inputs(model_dir, batch=1, seq=7, seed=3)  # fits the compiled executable
     np.testing.assert_allclose(session.run(None, other)[0], _reference(onnx_dir, other)[0], atol=ATOL)
 
 
@@ -134,7 +134,7 @@ def test_ipu_config_json_beside_the_model(bert, tmp_path):
 def test_concurrent_calls_of_one_new_shape_compile_once(bert, tmp_path):
     model_dir, onnx_dir = bert
     session = _session(onnx_dir, tmp_path)
-    feed = sample_inputs("bert", model_dir, batch=2, seq=9)
+    feed = preprocessed_inputs(model_dir, batch=2, seq=9)
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: session.run(None, feed)[0], range(16)))
     expected = _reference(onnx_dir, feed)[0]
@@ -145,14 +145,14 @@ def test_concurrent_calls_of_one_new_shape_compile_once(bert, tmp_path):
 
 RUN_ONCE = """
 import json, sys, numpy as np, onnxruntime as ort
-from optimum_ipu_backend.conformance.zoo import sample_inputs
+from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 from optimum_ipu_backend.session import IPUInferenceSession
 from optimum_ipu_backend.session.options import IPUProviderOptions
 from pathlib import Path
 onnx_dir, model_dir, cache = Path({onnx!r}), Path({model!r}), {cache!r}
 session = IPUInferenceSession(str(onnx_dir / "model.onnx"),
     options=IPUProviderOptions.parse({{"device": "emulator", "executable_cache_dir": cache}}, onnx_dir))
-feed = sample_inputs("bert", model_dir, batch=2, seq=10)
+feed = preprocessed_inputs(model_dir, batch=2, seq=10)
 got = session.run(None, feed)[0]
 cpu = ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"])
 ref = cpu.run(None, feed)[0]
@@ -205,7 +205,7 @@ def test_cache_can_be_disabled(bert, tmp_path):
     model_dir, onnx_dir = bert
     session = _session(onnx_dir, None, executable_cache_dir="disabled")
     assert session.get_provider_options()["IPUExecutionProvider"]["executable_cache"] == "disabled"
-    feed = sample_inputs("bert", model_dir, batch=1, seq=6)
+    feed = preprocessed_inputs(model_dir, batch=1, seq=6)
     np.testing.assert_allclose(session.run(None, feed)[0], _reference(onnx_dir, feed)[0], atol=ATOL)
     assert not os.listdir(tmp_path)
 
@@ -213,7 +213,7 @@ def test_cache_can_be_disabled(bert, tmp_path):
 def test_trim_padding_regroups_rows_and_keeps_every_real_position(bert, tmp_path):
     model_dir, onnx_dir = bert
     session = _session(onnx_dir, tmp_path, trim_padding="1", sequence_lengths="4,8,16,32")
-    feed = sample_inputs("bert", model_dir, batch=6, seq=24, seed=3)
+    feed = preprocessed_inputs(model_dir, batch=6, seq=24, seed=3)
     mask = feed["attention_mask"].astype(bool)
     got = session.run(None, feed)[0]
     expected = _reference(onnx_dir, feed)[0]

@@ -8,14 +8,19 @@ import json
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from large_model_helper import copy_export, external_bert, placement, sample_feed
+from large_model_helper import (
+    copy_export,
+    cpu_outputs,
+    emulator_session,
+    external_bert,
+    placement,
+    sample_feed,
+)
 
 from optimum_ipu_backend.compiler.passes.shard_over_ipus import placement_problems
 from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
 from optimum_ipu_backend.runtime.executables import LEGALIZED_GRAPH_FILE
-from optimum_ipu_backend.session import IPUInferenceSession
 from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
 
 ATOL = 1e-5
@@ -24,24 +29,6 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
     return external_bert(tmp_path_factory)
-
-
-def _session(onnx_dir, cache_dir, **options) -> IPUInferenceSession:
-    options = {
-        "device": "emulator",
-        "executable_cache_dir": str(cache_dir),
-        "sequence_lengths": "8,16",
-        **options,
-    }
-    return IPUInferenceSession(
-        str(onnx_dir / "model.onnx"), options=IPUProviderOptions.parse(options, onnx_dir)
-    )
-
-
-def _cpu(onnx_dir, feed):
-    return ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"]).run(
-        None, feed
-    )
 
 
 def _legalized_graphs(cache_dir):
@@ -53,10 +40,10 @@ def _legalized_graphs(cache_dir):
 
 
 def test_two_ipus_by_layers_match_cpu_on_the_emulator(export, tmp_path):
-    session = _session(export, tmp_path, ipus_per_replica=2, layers_per_ipu="1,1")
+    session = emulator_session(export, tmp_path, ipus_per_replica=2, layers_per_ipu="1,1")
     for batch, seq in ((1, 5), (3, 12)):  # 3 rows: two pipeline-filling steps of 2, the last one padded
         feed = sample_feed(batch, seq, seed=seq)
-        np.testing.assert_allclose(session.run(None, feed)[0], _cpu(export, feed)[0], atol=ATOL)
+        np.testing.assert_allclose(session.run(None, feed)[0], cpu_outputs(export, feed)[0], atol=ATOL)
     graphs = _legalized_graphs(tmp_path)
     assert len(graphs) == 2
     for graph in graphs:
@@ -74,9 +61,9 @@ def test_ipu_config_layers_per_ipu_sets_the_ipus_per_replica(export, tmp_path):
 
 
 def test_balanced_sharding_over_four_ipus_matches_cpu(export, tmp_path):
-    session = _session(export, tmp_path, ipus_per_replica=4, sequence_lengths="16")
+    session = emulator_session(export, tmp_path, ipus_per_replica=4, sequence_lengths="16")
     feed = sample_feed(2, 9)
-    np.testing.assert_allclose(session.run(None, feed)[0], _cpu(export, feed)[0], atol=ATOL)
+    np.testing.assert_allclose(session.run(None, feed)[0], cpu_outputs(export, feed)[0], atol=ATOL)
     (graph,) = _legalized_graphs(tmp_path)
     assert placement_problems(graph, 4) == []
     assert {ipu for ipu, _ in placement(graph).values()} == {0, 1, 2, 3}
