@@ -1,7 +1,8 @@
 """Every ORTModel class the emulator serves, unchanged, with device="ipu" and device="ipu-model" on the
 PopART and on the PopTorch engine (the SDK double on the path, a doubled system of 4 IPUs): the main
-matrix (tests/integration/test_ortmodels.py) and CLASS_CASES (tests/class_zoo.py: the other ORTModel
-classes and the three diffusion pipelines, as tests/integration/test_ortmodel_classes.py runs them).
+matrix (tests/integration/test_ortmodels.py), CLASS_CASES (tests/class_zoo.py: the other ORTModel
+classes and the three diffusion pipelines, as tests/integration/test_ortmodel_classes.py runs them) and
+the padding-pattern models (PATTERN_TASKS, as tests/integration/test_padding_patterns.py runs them).
 Outputs match CPUExecutionProvider within the emulator's tolerances, generation is token-identical and
 images agree.
 
@@ -28,13 +29,22 @@ from model_zoo import session_zoo
 from sdk_testing import call_log, sdk_environment
 from subprocess_env import python
 
+from optimum_ipu_backend.conformance.zoo import PATTERN_TASKS
+
 # PopTorch runs the graph as torch operators, whose float32 sums are ordered differently from
 # onnxruntime's kernels: results may also differ by this fraction of the largest output (a few units in
 # the last place; the real all-MiniLM-L6-v2 differs by 1.2e-5 on the first run of the full product).
 TORCH_RTOL = 1e-6
 DEVICES = ("ipu", "ipu-model")
 ENGINES = ("popart", "poptorch")
-CASE_NAMES = [*FORWARD, *GENERATE, *CLASS_CASES]
+# The padding-pattern models (tests/integration/test_padding_patterns.py): the audio frame classifier is
+# the only model of its class, and the others carry the graphs the padding proof had to learn.
+PATTERNS = {
+    f"pattern-{case.model}": (class_name, case.model, case.task)
+    for class_name, cases in PATTERN_TASKS.items()
+    for case in cases
+}
+CASE_NAMES = [*FORWARD, *GENERATE, *CLASS_CASES, *PATTERNS]
 
 
 def _runs(engine: str) -> list[tuple[str, str, str]]:
@@ -60,6 +70,15 @@ def _cases(zoo, scratch: Path) -> dict:
             "model": model,
             "model_dir": str(zoo.model(model, task)),
             "onnx_dir": str(_onnx_dir(zoo, model, task)),
+        }
+    for name, (cls, model, task) in PATTERNS.items():
+        cases[name] = {
+            "matrix": "main",
+            "kind": _kind(name),
+            "class": cls,
+            "model": model,
+            "model_dir": str(zoo.model(model, task)),
+            "onnx_dir": str(zoo.onnx(model, task)),
         }
     for name, (cls, model, task, load_kwargs) in GENERATE.items():
         cases[name] = {
@@ -107,6 +126,15 @@ def _check_sessions(result: dict, device: str, engine: str) -> None:
     assert result["fallback_warnings"] == []
 
 
+def _kind(name: str) -> str:
+    """How a case is judged: "forward" (outputs), "generate" (tokens) or "diffusion" (images)."""
+    if name in CLASS_CASES:
+        return CLASS_CASES[name].kind
+    if name in PATTERNS:
+        return "generate" if "generation" in PATTERNS[name][2] else "forward"
+    return "forward" if name in FORWARD else "generate"
+
+
 def _failures(results: dict, engine: str) -> list[str]:
     """Every case run: the session facts, then CPU tolerance, identical tokens or the same image."""
     failures = []
@@ -114,9 +142,9 @@ def _failures(results: dict, engine: str) -> list[str]:
         result = results[f"{device}/{engine}/{name}"]
         try:
             _check_sessions(result, device, engine)
-            kind = CLASS_CASES[name].kind if name in CLASS_CASES else None
-            if name in FORWARD or kind == "forward":
-                atol = ATOL if name in FORWARD else CLASS_ATOL
+            kind = _kind(name)
+            if kind == "forward":
+                atol = CLASS_ATOL if name in CLASS_CASES else ATOL
                 if engine == "poptorch":
                     atol += TORCH_RTOL * result["max_abs_expected"]
                 largest = result["max_abs_expected"]
