@@ -452,15 +452,20 @@ def _albert(out_dir: Path) -> transformers.PretrainedConfig:
     )
 
 
-def _gpt2(out_dir: Path) -> transformers.PretrainedConfig:
-    import transformers
-
-    # GPT-2 has no pad token; reusing EOS is the usual convention. Left padding is what batched
-    # generation needs for a decoder-only model.
+def _decoder_tokenizer(out_dir: Path) -> transformers.PreTrainedTokenizerFast:
+    """GPT-2's byte-level tokenizer, saved in ``out_dir``. GPT-2 has no pad token; reusing EOS is the usual
+    convention. Left padding is what batched generation needs for a decoder-only model."""
     tokenizer = _byte_level_tokenizer(
         out_dir, "GPT2TokenizerFast", ["<|endoftext|>"], pad_token="<|endoftext|>", padding_side="left"
     )
     tokenizer.save_pretrained(out_dir)
+    return tokenizer
+
+
+def _gpt2(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    tokenizer = _decoder_tokenizer(out_dir)
     return transformers.GPT2Config(
         vocab_size=len(tokenizer),
         n_positions=TINY_MAX_POSITIONS,
@@ -703,10 +708,7 @@ def _longt5(out_dir: Path) -> transformers.PretrainedConfig:
 def _qwen3_moe(out_dir: Path) -> transformers.PretrainedConfig:
     import transformers
 
-    tokenizer = _byte_level_tokenizer(
-        out_dir, "GPT2TokenizerFast", ["<|endoftext|>"], pad_token="<|endoftext|>", padding_side="left"
-    )
-    tokenizer.save_pretrained(out_dir)
+    tokenizer = _decoder_tokenizer(out_dir)
     return transformers.Qwen3MoeConfig(
         vocab_size=len(tokenizer),
         hidden_size=TINY_HIDDEN,
