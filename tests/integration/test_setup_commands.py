@@ -24,9 +24,10 @@ SETUP = [
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 
-# Under `make test` (how CI runs the suite) make's variables reach this make, which would then print
-# "Entering directory" lines and inherit the outer flags: run it as a top-level make.
-_OUTER_MAKE = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
+# Under `make test` (how CI runs the suite) the outer make's state reaches this make: its level and flags
+# (it would print "Entering directory" lines) and, in the environment, the variables set on its command
+# line (.ci/run's `VENV=... EDITABLE=`). Run it as a top-level make with the Makefile's own defaults.
+_OUTER_MAKE = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "PYTHON", "VENV", "EDITABLE")
 
 
 def _dry_run(*args: str, env: dict[str, str] | None = None) -> list[str]:
