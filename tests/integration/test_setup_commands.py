@@ -1,6 +1,7 @@
 """The README's set-up is two commands on a fresh machine (`make demo`, `make test`), each creating the
-virtual environment when it is missing, and `.ci/run` runs the same test command. Checked with make's
-dry run (`make -n`), which prints what it would execute."""
+virtual environment when it is missing (checked with make's dry run, `make -n`, which prints what it
+would execute), and `.ci/run` takes the README's steps by hand in a fresh environment, then runs the
+README's test command, the one `make test` runs."""
 
 from __future__ import annotations
 
@@ -78,20 +79,40 @@ def test_an_existing_environment_is_reused_until_pyproject_changes(tmp_path):
     assert _dry_run("test", f"VENV={venv}")[0] == f"python3 -m venv {venv}"
 
 
-def test_ci_runs_the_same_test_command_in_a_fresh_environment_with_the_wheel():
-    # MAKEFLAGS=n turns the make inside .ci/run into a dry run.
-    result = subprocess.run(
-        ["bash", str(ROOT / ".ci" / "run")],
-        capture_output=True,
-        text=True,
-        env={**{k: v for k, v in os.environ.items() if k not in _OUTER_MAKE}, "MAKEFLAGS": "n"},
-    )
-    assert result.returncode == 0, result.stderr
-    lines = [" ".join(line.split()) for line in result.stdout.splitlines() if line.strip()]
-    venv = Path(lines[0].split()[-1])
-    assert venv.name == "venv" and not venv.exists()  # a fresh one, in a new temporary directory
-    assert lines == [
-        *_setup(venv, editable=""),
-        f"touch {venv}/.optimum-ipu-ready",
-        f"{venv}/bin/python -m pytest -n 2",
+def _readme_block(heading: str) -> list[str]:
+    """The commands of the first bash block under ``heading`` in the README, split at ``&&``."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(rf"{re.escape(heading)}.*?```bash\n(.*?)```", text, re.S)
+    assert block, f"the README has no bash block after {heading!r}"
+    return [part.strip() for line in block.group(1).splitlines() for part in line.split("&&") if part.strip()]
+
+
+def _in_fresh_venv(command: str) -> str | None:
+    """A README command as .ci/run gives it: with the fresh environment's programs instead of activating
+    ``.venv``, and the package installed as a wheel (without ``-e``)."""
+    if command == ". .venv/bin/activate":
+        return None
+    if command == "python3 -m venv .venv":
+        return 'python3 -m venv "$venv"'
+    program, _, arguments = command.partition(" ")
+    assert program in ("pip", "python"), command
+    return f'"$venv/bin/{program}" {arguments.replace("-e ", "")}'
+
+
+def test_ci_runs_the_readme_set_up_in_a_fresh_environment_with_the_wheel_then_the_readme_test_command():
+    script = (ROOT / ".ci" / "run").read_text()
+    lines = [
+        line.strip() for line in script.splitlines() if line.strip() and not line.strip().startswith("#")
     ]
+    fresh = 'venv="$(mktemp -d)/venv"'  # a new temporary directory, never the checkout's .venv
+    assert fresh in lines
+    (test_command,) = _readme_block("## Tests")
+    readme = [*_readme_block("The same steps by hand:"), test_command]
+    expected = [command for command in map(_in_fresh_venv, readme) if command is not None]
+    assert lines[lines.index(fresh) + 1 :] == expected
+    assert (
+        expected[-1] == '"$venv/bin/python" -m pytest -n 2'
+        and '"$venv/bin/pip" install ".[test]"' in expected
+    )
+    # make test runs the same test command
+    assert _dry_run("test", "VENV=/nonexistent/venv")[-1] == f"/nonexistent/venv/bin/{test_command}"
