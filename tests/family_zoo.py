@@ -2,10 +2,9 @@
 
 Test-only, beside the conformance zoo (``optimum_ipu_backend.conformance.zoo``, the suite's matrix): each
 family is built from a config with random weights and exported by optimum's exporter exactly as the zoo
-exports (``export_onnx``), so a pattern test runs the graph a user of that family gets.
+exports (``export_onnx``), so a pattern test runs the graph a user of that family gets. CLIP, the
+family of the ArgMax pattern, is the zero-shot class model of ``class_zoo`` (``CLASS_CASES["clip"]``).
 
-* ``clip``: CLIPModel for zero-shot image classification. Its text tower pools the hidden state at the
-  position ArgMax finds in ``input_ids`` (an int64 index producer feeding a Gather).
 * ``falcon``: FalconForCausalLM with past. Its causal mask is built by slice assignment,
   ``mask[:, :, :, :n] = mask[:, :, :, :n].masked_fill(...)``, which exports as a ScatterND.
 """
@@ -24,38 +23,8 @@ from model_zoo import PERSISTENT_ZOO_ENV
 
 from optimum_ipu_backend.conformance.zoo import cache_fingerprint, export_onnx
 
-CLIP_TASK = "zero-shot-image-classification"
 FALCON_TASK = "text-generation-with-past"
-CLIP_EOS = 98
 _VOCAB = 99
-
-
-def _clip() -> Any:
-    import transformers
-
-    text = transformers.CLIPTextConfig(
-        vocab_size=_VOCAB,
-        hidden_size=32,
-        intermediate_size=37,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=16,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=CLIP_EOS,
-    )
-    vision = transformers.CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=37,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        image_size=30,
-        patch_size=15,
-    )
-    config = transformers.CLIPConfig(
-        text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=8
-    )
-    return transformers.CLIPModel(config)
 
 
 def _falcon() -> Any:
@@ -73,7 +42,6 @@ def _falcon() -> Any:
 
 
 _BUILDERS: dict[str, tuple[Callable[[], Any], str]] = {
-    "clip": (_clip, CLIP_TASK),
     "falcon": (_falcon, FALCON_TASK),
 }
 
@@ -100,20 +68,6 @@ def family_export(name: str, root: Path) -> Path:
             model.eval()
             model.save_pretrained(model_dir)
     return export_onnx(model_dir, task, root / "onnx" / name)
-
-
-def clip_feeds(batch: int = 2, seq: int = 7, seed: int = 0) -> dict[str, np.ndarray]:
-    """Token ids with the end-of-text token at a different position per row, padding after it."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(2, CLIP_EOS, (batch, seq))
-    mask = np.ones((batch, seq), np.int64)
-    for row in range(batch):
-        end = seq - 1 - row % seq
-        ids[row, end] = CLIP_EOS
-        ids[row, end + 1 :] = 1
-        mask[row, end + 1 :] = 0
-    pixels = rng.standard_normal((batch, 3, 30, 30)).astype(np.float32)
-    return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
 
 
 def falcon_feeds(batch: int = 2, new: int = 3, past: int = 5, seed: int = 0) -> dict[str, np.ndarray]:

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from family_zoo import clip_feeds, falcon_feeds, family_export, family_root
+from class_zoo import class_inputs, class_zoo
+from family_zoo import falcon_feeds, family_export, family_root
 from graph_testing import run_ort
 from matrix_testing import assert_popart_ready, executable_feed
 from model_zoo import session_zoo
@@ -41,11 +42,13 @@ def _legalize_and_compare(
     return legalized.model
 
 
-def test_clip_text_tower_pooled_at_the_argmax_of_input_ids(families, tmp_path):
+def test_clip_text_tower_pooled_at_the_argmax_of_input_ids(tmp_path_factory, tmp_path):
     """CLIP pools its text tower at ArgMax(input_ids == eos): int64 indices feeding a Gather."""
-    model = onnx.load(family_export("clip", families) / "model.onnx")
+    zoo = class_zoo(session_zoo(tmp_path_factory))
+    model = onnx.load(zoo.class_onnx("clip") / "model.onnx")
     assert "ArgMax" in {node.op_type for node in model.graph.node}
-    legalized = _legalize_and_compare(model, clip_feeds(), "clip", tmp_path)
+    feeds = class_inputs("clip", zoo.class_model("clip"), batch=2)
+    legalized = _legalize_and_compare(model, feeds, "clip", tmp_path)
     (argmax,) = [node for node in legalized.graph.node if node.op_type == "ArgMax"]
     readers = [node for node in legalized.graph.node if argmax.output[0] in node.input]
     assert [node.op_type for node in readers] == ["Cast"]
