@@ -19,6 +19,7 @@ from optimum_ipu_backend.compiler.passes.shard_over_ipus import (
     PIPELINE_STAGE_ATTRIBUTE,
     VIRTUAL_GRAPH_ATTRIBUTE,
     Sharding,
+    assign_ipus,
     layer_ipus,
     layer_of,
     placement_problems,
@@ -139,3 +140,25 @@ def test_check_names_the_ipu_that_overflows(export, capsys, monkeypatch):
     text = capsys.readouterr().out
     assert "IPU 0: weights" in text and "OVERFLOWS" in text
     assert "IPU(s) 0 overflow: move layers off them with layers_per_ipu" in text
+
+
+def test_an_omitted_optional_name_ties_no_node_to_another_ipu():
+    """A node's omitted output ("") and a later node's omitted input ("") are no tensor: the layer-0 Clip
+    stays on IPU 0 after a layer-1 Dropout whose mask output is omitted."""
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="/encoder/layer.0/Relu"),
+        helper.make_node("Dropout", ["x"], ["b", ""], name="/encoder/layer.1/Dropout"),
+        helper.make_node("Clip", ["a", "", "high"], ["c"], name="/encoder/layer.0/Clip"),
+    ]
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [value("x", TensorProto.FLOAT, [2])],
+        [value("b", TensorProto.FLOAT, [2]), value("c", TensorProto.FLOAT, [2])],
+        [helper.make_tensor("high", TensorProto.FLOAT, [], [1.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    assert assign_ipus(model, Sharding(2, (1, 1)), {"x"}) == [0, 1, 0]

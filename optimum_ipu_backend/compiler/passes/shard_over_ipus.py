@@ -34,7 +34,7 @@ import onnx
 from onnx import helper
 
 from ..errors import PATTERN_INVALID_GRAPH, LegalizationError, UnsupportedNode
-from ..graphs import element_bytes, iter_graphs, subgraphs_of, tensor_bytes
+from ..graphs import element_bytes, iter_graphs, names_read, subgraphs_of, tensor_bytes
 from .base import GraphPass, PassContext
 
 VIRTUAL_GRAPH_ATTRIBUTE = "__ipu_number"
@@ -127,8 +127,7 @@ def _node_costs(model: onnx.ModelProto, real_inputs: set[str]) -> list[int]:
         for sub in subgraphs_of(node):
             for inner in iter_graphs(sub):
                 cost += sum(tensor_bytes(tensor) for tensor in inner.initializer)
-        names = list(node.input) + [name for sub in subgraphs_of(node) for name in _outer_reads(sub)]
-        for name in names:
+        for name in _reads(node):
             if name in weights and name not in seen:
                 seen.add(name)
                 cost += weights[name]
@@ -137,8 +136,11 @@ def _node_costs(model: onnx.ModelProto, real_inputs: set[str]) -> list[int]:
     return costs
 
 
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
-    return {name for inner in iter_graphs(graph) for node in inner.node for name in node.input}
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The tensors ``node`` reads, its subgraphs' outer-scope reads included; omitted inputs ("") are none."""
+    return [name for name in node.input if name] + [
+        name for sub in subgraphs_of(node) for name in names_read(sub)
+    ]
 
 
 def assign_ipus(model: onnx.ModelProto, sharding: Sharding, real_inputs: set[str]) -> list[int]:
@@ -164,10 +166,10 @@ def assign_ipus(model: onnx.ModelProto, sharding: Sharding, real_inputs: set[str
     producer_ipu: dict[str, int] = {}
     assigned = []
     for node, ipu in zip(graph.node, wanted, strict=True):
-        reads = list(node.input) + [name for sub in subgraphs_of(node) for name in _outer_reads(sub)]
-        ipu = max([ipu, *(producer_ipu.get(name, 0) for name in reads)])
+        ipu = max([ipu, *(producer_ipu.get(name, 0) for name in _reads(node))])
         for name in node.output:
-            producer_ipu[name] = ipu
+            if name:  # an omitted optional output is no tensor a later node could read
+                producer_ipu[name] = ipu
         assigned.append(ipu)
     return assigned
 
