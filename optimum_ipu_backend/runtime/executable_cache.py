@@ -433,7 +433,8 @@ class ExecutableCache:
             files = {}
             for path in sorted(_payload_files(staging)):
                 name = path.relative_to(staging).as_posix()
-                _fsync_file(path)
+                if name != shared:  # the shared file is synced only if it is kept (_place_in_group)
+                    _fsync_file(path)
                 files[name] = {"size": path.stat().st_size, CHECKSUM: checksum_file(path)}
             if shared is not None and shared in files:
                 group_lock.enter_context(self._lock(f"blob-{files[shared][CHECKSUM]}"))
@@ -497,6 +498,7 @@ class ExecutableCache:
         else:
             if target.exists():
                 _logger.warning("shared cache file %s is corrupt; replacing it", target)
+            _fsync_file(staged)
             os.replace(staged, target)
         item.update(shared=checksum, at=target.relative_to(self.root).as_posix())
         for name in beside:

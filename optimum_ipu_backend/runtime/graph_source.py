@@ -117,13 +117,12 @@ def served_graph(model: onnx.ModelProto) -> ServedGraph:
     return ServedGraph(rewrite.model, notes, rewrite.mask_input, rewrite.past_dim, unsupported)
 
 
-def _describe(model: onnx.ModelProto, digest: str) -> GraphDescription:
+def _describe(model: onnx.ModelProto, served: ServedGraph, digest: str) -> GraphDescription:
     from optimum_ipu_backend.compiler.analysis.index_ranges import analyze_index_ranges
     from optimum_ipu_backend.compiler.op_table import branch_inputs
     from optimum_ipu_backend.compiler.precheck import precheck_operators
 
     initializers = {init.name for init in model.graph.initializer}
-    served = served_graph(model)
     served_initializers = {init.name for init in served.model.graph.initializer}
     selections = {entry[0] for entry in served.unsupported}
     unsupported = [
@@ -228,7 +227,9 @@ class GraphSource:
             digest = hashlib.sha256(self._bytes).hexdigest()
         else:
             digest = _file_digest(_external_files(self.path, self._data_files))
-        description = _describe(model, digest)
+        served = served_graph(model)
+        self._served = served.model  # described once, served from the same graph
+        description = _describe(model, served, digest)
         if stored is not None:
             _write_description(stored, description)
         return description

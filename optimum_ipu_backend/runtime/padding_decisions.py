@@ -95,6 +95,10 @@ class PaddingDecisions:
 
     # -- per call ------------------------------------------------------------------------------------
 
+    def _batch_paddable(self, actual: Mapping[str, int]) -> bool:
+        """A batch dimension already found exact is never filled up with repeated samples."""
+        return not any(is_batch_dim(dim) and self.is_exact(dim) for dim in actual)
+
     def decide(
         self,
         actual: Mapping[str, int],
@@ -107,8 +111,7 @@ class PaddingDecisions:
         micro-batch that has padding)."""
         wanted = {dim: size for dim, size in wanted.items() if not self.is_exact(dim)}
         padded = {dim for dim, size in wanted.items() if size != actual.get(dim, size)}
-        # A batch dimension already found exact is never filled up with repeated samples.
-        batch_paddable = not any(is_batch_dim(dim) and self.is_exact(dim) for dim in actual)
+        batch_paddable = self._batch_paddable(actual)
         if not padded:
             return CallPadding({**actual, **wanted}, batch_paddable=batch_paddable)
         with self._lock:
@@ -129,7 +132,7 @@ class PaddingDecisions:
                         self._set_verdict(dim, PADDED)
             batch_axes = self._output_batch_axes(actual, branches) if any(map(is_batch_dim, wanted)) else {}
         dims = {**actual, **wanted}
-        batch_paddable = not any(is_batch_dim(dim) and self.is_exact(dim) for dim in actual)
+        batch_paddable = self._batch_paddable(actual)  # again: the proof may have found the batch exact
         if proof is None:
             return CallPadding(dims, {}, batch_paddable)
         return CallPadding(

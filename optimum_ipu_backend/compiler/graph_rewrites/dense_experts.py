@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from optimum_ipu_backend.compiler.graphs import shape_view
+
 _SELECTIONS = frozenset({"NonZero", "Compress", "Unique"})
 
 
@@ -107,6 +109,7 @@ def densify_experts(model: onnx.ModelProto) -> DenseExperts | None:
     replace: dict[int, list[onnx.NodeProto]] = {}  # node index -> nodes that take its place
     after: dict[int, list[onnx.NodeProto]] = defaultdict(list)  # node index -> nodes right after it
     position = {node.output[0]: index for index, node in enumerate(nodes)}
+    ranks: dict[str, int] | None = None
     for selection in selections:
         index = next(
             i for i, n in enumerate(nodes) if n.name == selection.node and n.op_type == selection.op_type
@@ -132,7 +135,9 @@ def densify_experts(model: onnx.ModelProto) -> DenseExperts | None:
         nodes[weight_index].output[0] = sparse
         routed_as_weight = names.fresh(f"{node.name}/routed_as_weight")
         # The gathered weights are [tokens, *rest of the table's axes]: the 0/1 factor gets those axes too.
-        trailing = _rank(rewritten, producer, weight_gather.input[0]) - 1
+        if ranks is None:  # the router tables lie upstream of every edit: one inference serves all layers
+            ranks = _inferred_ranks(rewritten)
+        trailing = _rank(ranks, producer, weight_gather.input[0]) - 1
         routed_column = routed
         column = []
         if trailing:
@@ -271,25 +276,24 @@ def _match_expert_selection(
     return "no router weight is gathered at token * top_k + slot"
 
 
-def _rank(model: onnx.ModelProto, producer: dict[str, onnx.NodeProto], name: str) -> int:
-    """The rank of tensor ``name`` (Flatten outputs directly, anything else by shape inference)."""
+def _inferred_ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """The rank of every tensor shape inference finds in ``model`` (weights as typed inputs)."""
+    inferred = onnx.shape_inference.infer_shapes(shape_view(model), strict_mode=False)
+    return {
+        value.name: len(value.type.tensor_type.shape.dim)
+        for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+        if value.type.tensor_type.HasField("shape")
+    }
+
+
+def _rank(ranks: dict[str, int], producer: dict[str, onnx.NodeProto], name: str) -> int:
+    """The rank of tensor ``name`` (Flatten outputs directly, anything else from ``ranks``)."""
     node = producer.get(name)
     if node is not None and node.op_type == "Flatten":
         return 2
-    light = onnx.ModelProto()
-    light.CopyFrom(model)
-    del light.graph.initializer[:]
-    listed = {vi.name for vi in light.graph.input}
-    for init in model.graph.initializer:  # weights as typed inputs: inference needs no values
-        if init.name not in listed:
-            light.graph.input.append(
-                helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-            )
-    inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False)
-    for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
-        if value.name == name and value.type.tensor_type.HasField("shape"):
-            return len(value.type.tensor_type.shape.dim)
-    raise ValueError(f"the rank of the router weights {name!r} is unknown")
+    if name not in ranks:
+        raise ValueError(f"the rank of the router weights {name!r} is unknown")
+    return ranks[name]
 
 
 def _squeezed(consumers: dict[str, list[onnx.NodeProto]], name: str) -> str:
