@@ -237,8 +237,7 @@ def _pad(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     data = inputs[0]
     pads = _ints(inputs[1])
     value = float(inputs[2].reshape(-1)[0]) if len(inputs) > 2 and inputs[2] is not None else 0.0
-    mode = attrs.get("mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = _text(attrs.get("mode", "constant"))
     rank = data.dim()
     flat = [p for axis in reversed(range(rank)) for p in (pads[axis], pads[axis + rank])]
     if mode != "constant":

@@ -163,9 +163,10 @@ class PopTorchBackend:
         ).eval()
         opts = self._options(options, artifacts, device_name, offline, options.get("ipu_version") or "ipu2")
         executor = self.poptorch.inferenceModel(module, opts)
+        for spec in inputs:  # the shape PopTorch takes, fixed from here on
+            spec["host_shape"] = _leading_axis(spec["shape"], steps)
         examples = [
-            torch.zeros(_leading_axis(spec["shape"], steps), dtype=_torch_dtype(torch, spec["dtype"]))
-            for spec in inputs
+            torch.zeros(spec["host_shape"], dtype=_torch_dtype(torch, spec["dtype"])) for spec in inputs
         ]
         executor.compile(*examples)
         return _Executor(executor, inputs, outputs, steps, device.label)
@@ -174,9 +175,7 @@ class PopTorchBackend:
         torch = self.torch
         args = []
         for spec in built.inputs:
-            array = inputs[spec["name"]]
-            shape = spec["shape"]
-            args.append(torch.from_numpy(array.reshape(_leading_axis(shape, built.steps))))
+            args.append(torch.from_numpy(inputs[spec["name"]].reshape(spec["host_shape"])))
         results = built.executor(*args)
         if isinstance(results, torch.Tensor):
             results = (results,)
