@@ -1,22 +1,6 @@
-"""`optimum-ipu check PATH`: legalize every ONNX graph of a model and say whether PopART can take it.
-
-PATH is a model directory (its ``*.onnx`` files, sizes from its ``config.json``), one ``.onnx`` file, or
-a transformers checkpoint without ONNX files, which is exported first as ``optimum-cli export onnx``
-would (the task inferred from the config, ``--task`` to choose another).
-
-Sizes not given with ``--dim``/``--shape`` are those the runtime compiles by default: one sample, the
-bucket plan's largest size of each other dimension, one new token for a decoder that takes a past, and
-a past that leaves room for that token within the model's positions. A size over the model's limit is
-reported as such. Graphs are checked as the runtime serves them: a top-k mixture-of-experts selection is
-computed densely, and its cost is printed.
-
-``--verify-padding`` also runs each graph on the host emulator, padded and at exact sizes, and compares
-the real outputs; it prints each dimension's padding verdict (padded because the padding proof holds, or
-compiled at exact sizes and the node that breaks the proof).
-
-Exit status 0 means every graph is PopART-ready (and, with ``--verify-padding``, padding changed no real
-output); 1 means at least one is not; 2 is a usage error.
-"""
+"""The work of `optimum-ipu check`: legalize every ONNX graph of a model and say whether PopART can take
+it. Its arguments, help and exit statuses are in ``cli/check_parser.py``, which the command-line parser
+imports without this module's heavy dependencies."""
 
 from __future__ import annotations
 
@@ -33,7 +17,8 @@ from typing import Any
 import onnx
 
 from optimum_ipu_backend.cli.check_diagnostics import explain, write_repro
-from optimum_ipu_backend.cli.check_padding import DEFAULT_ATOL, PaddingCheck, verify_padding
+from optimum_ipu_backend.cli.check_padding import PaddingCheck, verify_padding
+from optimum_ipu_backend.cli.check_parser import DESCRIPTION, add_arguments
 from optimum_ipu_backend.cli.check_sizes import GraphSizes, graph_sizes, resolve_input_shapes
 from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
 from optimum_ipu_backend.compiler.graph_rewrites.dense_experts import densify_experts
@@ -42,7 +27,7 @@ from optimum_ipu_backend.compiler.op_table import branch_inputs
 from optimum_ipu_backend.compiler.passes.base import PassReport
 from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
 from optimum_ipu_backend.compiler.passes.shard_over_ipus import Sharding
-from optimum_ipu_backend.compiler.pipeline import PRECISIONS, legalize
+from optimum_ipu_backend.compiler.pipeline import legalize
 
 
 class UsageError(Exception):
@@ -386,88 +371,6 @@ def _per_ipu_lines(estimates: Sequence[MemoryEstimate]) -> list[str]:
     return lines
 
 
-def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``check`` on an ``optimum-ipu`` subcommand parser."""
-    parser = subparsers.add_parser(
-        "check",
-        help="legalize a model's ONNX graphs for PopART and report what is left",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_arguments(parser)
-    parser.set_defaults(func=run_check)
-    return parser
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "path",
-        type=Path,
-        help="a model directory with .onnx files and config.json, one .onnx, or a transformers checkpoint",
-    )
-    parser.add_argument(
-        "--shape",
-        action="append",
-        default=[],
-        metavar="NAME=DIMS",
-        help="static shape of one graph input, e.g. input_ids=1,128 (repeatable)",
-    )
-    parser.add_argument(
-        "--dim",
-        action="append",
-        default=[],
-        metavar="DIM=SIZE",
-        help="size of a symbolic dimension, e.g. sequence_length=128 or batch_size=4 (repeatable)",
-    )
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    parser.add_argument(
-        "--ipus",
-        type=int,
-        default=1,
-        metavar="N",
-        help="shard each graph over N IPUs (as ipus_per_replica=N) and report the memory of each IPU",
-    )
-    parser.add_argument(
-        "--layers-per-ipu",
-        metavar="COUNTS",
-        help="with --ipus: layers per IPU as in ipu_config.json, e.g. 2,-1 (default: balanced by memory)",
-    )
-    parser.add_argument("--save", type=Path, metavar="DIR", help="write the legalized graph(s) into DIR")
-    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
-    parser.add_argument(
-        "--task", help="export task for a checkpoint without .onnx files (default: inferred from its config)"
-    )
-    parser.add_argument(
-        "--export-dir",
-        type=Path,
-        metavar="DIR",
-        help="keep the export of a checkpoint in DIR (default: discarded)",
-    )
-    parser.add_argument(
-        "--explain",
-        metavar="NODE",
-        help="print the node's inputs, producers, readers and shapes after fixing the sizes, in each graph",
-    )
-    parser.add_argument(
-        "--verify-padding",
-        action="store_true",
-        help="also run each graph on the host emulator padded and at exact sizes, compare the real outputs "
-        "and print each dimension's padding verdict",
-    )
-    parser.add_argument(
-        "--atol",
-        type=float,
-        default=DEFAULT_ATOL,
-        help=f"tolerance of --verify-padding (default {DEFAULT_ATOL:g})",
-    )
-    parser.add_argument(
-        "--repro",
-        type=Path,
-        metavar="DIR",
-        help="write the graphs with random weights of the same shapes into DIR, to attach to an issue",
-    )
-
-
 def _graphs_to_check(args: argparse.Namespace, scratch: Path) -> tuple[list[Path], Path]:
     """The ONNX files and the directory their config.json is in, exporting a checkpoint first."""
     path = args.path
@@ -585,8 +488,12 @@ def _check_all(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="optimum-ipu check", description=__doc__)
-    _add_arguments(parser)
+    parser = argparse.ArgumentParser(
+        prog="optimum-ipu check",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
     return run_check(parser.parse_args(argv))
 
 

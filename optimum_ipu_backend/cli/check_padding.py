@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from optimum_ipu_backend.cli.check_parser import DEFAULT_ATOL
 from optimum_ipu_backend.cli.check_sizes import config_dims
 from optimum_ipu_backend.runtime.buckets import option_name
 from optimum_ipu_backend.runtime.dim_expressions import parse_dim
@@ -32,7 +33,6 @@ from optimum_ipu_backend.runtime.roles import DimRole, InputRole, dim_role, inpu
 CALL_BATCH = 3
 #: Length of the cache in a call of a decoder with past: padded to the next compiled past length.
 CALL_PAST = 5
-DEFAULT_ATOL = 1e-4
 
 
 @dataclass
