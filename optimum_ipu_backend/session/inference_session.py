@@ -156,8 +156,8 @@ class IPUInferenceSession:
         if share.ipus_per_replica != 1:
             raise ProviderOptionError(
                 f"PopRun gives each replica {share.ipus_per_replica} IPUs (POPDIST_NUM_IPUS_PER_REPLICA); "
-                "splitting one model over several IPUs is not supported yet: run poprun with "
-                "--ipus-per-replica 1"
+                "sharding a replica over several IPUs under PopRun is not supported yet (ipus_per_replica "
+                "works without PopRun): run poprun with --ipus-per-replica 1"
             )
         given = runtime.sources.get("replication_factor")
         if given is not None and runtime.replication_factor != share.local_replicas:
