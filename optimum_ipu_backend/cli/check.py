@@ -28,6 +28,7 @@ from optimum_ipu_backend.compiler.passes.base import PassReport
 from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
 from optimum_ipu_backend.compiler.passes.shard_over_ipus import Sharding
 from optimum_ipu_backend.compiler.pipeline import legalize
+from optimum_ipu_backend.runtime.ipu_config import IPUConfigError, check_ipu_count
 
 
 class UsageError(Exception):
@@ -402,6 +403,10 @@ def run_check(args: argparse.Namespace) -> int:
 def _sharding(args: argparse.Namespace) -> Sharding | None:
     if args.ipus < 1:
         raise UsageError(f"--ipus expects a positive number of IPUs, not {args.ipus}")
+    try:
+        check_ipu_count("--ipus", args.ipus)
+    except IPUConfigError as exc:
+        raise UsageError(str(exc)) from None
     layers = None
     if args.layers_per_ipu is not None:
         try:

@@ -1,8 +1,9 @@
 """``optimum-ipu env`` (also ``optimum-cli ipu env``): the report to paste into a bug report.
 
 Optimum's own ``optimum-cli env`` report comes first, unchanged (it has no extension hook), then ours:
-versions, whether the optimum-onnx patches are in place, the Poplar SDK, the devices and why each can or
-cannot be used, what ``provider="auto"`` would take, and the executable cache.
+versions, whether the optimum-onnx patches are in place, the Poplar SDK, the Python its worker runs on
+(with that interpreter's torch, popart and poptorch), the devices and why each can or cannot be used,
+what ``provider="auto"`` would take, and the executable cache.
 """
 
 from __future__ import annotations
@@ -11,8 +12,37 @@ import argparse
 import contextlib
 import io
 import json
+import os
+import subprocess
 import sys
 from typing import Any
+
+# Seconds the SDK's Python may take to import popart and poptorch and report their versions.
+WORKER_PYTHON_TIMEOUT = 60.0
+
+# Run by the SDK's Python (3.8 or newer): its version and the versions of the SDK's modules, popart first
+# (it must be imported before onnx). Printed as one JSON line.
+_VERSIONS_CODE = """
+import importlib, json, platform, sys
+if sys.path and sys.path[0] == "":
+    del sys.path[0]  # -c put the working directory there; the worker removes it too
+found = {"python": sys.executable, "version": platform.python_version()}
+for name in ("popart", "poptorch", "torch"):
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name == name
+        found[name] = "not found" if missing else "cannot be imported: %s: %s" % (type(exc).__name__, exc)
+        continue
+    except Exception as exc:
+        found[name] = "cannot be imported: %s: %s" % (type(exc).__name__, exc)
+        continue
+    version = getattr(module, "__version__", None)
+    if version is None and hasattr(module, "versionString"):
+        version = module.versionString()
+    found[name] = str(version or "version unknown")
+print(json.dumps(found))
+"""
 
 
 def add_env_parser(subparsers: Any) -> None:
@@ -48,6 +78,43 @@ def _version(distribution: str) -> str:
         return "not installed"
 
 
+def worker_python_report(python: str | None = None) -> dict[str, str]:
+    """The Python the SDK's worker runs on (``python``, else ``OPTIMUM_IPU_SDK_PYTHON``, else this one),
+    asked in a subprocess for its version and its popart, poptorch and torch versions ("not found" where
+    missing)."""
+    from optimum_ipu_backend.engines.probe import SDK_PYTHON_ENV, resolve_sdk_python
+    from optimum_ipu_backend.errors import ConfigurationError
+
+    source = "this interpreter"
+    if python:
+        source = "given"
+    elif os.environ.get(SDK_PYTHON_ENV, "").strip():
+        source = SDK_PYTHON_ENV
+    try:
+        path = resolve_sdk_python(python)
+    except ConfigurationError as exc:
+        return {"python": f"unusable: {exc}"}
+    report = {"python": f"{path} ({source})"}
+    try:
+        completed = subprocess.run(
+            [path, "-c", _VERSIONS_CODE],
+            capture_output=True,
+            text=True,
+            timeout=WORKER_PYTHON_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return {**report, "version": f"did not answer within {WORKER_PYTHON_TIMEOUT:g} s"}
+    except OSError as exc:
+        return {**report, "version": f"cannot be started: {exc}"}
+    try:
+        found = json.loads(completed.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (completed.stderr or completed.stdout).strip().splitlines()[-1:]
+        return {**report, "version": f"did not answer (exit status {completed.returncode}: {' '.join(tail)})"}
+    return {**report, **{name: str(found[name]) for name in ("version", "torch", "popart", "poptorch")}}
+
+
 def backend_report() -> dict[str, Any]:
     """optimum-ipu-backend's part, as JSON data."""
     import importlib
@@ -77,6 +144,7 @@ def backend_report() -> dict[str, Any]:
         "patches": {**patches.patch_report(), **unimportable},
         "Poplar SDK found": sdk.sdk_found,
         "Poplar SDK probe": sdk.lines(),
+        "Python running the SDK worker": worker_python_report(),
         "default IPU device": default_device(),
         "IPU devices": {
             row["device"]: ("usable: " if row["usable"] else "not usable: ") + row["why"]

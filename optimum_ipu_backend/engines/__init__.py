@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None)  # not functools.cache: the worker runs on Python 3.8
 def engine_classes() -> tuple[type[Engine], ...]:
     """The engine classes, highest priority first."""
     classes = []
@@ -65,7 +65,10 @@ def engine_class(name: str) -> type[Engine]:
     raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(engine_names())}")
 
 
-def load_engine(name: str, device: str = "emulator", *, offline: bool = False) -> Engine:
+def load_engine(
+    name: str, device: str = "emulator", *, offline: bool = False, sdk_python: str | None = None
+) -> Engine:
     """An instance of the engine called ``name`` serving ``device``. Engines with a worker process start
-    it here and raise ``EngineUnavailableError`` when the SDK finds no usable device."""
-    return engine_class(name)(device, offline=offline)
+    it here, on the interpreter ``sdk_python`` (default: ``OPTIMUM_IPU_SDK_PYTHON``, else this one), and
+    raise ``EngineUnavailableError`` when the SDK finds no usable device."""
+    return engine_class(name)(device, offline=offline, sdk_python=sdk_python)

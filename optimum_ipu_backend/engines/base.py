@@ -223,7 +223,9 @@ class Engine(_Closable, ABC):
         """Can this engine run here? Cheap (``importlib.util.find_spec``, environment variables): it
         never imports the SDK."""
 
-    def __init__(self, device: str, *, offline: bool = False) -> None:
+    def __init__(self, device: str, *, offline: bool = False, sdk_python: str | None = None) -> None:
+        """``sdk_python``: the interpreter an engine with an SDK worker process runs it on (the provider
+        option of that name; ``engines.probe.resolve_sdk_python`` gives the default); others ignore it."""
         if device not in self.devices:
             raise EngineUnavailableError(
                 f"the {self.name!r} engine serves device(s) {', '.join(self.devices)}, not {device!r}"
@@ -233,6 +235,8 @@ class Engine(_Closable, ABC):
         # Version of the vendor SDK the executables are built with, known once the engine has started;
         # part of every cache key.
         self.sdk_version: str | None = None
+        # The interpreter the SDK runs on (engines with a worker process); not part of cache keys.
+        self.sdk_python: str | None = None
         self._executables: weakref.WeakSet[Executable] = weakref.WeakSet()
 
     def _track(self, executable: Executable) -> Executable:

@@ -5,21 +5,26 @@ after ``import popart``, and follows the documented call order (the SDK's docume
 
 1. ``GraphTransformer(path).convertINT64ToINT32(clip=True)``: a safety net, the compiler already
    made every tensor int32;
-2. ``DataFlow(batches_per_step=device_iterations, {output: AnchorReturnType("All")})``;
+2. ``DataFlow(batches_per_step=device_iterations, {output: AnchorReturnType("All")})``; tensor types
+   come from ``TensorInfo.data_type_lcase()`` ("float32" for FLOAT);
 3. a new ``SessionOptions`` for every session (the default argument object is created at import and
    picks up ``POPART_CACHE_DIR``): replication; for a graph the compiler sharded over several IPUs per
    replica (``__ipu_number`` / ``__pipeline_stage`` on every node) ``virtualGraphMode = Manual`` and,
    with more than one stage, ``enablePipelining`` (the runtime made ``batchesPerStep`` cover the
-   stages); ``partialsTypeMatMuls`` from the precision, and engine
-   caching into the artifact directory of *our* cache entry. PopART's own cache key ignores initializer
-   values, so a shared ``cachePath`` would serve a binary with old weights; each entry of ours is keyed
-   by content that includes the weights and has its own ``cachePath``;
+   stages); under PopRun ``popdist.popart.configureSessionOptions`` (PopART's session imports
+   ``popdist`` for distributed graphs, so PopRun needs the package); ``partialsTypeMatMuls`` from the
+   precision, and engine caching into the (absolute) artifact directory of *our* cache entry, or
+   explicitly off. PopART's own cache key ignores initializer values, so a shared ``cachePath`` would
+   serve a binary with old weights; each entry of ours is keyed by content that includes the weights
+   and has its own ``cachePath``, and the cache ``SessionOptions()`` turns on from ``POPART_CACHE_DIR``
+   or ``POPXL_CACHE_DIR`` is turned off;
 4. the device from ``DeviceManager``: ``acquireAvailableDevice(n)`` for ``ipu``,
    ``createIpuModelDevice({"numIPUs": n, "tilesPerIPU": 1472})`` for ``ipu-model`` (the default of 4
    tiles is far from a real IPU), ``createOfflineIPUDevice`` to compile without hardware;
 5. ``prepareDevice()``, ``weightsFromHost()``, ``initAnchorArrays()``; each run is ``PyStepIO`` over
    C-contiguous arrays of exactly the declared dtypes, laid out ``[device_iterations, replicas,
-   *shape]`` (only element counts are checked), then ``run()``; devices are detached on release.
+   *shape]`` (only element counts are checked), then ``run()``; attached devices are detached on
+   release (an offline device refuses ``detach()``).
 
 Weights stay constants (``constantWeights`` True, the inference default), so an engine switch on a
 shared device reloads them with the executable and needs no ``weightsFromHost``.
@@ -27,19 +32,21 @@ shared device reloads them with the executable and needs no ``weightsFromHost``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from optimum_ipu_backend.engines.base import Availability, CompileOptions
+from optimum_ipu_backend.engines.base import Availability, CompileOptions, EngineContractError
 from optimum_ipu_backend.engines.probe import module_origin
 from optimum_ipu_backend.engines.worker import WorkerEngine
+from optimum_ipu_backend.errors import InstallationError
 
 # A Mk2/Bow or C600 IPU; createIpuModelDevice defaults to 4 tiles otherwise.
 TILES_PER_IPU = 1472
+# ``TensorInfo.data_type_lcase()`` names (the lower-case column of PopART's DataTypeInfo table: FLOAT is
+# "float32", FLOAT16 "float16") of the types Poplar streams to and from the host, as numpy dtypes.
 _NUMPY_TYPES = {
-    "float": "float32",
+    "float32": "float32",
     "float16": "float16",
     "int32": "int32",
     "uint32": "uint32",
@@ -49,6 +56,8 @@ _NUMPY_TYPES = {
     "uint8": "uint8",
     "bool": "bool",
 }
+# The recovery actions whose ``str()`` is ``"RecoveryAction.NAME"`` (a pybind11 enum).
+_RECOVERY_ACTION_PREFIX = "RecoveryAction."
 
 
 class PopARTEngine(WorkerEngine):
@@ -109,11 +118,56 @@ def _graph_facts(graph: str) -> tuple[list[str], list[str], int]:
     return inputs, [value.name for value in model.graph.output], len(stages)
 
 
+def _numpy_type(lcase: str, tensor: str) -> str:
+    """The numpy dtype of a tensor PopART describes with ``data_type_lcase()``."""
+    try:
+        return _NUMPY_TYPES[lcase]
+    except KeyError:
+        raise EngineContractError(
+            f"PopART gives tensor {tensor!r} the data type {lcase!r}, which the PopART engine cannot "
+            f"stream to or from the IPU (it streams {', '.join(_NUMPY_TYPES)})"
+        ) from None
+
+
+def recovery_action_name(action: Any) -> str:
+    """The bare name (``"IPU_RESET"``) of a ``popart.RecoveryAction``. pybind11 gives enum values a
+    ``name`` property from version 2.3 on; an older build has only ``str()``,
+    ``"RecoveryAction.IPU_RESET"``."""
+    name = getattr(action, "name", None)
+    if callable(name):  # a pybind11 enum whose __str__ was redefined turns ``name`` into a method
+        name = name()
+    if isinstance(name, str) and name:
+        return name
+    text = str(action)
+    return text[len(_RECOVERY_ACTION_PREFIX) :] if text.startswith(_RECOVERY_ACTION_PREFIX) else text
+
+
+def _popdist_popart() -> Any:
+    """``popdist.popart``, or an ``InstallationError`` naming the fix. Under PopRun the sessions use
+    distributed replicated graphs, and PopART's ``InferenceSession`` then imports ``popdist`` itself:
+    without the package no distributed session can be built, whatever options are set by hand."""
+    try:
+        import popdist.popart
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("popdist", "popdist.popart"):
+            raise
+        raise InstallationError(
+            "this process runs under PopRun (the POPDIST_* variables are set), and PopART needs the popdist "
+            "Python package for that: its InferenceSession imports popdist for distributed replicated "
+            "graphs. popdist ships with the Poplar SDK as a wheel (popdist-*.whl in the SDK directory); "
+            "pip install it into the Python that runs the PopART worker, or run without poprun."
+        ) from exc
+    return popdist.popart
+
+
 class PopARTBackend:
     def __init__(self) -> None:
         import popart
 
         self.popart = popart
+        # onnx (which must come after popart) is imported at start-up, so a build's compile_timeout
+        # measures the build, not a first import of onnx (seconds on a busy host).
+        import onnx  # noqa: F401
 
     def hello(self) -> dict[str, Any]:
         devices = self.popart.DeviceManager().enumerateDevices()
@@ -132,19 +186,17 @@ class PopARTBackend:
         if device == "ipu-model":
             return manager.createIpuModelDevice({"numIPUs": ipus, "tilesPerIPU": TILES_PER_IPU})
         distributed = options.get("distributed")
-        if distributed:
-            if importlib.util.find_spec("popdist") is not None:
-                import popdist.popart
-
-                return popdist.popart.getDevice(distributed["ipus_per_replica"])
-            if distributed.get("device_id") is not None:
-                return manager.acquireDeviceById(distributed["device_id"])
+        if distributed:  # this instance's share of the PopRun partition
+            return _popdist_popart().getDevice(distributed["ipus_per_replica"])
         if required:
             return manager.acquireAvailableDevice(ipus)
         return manager.tryAcquireAvailableDevice(ipus)
 
     def close_device(self, device: Any) -> None:
-        device.detach()
+        # An offline device refuses detach() ("Cannot detach from offline device"); an IPU Model or an
+        # on-demand device not attached yet holds nothing to release.
+        if device.isAttached:
+            device.detach()
 
     def _session_options(self, options: dict, artifacts: str | None, hardware: bool, stages: int) -> Any:
         popart = self.popart
@@ -164,21 +216,17 @@ class PopARTBackend:
         if replicas > 1:
             session_options.enableReplicatedGraphs = True
             session_options.replicatedGraphCount = replicas
-        distributed = options.get("distributed")
-        if distributed:
-            if importlib.util.find_spec("popdist") is not None:
-                import popdist.popart
-
-                popdist.popart.configureSessionOptions(session_options)
-            else:  # the fields popdist.popart.configureSessionOptions sets (as PopDist documents them)
-                session_options.enableDistributedReplicatedGraphs = True
-                session_options.globalReplicationFactor = distributed["total"]
-                session_options.globalReplicaOffset = distributed["offset"]
+        if options.get("distributed"):
+            _popdist_popart().configureSessionOptions(session_options)
         session_options.partialsTypeMatMuls = "half" if options["precision"] == "fp16" else "float"
         if artifacts is not None and hardware:  # PopART caches for IPU and offline targets only
             os.makedirs(artifacts, exist_ok=True)
             session_options.enableEngineCaching = True
             session_options.cachePath = artifacts
+        else:
+            # SessionOptions() turned PopART's own cache on if POPART_CACHE_DIR or POPXL_CACHE_DIR is set;
+            # its key ignores weight values, so it could serve a binary with old weights.
+            session_options.enableEngineCaching = False
         return session_options
 
     def build(
@@ -186,6 +234,9 @@ class PopARTBackend:
     ) -> _Session:
         popart = self.popart
         input_names, output_names, stages = _graph_facts(graph)
+        # PopART looks cachePath up when the session is built (inside the chdir below) and writes the
+        # executable there in prepareDevice (after it): a relative path would name two directories.
+        artifacts = None if artifacts is None else os.path.abspath(artifacts)
         here = os.getcwd()
         os.chdir(os.path.dirname(os.path.abspath(graph)))  # external data is found from the CWD
         try:
@@ -212,7 +263,11 @@ class PopARTBackend:
 
         def spec(name: str) -> dict[str, Any]:
             info = session.getInfo(name)
-            return {"name": name, "shape": tuple(info.shape()), "dtype": _NUMPY_TYPES[info.data_type_lcase()]}
+            return {
+                "name": name,
+                "shape": tuple(info.shape()),
+                "dtype": _numpy_type(info.data_type_lcase(), name),
+            }
 
         return _Session(
             session=session,
@@ -247,16 +302,15 @@ class PopARTBackend:
         if isinstance(exc, popart.OutOfMemoryException):
             return {"kind": "out_of_memory"}
         if isinstance(exc, popart.poplar_recoverable_runtime_error):
-            action = exc.recoveryAction
-            action = action() if callable(action) else action
-            return {"kind": "recoverable", "recovery_action": getattr(action, "name", str(action))}
-        if isinstance(exc, popart.poplar_unrecoverable_runtime_error | popart.poplar_unknown_runtime_error):
+            # PopART sets recoveryAction on the exception class as it translates the error.
+            return {"kind": "recoverable", "recovery_action": recovery_action_name(exc.recoveryAction)}
+        if isinstance(exc, (popart.poplar_unrecoverable_runtime_error, popart.poplar_unknown_runtime_error)):
             return {"kind": "unrecoverable"}
         message = str(exc)
         if isinstance(exc, popart.popart_exception) and (
             "Failed to acquire" in message or "attach" in message
         ):
             return {"kind": "acquisition"}
-        if isinstance(exc, popart.popart_exception | popart.poplar_exception | popart.poplibs_exception):
+        if isinstance(exc, (popart.popart_exception, popart.poplar_exception, popart.poplibs_exception)):
             return {"kind": "sdk"}
         return None

@@ -7,11 +7,22 @@ as it is (the SDK's ``enable`` script sets ``PYTHONPATH`` and ``POPLAR_SDK_ENABL
 which IPUs exist. A process also contains device faults: a compile that hangs is stopped after
 ``compile_timeout``, and a worker that dies is reported and started again on the next call.
 
-One worker per SDK serves every engine of this process, so that executables of several sessions can
-share the IPUs it acquires (``engines.worker_server``). Requests and replies are small dicts over a
-socket pair; arrays never cross it: each executable's input and output buffers are shared memory
-(files in ``/dev/shm``, mapped by both processes and unlinked once mapped), written in place by the
-host and by the SDK.
+The SDK's Python. ``python`` is the interpreter ``engines.probe.resolve_sdk_python`` names (the provider
+option ``sdk_python``, ``OPTIMUM_IPU_SDK_PYTHON``, else this one): PopTorch 3.4 pins torch 2.0.1, which
+the user's optimum stack cannot use, and PopART's extension is built for the SDK's own CPython. That
+interpreter does not see this one's packages, and must not: they hold transformers, onnxruntime and
+extensions built for another Python. The worker gets only this package, as a private directory that
+holds nothing but a link to it, put first on its ``PYTHONPATH`` (the user's ``PYTHONPATH``, which holds
+the SDK, follows). Everything the worker imports (``worker_server``, the engines' backends, ``base``,
+``errors``) runs on Python 3.8 and imports none of transformers, optimum, onnxruntime or this package's
+host layers; tests check both rules.
+
+One worker per SDK and interpreter serves every engine of this process, so that executables of several
+sessions can share the IPUs it acquires (``engines.worker_server``). Requests and replies are small dicts
+of plain Python values over a socket pair (the two interpreters may have different numpy versions);
+arrays never cross it: each executable's input and output buffers are shared memory (files in
+``/dev/shm``, mapped by both processes and unlinked once mapped), written in place by the host and by
+the SDK.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import atexit
 import logging
 import mmap
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -50,22 +62,62 @@ from optimum_ipu_backend.engines.errors import (
     WorkerDiedError,
     device_fault,
 )
+from optimum_ipu_backend.engines.probe import SDK_PYTHON_ENV, SDK_PYTHON_OPTION, resolve_sdk_python
+from optimum_ipu_backend.errors import InstallationError
 
 _logger = logging.getLogger(__name__)
 
-# The code a worker starts with: the SDK first, before anything could import onnx.
+# The code a worker starts with: the SDK first, before anything could import onnx. ``-c`` puts the working
+# directory first on sys.path; it goes, so that the worker imports only the SDK's paths and this package
+# (a backend changes directory to the graph's while the SDK reads it).
 _BOOTSTRAP = (
-    "import {sdk}\nfrom optimum_ipu_backend.engines.worker_server import serve\nserve({fd}, {backend!r})\n"
+    "import sys\n"
+    "if sys.path and sys.path[0] == '': del sys.path[0]\n"
+    "import {sdk}\n"
+    "from optimum_ipu_backend.engines.worker_server import serve\n"
+    "serve({fd}, {backend!r})\n"
 )
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 _STARTUP_TIMEOUT = float(os.environ.get("OPTIMUM_IPU_WORKER_START_TIMEOUT", "600"))
+# This package's directory, the one the worker must import whatever interpreter runs it.
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_entry_lock = threading.Lock()
+
+
+_package_entry: list[str] = []  # the directory package_path_entry made
+
+
+def package_path_entry() -> str:
+    """A private directory (removed at exit) holding only a link to this package: the worker's first
+    ``PYTHONPATH`` entry, so that it imports this package and nothing else of this interpreter's. Made
+    again when a cleaner of the temporary directory removed it from a long-running process."""
+    with _entry_lock:
+        if _package_entry and os.path.isdir(os.path.join(_package_entry[0], PACKAGE_DIR.name)):
+            return _package_entry[0]
+        directory = tempfile.mkdtemp(prefix="optimum-ipu-worker-path-")
+        os.symlink(PACKAGE_DIR, os.path.join(directory, PACKAGE_DIR.name), target_is_directory=True)
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        _package_entry[:] = [directory]
+        return directory
+
+
+def worker_environment() -> dict[str, str]:
+    """The worker's environment: this process's, with the package first on ``PYTHONPATH``."""
+    environment = dict(os.environ)
+    paths = [package_path_entry()]
+    if environment.get("PYTHONPATH"):
+        paths.append(environment["PYTHONPATH"])
+    environment["PYTHONPATH"] = os.pathsep.join(paths)
+    return environment
 
 
 class Worker:
-    """One SDK worker process, started on demand and again after it died (``generation`` counts starts)."""
+    """One SDK worker process on the interpreter ``python``, started on demand and again after it died
+    (``generation`` counts starts)."""
 
-    def __init__(self, sdk: str, backend: str) -> None:
-        self.sdk, self.backend = sdk, backend
+    def __init__(self, sdk: str, backend: str, python: str = sys.executable) -> None:
+        self.sdk, self.backend, self.python = sdk, backend, python
+        self.key = (sdk, python)
         self.generation = 0
         self.info: dict[str, Any] = {}
         self._process: subprocess.Popen | None = None
@@ -90,7 +142,8 @@ class Worker:
         code = _BOOTSTRAP.format(sdk=self.sdk, fd=child.fileno(), backend=self.backend)
         self._output.clear()
         self._process = subprocess.Popen(
-            [sys.executable, "-c", code],
+            [self.python, "-c", code],
+            env=worker_environment(),
             pass_fds=(child.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -104,10 +157,12 @@ class Worker:
             self.info = self._request({"op": "hello"}, timeout=_STARTUP_TIMEOUT, what="start-up")
         except WorkerDiedError as exc:
             raise EngineUnavailableError(
-                f"the {self.sdk} worker process could not start: {exc}. Is the Poplar SDK enabled in this "
-                f"environment (source <sdk>/enable), and does `python -c 'import {self.sdk}'` work?"
+                f"the {self.sdk} worker process could not start on {self.python}: {exc}. Is the Poplar SDK "
+                f"enabled in this environment (source <sdk>/enable), and does `{self.python} -c 'import "
+                f"{self.sdk}'` work? The worker's Python is the {SDK_PYTHON_OPTION!r} provider option or "
+                f"{SDK_PYTHON_ENV} (default: this interpreter); it needs Python 3.8 or newer with numpy."
             ) from exc
-        _logger.info("started the %s worker (pid %s): %s", self.sdk, self.pid, self.info)
+        _logger.info("started the %s worker on %s (pid %s): %s", self.sdk, self.python, self.pid, self.info)
 
     def _forward_output(self, process: subprocess.Popen) -> None:
         """The SDK's log goes to this process's stderr; the last lines are kept for error reports."""
@@ -174,6 +229,8 @@ class Worker:
                 )
             if error.get("kind") == "contract":
                 raise EngineContractError(error["message"])
+            if error.get("kind") == "installation":
+                raise InstallationError(error["message"])
             raise _RemoteFault(error)
         return reply["ok"]
 
@@ -233,19 +290,21 @@ class _RemoteFault(Exception):
         self.error = dict(error)
 
 
-# -- one worker per SDK, shared by the engines of this process ------------------------------------------
+# -- one worker per SDK and interpreter, shared by the engines of this process ---------------------------
 
-_workers: dict[str, Worker] = {}
-_users: dict[str, int] = {}
+# keyed by (SDK module, interpreter)
+_workers: dict[tuple[str, str], Worker] = {}
+_users: dict[tuple[str, str], int] = {}
 _registry_lock = threading.Lock()
 
 
-def _shared_worker(sdk: str, backend: str) -> Worker:
+def _shared_worker(sdk: str, backend: str, python: str) -> Worker:
+    key = (sdk, python)
     with _registry_lock:
-        worker = _workers.get(sdk)
+        worker = _workers.get(key)
         if worker is None or worker._closed:
-            worker = _workers[sdk] = Worker(sdk, backend)
-        _users[sdk] = _users.get(sdk, 0) + 1
+            worker = _workers[key] = Worker(sdk, backend, python)
+        _users[key] = _users.get(key, 0) + 1
         return worker
 
 
@@ -258,8 +317,8 @@ def _idle_seconds() -> float:
 def _release_worker(worker: Worker) -> None:
     """Drop one user; when none is left, the worker stops after ``_idle_seconds``."""
     with _registry_lock:
-        _users[worker.sdk] = _users.get(worker.sdk, 1) - 1
-        if _users[worker.sdk] > 0 or _workers.get(worker.sdk) is not worker:
+        _users[worker.key] = _users.get(worker.key, 1) - 1
+        if _users[worker.key] > 0 or _workers.get(worker.key) is not worker:
             return
     idle = _idle_seconds()
     if idle <= 0:
@@ -272,9 +331,9 @@ def _release_worker(worker: Worker) -> None:
 
 def _stop_if_unused(worker: Worker) -> None:
     with _registry_lock:
-        if _users.get(worker.sdk, 0) > 0 or _workers.get(worker.sdk) is not worker:
+        if _users.get(worker.key, 0) > 0 or _workers.get(worker.key) is not worker:
             return
-        del _workers[worker.sdk]
+        del _workers[worker.key]
     worker.shutdown()
 
 
@@ -464,9 +523,12 @@ class WorkerEngine(Engine):
     sdk_module: ClassVar[str]
     backend: ClassVar[str]  # "module:Class" of the worker-side backend
 
-    def __init__(self, device: str, *, offline: bool = False) -> None:
-        super().__init__(device, offline=offline)
-        self._worker = _shared_worker(self.sdk_module, self.backend)
+    def __init__(self, device: str, *, offline: bool = False, sdk_python: str | None = None) -> None:
+        super().__init__(device, offline=offline, sdk_python=sdk_python)
+        # The interpreter the SDK runs on; not part of cache keys (the binary does not depend on it), but
+        # the SDK version its worker reports is.
+        self.sdk_python = resolve_sdk_python(sdk_python)
+        self._worker = _shared_worker(self.sdk_module, self.backend, self.sdk_python)
         self._on_close(_release_worker, self._worker)
         try:
             with self._worker._lock:
@@ -475,7 +537,9 @@ class WorkerEngine(Engine):
             self.close()
             raise
         info = self._worker.info
+        # The version comes from the worker's SDK, so an SDK on another interpreter keys the cache too.
         self.sdk_version = f"{self.sdk_module} {info['sdk_version']}"
+        self.python_version = info.get("python_version")
         self.visible_ipus = int(info.get("ipus", 0))
         self.ipu_version = info.get("ipu_version")
         if device == "ipu" and not offline and self.visible_ipus == 0:
@@ -511,7 +575,11 @@ class WorkerEngine(Engine):
         return self._track(RemoteExecutable(self, request, f"the graph {graph}"))
 
     def describe(self) -> str:
-        return f"{self.name} ({self.sdk_version}, device {self.device}{', offline' if self.offline else ''})"
+        python = ""
+        if self.sdk_python != sys.executable:
+            python = f", Python {self.python_version} {self.sdk_python}"
+        offline = ", offline" if self.offline else ""
+        return f"{self.name} ({self.sdk_version}{python}, device {self.device}{offline})"
 
 
 __all__ = ["DeviceFaultError", "RemoteExecutable", "Worker", "WorkerEngine"]

@@ -1,8 +1,9 @@
 """The worker side of ``engines.worker``: serves build/run/release requests with an SDK backend.
 
-It runs in the worker process after the SDK was imported. The SDK-specific calls live in the backend
-(``engines.popart.PopARTBackend``, ``engines.poptorch.PopTorchBackend``); what is common to both is
-here: device residency, fault containment and the shared-memory buffers.
+It runs in the worker process after the SDK was imported, on the SDK's Python (3.8 or newer; see
+``engines.worker``). The SDK-specific calls live in the backend (``engines.popart.PopARTBackend``,
+``engines.poptorch.PopTorchBackend``); what is common to both is here: device residency, fault
+containment and the shared-memory buffers.
 
 Residency. An IPU holds one loaded executable at a time. Executables go to IPUs acquired for them while
 the system has free ones, and share the least-used acquired device of the same size when it has none
@@ -21,6 +22,8 @@ from __future__ import annotations
 import importlib
 import itertools
 import os
+import platform
+import sys
 import threading
 import time
 import traceback
@@ -32,6 +35,7 @@ import numpy as np
 
 from optimum_ipu_backend.engines.base import EngineContractError
 from optimum_ipu_backend.engines.worker import create_buffer, map_buffer
+from optimum_ipu_backend.errors import InstallationError
 
 RESETTABLE = ("IPU_RESET", "LINK_RESET")
 
@@ -118,15 +122,21 @@ class Server:
     # -- requests ------------------------------------------------------------------------------------
 
     def op_hello(self) -> dict[str, Any]:
-        return {**self.backend.hello(), "pid": os.getpid()}
+        return {
+            **self.backend.hello(),
+            "pid": os.getpid(),
+            "python": sys.executable,
+            "python_version": platform.python_version(),
+        }
 
     def op_build(
         self, graph: str, artifacts: str | None, device: str, offline: bool, ipu_version: str, options: dict
     ) -> dict[str, Any]:
         distributed = options.get("distributed") or {}
         per_replica = int(options.get("ipus_per_replica", 1)) * int(distributed.get("ipus_per_replica", 1))
+        # Exactly the IPUs asked for: the configuration refused counts the SDK cannot take (not a power of
+        # two, runtime.ipu_config); rounding up here would change what the graph is compiled for.
         ipus = options["replicas"] * per_replica
-        ipus = 1 << (ipus - 1).bit_length()  # IPUs are acquired in powers of two (3 per replica take 4)
         try:
             slot = self._slot_for(device, ipus, offline, ipu_version, options)
         except Exception as exc:
@@ -233,6 +243,8 @@ class Server:
             return exc
         if isinstance(exc, EngineContractError):
             return _Fault("contract", exc)
+        if isinstance(exc, InstallationError):  # the worker's Python lacks an SDK part (popdist)
+            return _Fault("installation", exc)
         info = self.backend.classify(exc)
         if info is None:
             return _Fault("internal", exc)
@@ -248,9 +260,24 @@ def _describe(fault: _Fault) -> dict[str, Any]:
         "kind": fault.kind,
         "type": getattr(type(cause), "__qualname__", type(cause).__name__),
         "message": str(cause),
-        "traceback": "".join(traceback.format_exception(cause)),
+        # the three-argument form: the one-argument form needs Python 3.10
+        "traceback": "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)),
         **fault.extra,
     }
+
+
+def plain(value: Any) -> Any:
+    """``value`` as plain Python values: the host may have another numpy than the SDK's Python, and a
+    pickled numpy scalar names numpy's internal modules, which differ between numpy 1 and 2."""
+    if isinstance(value, dict):
+        return {plain(key): plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(plain(item) for item in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 def _exit_with_parent() -> None:
@@ -277,9 +304,9 @@ def serve(fd: int, backend: str) -> None:
             result = getattr(server, f"op_{op}")(**request)
         except Exception as exc:
             fault = exc if isinstance(exc, _Fault) else server._classified(exc)
-            conn.send({"error": _describe(fault)})
+            conn.send({"error": plain(_describe(fault))})
         else:
-            conn.send({"ok": result})
+            conn.send({"ok": plain(result)})
         if op == "shutdown":
             break
     server.op_shutdown()

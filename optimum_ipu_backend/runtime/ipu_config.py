@@ -63,6 +63,10 @@ _INT_FIELDS = (
     "max_executables",
     "sizes_per_dimension",
 )
+# IPU counts: the Poplar SDK's device manager has devices of 1, 2, 4, 8, ... IPUs only, and PopART's
+# replicated graphs need the device's IPUs to equal replicas x IPUs per replica. Both must therefore be
+# powers of two, on every device, so that a configuration means the same thing on the emulator as on IPUs.
+_POWER_OF_TWO_FIELDS = ("replication_factor", "ipus_per_replica")
 
 # Graphcore names -> our field; when both are in one file the inference_* name wins.
 _GRAPHCORE_ALIASES = {
@@ -235,6 +239,11 @@ def _sharding_defaults(config: IPURuntimeConfig) -> IPURuntimeConfig:
     """optimum-graphcore's rule: without ``ipus_per_replica``, a model takes ``len(layers_per_ipu)`` IPUs."""
     if config.layers_per_ipu is None or "ipus_per_replica" in config.sources:
         return config
+    check_ipu_count(
+        f"{config.sources['layers_per_ipu']} (its length, the IPUs per replica without ipus_per_replica)",
+        len(config.layers_per_ipu),
+        " entries",
+    )
     return replace(
         config,
         ipus_per_replica=len(config.layers_per_ipu),
@@ -331,6 +340,8 @@ def _convert(target: str, name: str, value: Any, source: str) -> Any:
         number = _positive_int(value)
         if number is None:
             raise IPUConfigError(f"{where} must be a positive integer, got {value!r}")
+        if target in _POWER_OF_TWO_FIELDS:
+            check_ipu_count(where, number)
         return number
     if target == "executable_cache_dir":
         if value is None or (isinstance(value, str) and value.strip().lower() in CACHE_DISABLED_VALUES):
@@ -358,6 +369,15 @@ def _convert(target: str, name: str, value: Any, source: str) -> Any:
         except ValueError as exc:
             raise IPUConfigError(f"{where}: {exc}") from None
     raise AssertionError(f"no conversion for {target}")
+
+
+def check_ipu_count(where: str, number: int, unit: str = "") -> None:
+    if number & (number - 1):
+        below = 1 << (number.bit_length() - 1)
+        raise IPUConfigError(
+            f"{where} must be a power of two (1, 2, 4, 8, ...), got {number}{unit}: the Poplar SDK acquires "
+            f"IPUs in groups of a power of two; use {below} or {below * 2}{unit}"
+        )
 
 
 def _layers_per_ipu(value: Any, where: str) -> tuple[int, ...]:

@@ -84,7 +84,9 @@ class IPUInferenceSession:
         self._model_path = str(path_or_bytes) if is_path else None
         model_dir = Path(path_or_bytes).parent if is_path else None
         self._options = options or IPUProviderOptions.parse(None, model_dir)
-        self._resolution = resolve_device(self._options.device, self._options.engine)
+        self._resolution = resolve_device(
+            self._options.device, self._options.engine, sdk_python=self._options.sdk_python
+        )
         cache = open_cache(self._options.runtime)
         self._source = GraphSource(path_or_bytes, None if cache is None else cache.root)
         self._check_graph()
@@ -93,7 +95,10 @@ class IPUInferenceSession:
         self._runtime = runtime  # with PopRun's share of the replicas
         # Engines with a worker process start it here and ask the SDK which IPUs exist.
         self._engine = load_engine(
-            self._resolution.engine, self._resolution.device, offline=self._options.offline
+            self._resolution.engine,
+            self._resolution.device,
+            offline=self._options.offline,
+            sdk_python=self._options.sdk_python,
         )
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_engine, self._engine)
@@ -221,6 +226,8 @@ class IPUInferenceSession:
             options["threads"] = str(self._options.threads)
         if self._engine.sdk_version:
             options["sdk_version"] = self._engine.sdk_version
+        if self._engine.sdk_python:
+            options["sdk_python"] = self._engine.sdk_python
         return {PROVIDER_NAME: options}
 
     def get_session_options(self) -> Any:

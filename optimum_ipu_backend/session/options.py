@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from optimum_ipu_backend.engines import engine_names
-from optimum_ipu_backend.engines.probe import DEVICES, check_device_name, default_device
+from optimum_ipu_backend.engines.probe import (
+    DEVICES,
+    SDK_PYTHON_ENV,
+    check_device_name,
+    default_device,
+    resolve_sdk_python,
+)
 from optimum_ipu_backend.errors import ConfigurationError
 from optimum_ipu_backend.runtime.buckets import BucketOptionError
 from optimum_ipu_backend.runtime.ipu_config import IPUConfigError, IPURuntimeConfig, load_runtime_config
@@ -40,6 +46,11 @@ SESSION_OPTION_HELP = {
     "trim_padding": (
         "1 or 0: run the rows of an encoder call grouped by real length, skipping the padding they share; "
         "outputs at masked positions are then zeros; default 0"
+    ),
+    "sdk_python": (
+        "path (or name on PATH) of the Python interpreter that runs the Poplar SDK for the popart and "
+        "poptorch engines, such as the SDK's own Python with its PopTorch wheel; default from "
+        f"{SDK_PYTHON_ENV}, else this interpreter"
     ),
 }
 
@@ -69,6 +80,9 @@ class IPUProviderOptions:
     # Compile for an offline IPU target (fills the cache; nothing runs). Set by `optimum-ipu compile`.
     offline: bool = False
     ipu_version: str | None = None  # the IPU architecture an offline compile targets
+    # The interpreter the SDK's worker runs on (an absolute path); None: OPTIMUM_IPU_SDK_PYTHON, else this
+    # one, resolved when an SDK engine starts. Not part of cache keys: the SDK version it reports is.
+    sdk_python: str | None = None
     runtime: IPURuntimeConfig = field(default_factory=IPURuntimeConfig)
 
     @property
@@ -112,6 +126,12 @@ class IPUProviderOptions:
                 raise ProviderOptionError(
                     f"option 'threads'={raw['threads']!r}: {SESSION_OPTION_HELP['threads']}"
                 )
+        sdk_python = raw.get("sdk_python")
+        if sdk_python is not None:
+            try:
+                sdk_python = resolve_sdk_python(sdk_python)
+            except ConfigurationError as exc:
+                raise ProviderOptionError(str(exc)) from None
         progress = None if raw.get("progress") is None else _flag("progress", raw["progress"])
         trim_padding = _flag("trim_padding", raw.get("trim_padding", "0"))
         try:
@@ -134,5 +154,6 @@ class IPUProviderOptions:
             trim_padding=trim_padding,
             compile=compile_mode,
             compile_timeout=compile_timeout,
+            sdk_python=sdk_python,
             runtime=runtime,
         )

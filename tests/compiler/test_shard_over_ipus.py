@@ -162,3 +162,11 @@ def test_an_omitted_optional_name_ties_no_node_to_another_ipu():
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     assert assign_ipus(model, Sharding(2, (1, 1)), {"x"}) == [0, 1, 0]
+
+
+def test_check_refuses_an_ipu_count_the_sdk_cannot_acquire(export, capsys):
+    # The Poplar SDK acquires IPUs in groups of a power of two: --ipus 3 is refused, naming 2 and 4.
+    status = check_main([str(export), "--dim", "sequence_length=16", "--ipus", "3"])
+    error = capsys.readouterr().err
+    assert status != 0
+    assert "--ipus must be a power of two" in error and "use 2 or 4" in error

@@ -1,8 +1,8 @@
 """A test double of PopART's public Python API, for CI machines without the Poplar SDK.
 
-Written from the public API as the SDK documents it (sessions, devices, sharding, replication, PopDist):
-the same names, signatures, enums, exception classes and message prefixes. Graphs execute with
-onnxruntime on the CPU, so results can be compared with a plain CPU run. Nothing in
+Written from the public sources of PopART (graphcore/popart at sdk-release-3.4): the same names,
+signatures, enums, exception classes and messages. Graphs execute with
+onnxruntime on the CPU (onnx's reference evaluator where onnxruntime is not installed), so results can be compared with a plain CPU run. Nothing in
 optimum_ipu_backend may depend on anything here beyond the documented API.
 
 Test controls (environment, read on every call so a test can change them while a process runs):
@@ -13,13 +13,20 @@ Test controls (environment, read on every call so a test can change them while a
   ``faults``: a list of ``{"id", "at": "acquire"|"prepareDevice"|"run", "error":
   "popart_exception"|"OutOfMemoryException"|"recoverable"|"unrecoverable"|"hang"|"exit", "action":
   "IPU_RESET", "times": 1, "seconds": 3600}``; a fault fires ``times`` times per process.
+  ``pybind11_enum_name`` (default true): false models a PopART built with pybind11 older than 2.3,
+  whose enum values (``RecoveryAction``) have no ``name``.
 * ``POPART_DOUBLE_LOG``: a file the double appends one JSON line per API call to (the call log).
+
+Every behaviour cites the graphcore/popart source it follows (sdk-release-3.4); what depends on
+closed-source Poplar or PopDist says it is assumed. The double of PopDist is the sibling package
+``popdist``.
 """
 
 from __future__ import annotations
 
 import sys
 
+# graphcore/popart python/popart/__init__.py.in (sdk-release-3.4): refuses to import after onnx.
 if "onnx" in sys.modules:
     raise ImportError(
         "It looks like onnx has already been imported. Due to an ongoing issue, popart must be imported "
@@ -77,9 +84,9 @@ def _fault(at: str) -> None:
         elif kind == "exit":
             os._exit(int(fault.get("code", 70)))
         elif kind == "recoverable":
-            raise poplar_recoverable_runtime_error(
+            _raise_recoverable(
                 "poplar_recoverable_runtime_error: an IPU error was detected",
-                RecoveryAction[fault.get("action", "IPU_RESET")],
+                RecoveryAction.__members__[fault.get("action", "IPU_RESET")],
             )
         elif kind == "unrecoverable":
             raise poplar_unrecoverable_runtime_error("poplar_unrecoverable_runtime_error: the IPU is lost")
@@ -92,6 +99,11 @@ def _fault(at: str) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # Exceptions
 # ---------------------------------------------------------------------------------------------------------
+
+
+# The classes popart_core registers (graphcore/popart python/popart/popart_core/popart.cpp, the
+# py::exception block at the end of PYBIND11_MODULE, sdk-release-3.4): popart::runtime_error is
+# popart_runtime_error, popart::error popart_exception, the poplar hierarchy as bound there.
 
 
 class popart_exception(Exception):  # noqa: N801
@@ -107,6 +119,10 @@ class popart_runtime_error(popart_exception):  # noqa: N801
 
 
 class OutOfMemoryException(popart_exception):
+    """graphcore/popart python/popart/python_files/session.py, OutOfMemoryException (sdk-release-3.4): a
+    Python subclass of popart_exception that prepareDevice and compileAndExport raise when the
+    OutOfMemoryError status they pass to the core is not successful."""
+
     def getSummaryReport(self) -> str:  # noqa: N802
         return "memory report of the double: initializers do not fit"
 
@@ -134,17 +150,91 @@ class poplar_system_runtime_error(poplar_runtime_error):  # noqa: N801
     pass
 
 
-class RecoveryAction(enum.Enum):
-    IPU_RESET = 0
-    LINK_RESET = 1
-    PARTITION_RESET = 2
-    FULL_RESET = 3
+class _Pybind11Enum:
+    """A ``py::enum_`` value as pybind11 2.6.2 binds it (pybind/pybind11 include/pybind11/pybind11.h,
+    enum_base::init, v2.6.2; graphcore/popart README.md asks for pybind11 2.6.2 and build_scripts/
+    CMakeLists.txt pins v2.4.3+8, sdk-release-3.4): ``name`` is a property (it exists since pybind11
+    2.3.0), ``str()`` is ``"Type.NAME"``, ``repr()`` ``"<Type.NAME: value>"``, ``int()`` the value;
+    members are class attributes and ``Type.__members__`` maps names to them. Unlike Python's
+    ``enum.Enum`` there is no ``Type["NAME"]``."""
+
+    _members: dict = {}
+
+    def __init__(self, value: int, name: str) -> None:
+        self._value, self._name = value, name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def value(self) -> int:
+        return self._value
+
+    def __int__(self) -> int:
+        return self._value
+
+    def __index__(self) -> int:
+        return self._value
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self._name}"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}.{self._name}: {self._value}>"
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    @classmethod
+    def _define(cls, **values: int) -> None:
+        cls.__members__ = {}
+        for name, value in values.items():
+            member = cls(value, name)
+            setattr(cls, name, member)
+            cls.__members__[name] = member
+
+
+class RecoveryAction(_Pybind11Enum):
+    """graphcore/popart python/popart/popart_core/popart.cpp, py::enum_<poplar::RecoveryAction>
+    "RecoveryAction" (sdk-release-3.4)."""
+
+
+RecoveryAction._define(IPU_RESET=0, LINK_RESET=1, PARTITION_RESET=2, FULL_RESET=3)
 
 
 class poplar_recoverable_runtime_error(poplar_system_runtime_error):  # noqa: N801
-    def __init__(self, message: str, action: RecoveryAction = RecoveryAction.IPU_RESET) -> None:
-        super().__init__(message)
-        self.recoveryAction = action
+    """graphcore/popart python/popart/popart_core/popart.cpp, recoverable_exception::setRecoveryAction
+    (sdk-release-3.4): the exception translator sets ``recoveryAction`` with PyObject_SetAttrString on
+    the exception *type*, then the message; an instance reads the class attribute, which holds the
+    action of the most recent error."""
+
+    recoveryAction = RecoveryAction.IPU_RESET
+
+
+class _Pybind11PreNameEnumValue:
+    """A ``py::enum_`` value as pybind11 before 2.3 binds it (pybind/pybind11 include/pybind11/
+    pybind11.h, enum_, v2.2.4): ``__repr__`` (and so ``str()``) is ``"Type.NAME"``, ``int()`` the value,
+    and there is no ``name``. Used only when the test configuration asks for such a build
+    (``"pybind11_enum_name": false``); the SDK's pinned pybind11 has ``name``."""
+
+    def __init__(self, member: _Pybind11Enum) -> None:
+        self._member = member
+
+    def __int__(self) -> int:
+        return int(self._member)
+
+    def __repr__(self) -> str:
+        return str(self._member)
+
+
+def _raise_recoverable(message: str, action: RecoveryAction) -> None:
+    value = action if _config().get("pybind11_enum_name", True) else _Pybind11PreNameEnumValue(action)
+    poplar_recoverable_runtime_error.recoveryAction = value
+    raise poplar_recoverable_runtime_error(message)
 
 
 class poplar_unrecoverable_runtime_error(poplar_system_runtime_error):  # noqa: N801
@@ -160,18 +250,25 @@ class poplar_unknown_runtime_error(poplar_system_runtime_error):  # noqa: N801
 # ---------------------------------------------------------------------------------------------------------
 
 
-class DeviceType(enum.Enum):
-    IpuModel = 0
-    Cpu = 1
-    Ipu = 2
-    OfflineIpu = 3
-    Sim = 4
+class DeviceType(_Pybind11Enum):
+    """graphcore/popart python/popart/popart_core/popart.cpp, py::enum_<DeviceType> (sdk-release-3.4):
+    its ``__str__`` is replaced by DeviceType's operator<< (willow/src/devicemanager.cpp): "ipu",
+    "ipu-model", "offline-ipu", "cpu", "sim"; ``name`` stays the member name."""
+
+    def __str__(self) -> str:
+        return {"Ipu": "ipu", "IpuModel": "ipu-model", "OfflineIpu": "offline-ipu"}.get(
+            self.name, self.name.lower()
+        )
 
 
-class DeviceConnectionType(enum.Enum):
-    Always = 0
-    OnDemand = 1
-    Never = 2
+DeviceType._define(IpuModel=0, Cpu=1, Ipu=2, OfflineIpu=3, Sim=4)
+
+
+class DeviceConnectionType(_Pybind11Enum):
+    """graphcore/popart python/popart/popart_core/popart.cpp, py::enum_<DeviceConnectionType>."""
+
+
+DeviceConnectionType._define(Always=0, OnDemand=1, Never=2)
 
 
 class SyncPattern(enum.Enum):
@@ -253,33 +350,57 @@ def getLogger(name: str = "all") -> _Logger:  # noqa: N802
 # Tensors, data flow, options
 # ---------------------------------------------------------------------------------------------------------
 
-_POPART_TYPES = {
-    "FLOAT": np.float32,
-    "FLOAT16": np.float16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "UINT32": np.uint32,
-    "INT16": np.int16,
-    "UINT16": np.uint16,
-    "INT8": np.int8,
-    "UINT8": np.uint8,
-    "BOOL": np.bool_,
-    "DOUBLE": np.float64,
-}
+# graphcore/popart willow/src/tensorinfo.cpp, initDataTypeInfoMap (sdk-release-3.4): each DataType's
+# name (TensorInfo.data_type()) and lower-case name (TensorInfo.data_type_lcase(), which
+# python/popart/python_files/session.py _initAnchorArrays hands to numpy as the anchor dtype). FLOAT's
+# lower-case name is "float32", DOUBLE's "float64".
+_DATA_TYPE_NAMES = {
+    "UINT8": "uint8", "INT8": "int8", "UINT16": "uint16", "INT16": "int16", "INT32": "int32",
+    "INT64": "int64", "UINT32": "uint32", "UINT64": "uint64", "BOOL": "bool", "FLOAT16": "float16",
+    "BFLOAT16": "bfloat16", "FLOAT8_143": "float8_143", "FLOAT8_152": "float8_152", "FLOAT": "float32",
+    "DOUBLE": "float64", "COMPLEX64": "complex64", "COMPLEX128": "complex128", "STRING": "string",
+    "UNDEFINED": "undefined",
+}  # fmt: skip
+# graphcore/popart python/popart/python_files/tensorinfo.py, _get_popart_type (sdk-release-3.4): the
+# numpy types a TensorInfo can be built from.
+_NUMPY_TO_POPART = {
+    np.uint8: "UINT8", np.uint16: "UINT16", np.uint32: "UINT32", np.uint64: "UINT64", np.int8: "INT8",
+    np.int16: "INT16", np.int32: "INT32", np.int64: "INT64", np.float16: "FLOAT16", np.float32: "FLOAT",
+    np.float64: "DOUBLE", np.bool_: "BOOL",
+}  # fmt: skip
+# graphcore/popart willow/src/onnxutil.cpp, getDataType: ONNX TensorProto element types.
 _ONNX_TO_POPART = {1: "FLOAT", 10: "FLOAT16", 6: "INT32", 7: "INT64", 12: "UINT32", 5: "INT16", 4: "UINT16",
-                   3: "INT8", 2: "UINT8", 9: "BOOL", 11: "DOUBLE"}  # fmt: skip
-_DEVICE_TYPES = {"FLOAT", "FLOAT16", "INT32", "UINT32", "INT16", "UINT16", "INT8", "UINT8", "BOOL"}
+                   3: "INT8", 2: "UINT8", 9: "BOOL", 11: "DOUBLE", 13: "UINT64", 16: "BFLOAT16"}  # fmt: skip
+# graphcore/popart willow/src/popx/irlowering.cpp, popType (sdk-release-3.4): the types Poplar streams;
+# the others raise "The data type X is not supported in Poplar" when lowered.
+_DEVICE_TYPES = {"FLOAT", "FLOAT16", "INT32", "UINT32", "INT16", "UINT16", "INT8", "UINT8", "BOOL",
+                 "FLOAT8_143", "FLOAT8_152"}  # fmt: skip
+
+
+def _data_type_from_string(name: str) -> str:
+    """graphcore/popart willow/src/tensorinfo.cpp, dataTypeFromString: exact (upper-case) names only."""
+    if name not in _DATA_TYPE_NAMES:
+        raise popart_exception(f"no ONNX type {name}, they're [{', '.join(sorted(_DATA_TYPE_NAMES))}].")
+    return name
 
 
 class TensorInfo:
-    def __init__(self, dtype, shape=None) -> None:
-        if isinstance(dtype, np.ndarray):
-            shape, dtype = dtype.shape, dtype.dtype
-        if isinstance(dtype, str):
-            name = dtype.upper()
+    """graphcore/popart python/popart/python_files/tensorinfo.py, TensorInfo (sdk-release-3.4):
+    ``TensorInfo(dtype, shape)`` with a PopART type string, a numpy dtype or type, or
+    ``TensorInfo(ndarray)``; anything else raises TypeError."""
+
+    def __init__(self, *args) -> None:
+        if len(args) == 2:
+            dtype, shape = args
+        elif len(args) == 1 and isinstance(args[0], np.ndarray):
+            dtype, shape = args[0].dtype, args[0].shape
         else:
-            name = next(k for k, v in _POPART_TYPES.items() if np.dtype(v) == np.dtype(dtype))
-        self._type = name
+            raise TypeError(f"Can not create TensorInfo with args {args}")
+        if isinstance(dtype, np.dtype):
+            dtype = _NUMPY_TO_POPART[dtype.type]
+        elif isinstance(dtype, type):
+            dtype = _NUMPY_TO_POPART[dtype]
+        self._type = _data_type_from_string(dtype)
         self._shape = [int(d) for d in shape]
 
     def shape(self) -> list[int]:
@@ -289,13 +410,14 @@ class TensorInfo:
         return self._type
 
     def data_type_lcase(self) -> str:
-        return self._type.lower()
+        return _DATA_TYPE_NAMES[self._type]
 
     def nelms(self) -> int:
         return int(np.prod(self._shape, dtype=np.int64))
 
-    def numpy_dtype(self) -> np.dtype:
-        return np.dtype(_POPART_TYPES[self._type])
+    def _numpy_dtype(self) -> np.dtype:
+        """The double's own helper (not SDK API): the numpy dtype of the host buffers."""
+        return np.dtype(self.data_type_lcase())
 
 
 class InputShapeInfo:
@@ -363,6 +485,8 @@ class DataFlow:
         return len(self._anchors)
 
 
+# graphcore/popart willow/include/popart/sessionoptions.hpp, struct SessionOptions member initialisers
+# (sdk-release-3.4); the option maps are the Python properties python/popart/__init__.py.in defines.
 _OPTION_DEFAULTS = {
     "enableEngineCaching": False,
     "cachePath": "session_cache",
@@ -406,15 +530,19 @@ _OPTION_DEFAULTS = {
 
 
 class SessionOptions:
-    """An attribute bag like the pybind class: unknown attributes raise AttributeError."""
+    """graphcore/popart python/popart/popart_core/popart.cpp, py::class_<SessionOptions> (no
+    py::dynamic_attr, sdk-release-3.4): setting an unknown attribute raises AttributeError."""
 
     def __init__(self) -> None:
         for name, value in _OPTION_DEFAULTS.items():
             object.__setattr__(self, name, dict(value) if isinstance(value, dict) else value)
-        cache_dir = os.environ.get("POPART_CACHE_DIR") or os.environ.get("POPXL_CACHE_DIR")
-        if cache_dir:  # read at construction, as the real class does
-            object.__setattr__(self, "enableEngineCaching", True)
-            object.__setattr__(self, "cachePath", cache_dir)
+        # graphcore/popart willow/include/popart/sessionoptions.hpp, SessionOptions::SessionOptions()
+        # (sdk-release-3.4): a set POPART_CACHE_DIR, then a set POPXL_CACHE_DIR (which wins), turns
+        # enableEngineCaching on with that cachePath; "set" is getenv() != NULL, so "" counts too.
+        for variable in ("POPART_CACHE_DIR", "POPXL_CACHE_DIR"):
+            if variable in os.environ:
+                object.__setattr__(self, "enableEngineCaching", True)
+                object.__setattr__(self, "cachePath", os.environ[variable])
 
     def __setattr__(self, name: str, value) -> None:
         if name not in _OPTION_DEFAULTS:
@@ -436,6 +564,11 @@ class Patterns:
 
 
 class DeviceInfo:
+    """graphcore/popart python/popart/popart_core/popart.cpp, py::class_<DeviceInfo> (read-only
+    properties type, connectionType, version, ipuVersion, id, numIpus, tilesPerIPU, driverIds, isAttached;
+    ``__exit__`` detaches), with the subclasses of willow/include/popart/popx/devicexmanager.hpp
+    (sdk-release-3.4) behind it."""
+
     def __init__(self, type: DeviceType, numIpus: int, tilesPerIPU: int, ids=(), version="ipu2",  # noqa: A002, N803
                  connectionType=DeviceConnectionType.Always) -> None:  # fmt: skip
         self.type = type
@@ -451,20 +584,33 @@ class DeviceInfo:
         self._loaded = None  # the session whose engine was most recently loaded
 
     def attach(self) -> bool:
-        if self.type in (DeviceType.Ipu,):
-            DeviceManager()._claim(self)
+        # devicexmanager.hpp, DevicexOfflineIpuInfo::attach: "Cannot attach to offline device".
+        if self.type is DeviceType.OfflineIpu:
+            raise popart_exception("Cannot attach to offline device")
+        # devicexmanager.cpp, DevicexInfo::attach: isAttached_ = poplar::Device::attach(). Assumed (Poplar
+        # is closed source): attaching hardware IPUs another device holds returns False, as
+        # DeviceManager::tryAcquireAvailableDevice's loop over candidates relies on.
+        if self.type is DeviceType.Ipu and not self.isAttached and not DeviceManager()._claim(self):
+            return False
         self.isAttached = True
         _log("DeviceInfo.attach", id=self.id, numIpus=self.numIpus)
         return True
 
     def tryAttachUntilTimeout(self) -> bool:  # noqa: N802
+        """willow/src/devicemanager.cpp, DeviceInfo::tryAttachUntilTimeout: one try, then one a second
+        until the on-demand timeout (the double does not wait)."""
         return self.attach()
 
     def detach(self) -> None:
-        if self.type is DeviceType.Ipu:
+        # devicexmanager.hpp, DevicexOfflineIpuInfo::detach: "Cannot detach from offline device".
+        if self.type is DeviceType.OfflineIpu:
+            _log("DeviceInfo.detach", id=self.id, type=self.type.name, refused=True)
+            raise popart_exception("Cannot detach from offline device")
+        # devicexmanager.cpp, DevicexInfo::detach: isAttached_ = false, poplar::Device::detach(); the
+        # most-recently-loaded marker is left as it is.
+        if self.type is DeviceType.Ipu and self.isAttached:
             DeviceManager()._release(self)
         self.isAttached = False
-        self._loaded = None
         _log("DeviceInfo.detach", id=self.id, type=self.type.name, numIpus=self.numIpus)
 
     def __enter__(self) -> DeviceInfo:
@@ -473,8 +619,36 @@ class DeviceInfo:
     def __exit__(self, *exc) -> None:
         self.detach()
 
+    def __repr__(self) -> str:
+        # willow/src/devicemanager.cpp, DeviceInfo::toString
+        return (f"Device Type:{self.type} Connection Type:{_CONNECTION_NAMES[self.connectionType.name]} "
+                f"Id:{self.id} Version:{self.version} NumIPUs:{self.numIpus} NumTilesPerIPU:{self.tilesPerIPU} "
+                f"DeviceIds: {{{','.join(str(i) for i in self.driverIds)}}}")  # fmt: skip
+
+
+# willow/src/devicemanager.cpp, operator<<(DeviceConnectionType)
+_CONNECTION_NAMES = {"Always": "always", "OnDemand": "on-demand", "Never": "never"}
+
+
+def _host_device_options(kind: DeviceType, options: dict, valid: list[str]) -> dict[str, str]:
+    """python/popart/popart_core/popart.cpp, getDictionary: keys and values are streamed as str(); then
+    willow/src/popx/devicexmanager.cpp, DevicexManager::createHostDevice's checkOptions."""
+    if not isinstance(options, dict):
+        raise TypeError("incompatible function arguments: expected a dict")
+    strings = {str(key): str(value) for key, value in options.items()}
+    for key in strings:
+        if key not in valid:
+            raise popart_exception(
+                f"Invalid option `{key}' passed to DevicexManager::createHostDevice for device type {kind}. "
+                f"Valid options are [{' '.join(valid)}]"
+            )
+    return strings
+
 
 class DeviceManager:
+    """willow/src/devicemanager.cpp (sdk-release-3.4), a singleton (popart.cpp binds it with
+    py::nodelete). The hardware is the double's configuration: ``ipus`` IPUs, numbered from 0."""
+
     _instance = None
 
     def __new__(cls) -> DeviceManager:
@@ -487,81 +661,97 @@ class DeviceManager:
     def _hardware(self) -> int:
         return int(_config().get("ipus", 0))
 
-    def _claim(self, device: DeviceInfo) -> None:
+    def _claim(self, device: DeviceInfo) -> bool:
         if set(device.driverIds) & self._attached:
-            raise popart_exception(f"Failed to attach to device {device.id}: it is in use")
+            return False
         self._attached |= set(device.driverIds)
+        return True
 
     def _release(self, device: DeviceInfo) -> None:
         self._attached -= set(device.driverIds)
 
-    def _free_group(self, numIpus: int):  # noqa: N803
+    def _groups(self, numIpus: int) -> list[list[int]]:  # noqa: N803
+        """Assumed (Poplar's device list is closed source): groups of ``numIpus`` IPUs aligned on
+        multiples of ``numIpus``, as gc-info lists them."""
         total = self._hardware()
-        for start in range(0, total - numIpus + 1, numIpus):
-            ids = list(range(start, start + numIpus))
-            if not set(ids) & self._attached:
-                return ids
-        return None
+        return [list(range(start, start + numIpus)) for start in range(0, total - numIpus + 1, numIpus)]
 
     def enumerateDevices(self, pattern=SyncPattern.Full, numIpus=1, deviceType=DeviceType.Ipu,  # noqa: N802, N803
                          connectionType=DeviceConnectionType.Always, tilesPerIPU=0) -> list[DeviceInfo]:  # noqa: N803  # fmt: skip
         _log("DeviceManager.enumerateDevices", numIpus=numIpus)
         version = _config().get("ipu_version", "ipu2")
-        total = self._hardware()
-        return [DeviceInfo(DeviceType.Ipu, numIpus, FULL_TILES, list(range(s, s + numIpus)), version)
-                for s in range(0, total - numIpus + 1, numIpus)]  # fmt: skip
+        return [DeviceInfo(DeviceType.Ipu, numIpus, FULL_TILES, ids, version, connectionType)
+                for ids in self._groups(numIpus)]  # fmt: skip
 
-    def _acquire(self, numIpus, tilesPerIpu, connectionType, raise_on_failure: bool):  # noqa: N803
+    def tryAcquireAvailableDevice(self, numIpus=1, tilesPerIpu=0, pattern=SyncPattern.Full,  # noqa: N802, N803
+                                  connectionType=DeviceConnectionType.Always,  # noqa: N803
+                                  selectionCriterion=DeviceSelectionCriterion.First):  # noqa: N803  # fmt: skip
+        """devicemanager.cpp, DeviceManager::tryAcquireAvailableDevice: a count that is not a power of two
+        is refused first, then connectionType Never; each candidate is attached (Always) or returned
+        unattached (OnDemand); None when none could be attached."""
         _log("DeviceManager.acquireAvailableDevice", numIpus=numIpus, type=type(numIpus).__name__,
-             connectionType=getattr(connectionType, "name", connectionType), tries=not raise_on_failure)  # fmt: skip
+             connectionType=getattr(connectionType, "name", connectionType))  # fmt: skip
+        if numIpus > 0 and numIpus & (numIpus - 1):
+            raise popart_exception(
+                f"You have attempted to acquire {numIpus} IPUs. The number of IPUs requested must be a power of two"
+            )
         if connectionType is DeviceConnectionType.Never:
             raise popart_exception(
                 "Trying to acquire a hardware device when connectionType is DeviceConnectionType::Never"
             )
-        if numIpus < 1 or numIpus & (numIpus - 1):
-            raise popart_exception(
-                f"Failed to acquire device with {numIpus} IPUs. The number of IPUs requested must be a power of two"
-            )
         _fault("acquire")
-        ids = self._free_group(numIpus)
-        if ids is None:
-            if not raise_on_failure:
-                return None
+        for device in self.enumerateDevices(pattern, numIpus, DeviceType.Ipu, connectionType, tilesPerIpu):
+            if tilesPerIpu and tilesPerIpu != device.tilesPerIPU:
+                continue
+            if connectionType is not DeviceConnectionType.Always or device.attach():
+                return device
+        return None
+
+    def acquireAvailableDevice(self, numIpus=1, tilesPerIpu=0, pattern=SyncPattern.Full,  # noqa: N802, N803
+                               connectionType=DeviceConnectionType.Always,  # noqa: N803
+                               selectionCriterion=DeviceSelectionCriterion.First) -> DeviceInfo:  # noqa: N803  # fmt: skip
+        """devicemanager.cpp, DeviceManager::acquireAvailableDevice."""
+        device = self.tryAcquireAvailableDevice(
+            numIpus, tilesPerIpu, pattern, connectionType, selectionCriterion
+        )
+        if device is None:
             raise popart_exception(
                 f"Failed to acquire device with {numIpus} IPUs. Ensure that there are sufficient IPUs available. "
                 "If you have enabled the Poplar SDK you can check device availability with the `gc-monitor` "
                 "command-line utility."
             )
-        device = DeviceInfo(DeviceType.Ipu, numIpus, FULL_TILES, ids, _config().get("ipu_version", "ipu2"),
-                            connectionType)  # fmt: skip
-        if connectionType is DeviceConnectionType.Always:
-            device.attach()
         return device
 
-    def acquireAvailableDevice(self, numIpus=1, tilesPerIpu=0, pattern=SyncPattern.Full,  # noqa: N802, N803
-                               connectionType=DeviceConnectionType.Always,  # noqa: N803
-                               selectionCriterion=DeviceSelectionCriterion.First) -> DeviceInfo:  # noqa: N803  # fmt: skip
-        return self._acquire(numIpus, tilesPerIpu, connectionType, True)
-
-    def tryAcquireAvailableDevice(self, numIpus=1, tilesPerIpu=0, pattern=SyncPattern.Full,  # noqa: N802, N803
-                                  connectionType=DeviceConnectionType.Always,  # noqa: N803
-                                  selectionCriterion=DeviceSelectionCriterion.First):  # noqa: N803  # fmt: skip
-        return self._acquire(numIpus, tilesPerIpu, connectionType, False)
-
-    def acquireDeviceById(self, id: int, pattern=SyncPattern.Full,  # noqa: N802, A002
-                          connectionType=DeviceConnectionType.Always) -> DeviceInfo:  # noqa: N803  # fmt: skip
-        """Ids follow ``gc-info -l``: 0..n-1 are single IPUs; a group of 2^k IPUs starting at s has id
-        n + ... in the real tool; the double numbers groups as ``1000 * size + start``."""
+    def tryAcquireDeviceById(self, id: int, pattern=SyncPattern.Full,  # noqa: N802, A002
+                             connectionType=DeviceConnectionType.Always):  # noqa: N803  # fmt: skip
+        """devicemanager.cpp, DeviceManager::tryAcquireDeviceById. Device ids are Poplar's (closed
+        source); assumed: 0..n-1 are the single IPUs, and the double numbers a group of ``size`` IPUs
+        from ``start`` as ``1000 * size + start`` (gc-info gives groups the ids after n)."""
+        if connectionType is DeviceConnectionType.Never:
+            raise popart_exception(
+                "Trying to acquire a hardware device when connectionType is DeviceConnectionType::Never"
+            )
         size, start = (id // 1000, id % 1000) if id >= 1000 else (1, id)
         _log("DeviceManager.acquireDeviceById", id=id, numIpus=size)
         _fault("acquire")
-        ids = list(range(start, start + size))
-        if start + size > self._hardware() or set(ids) & self._attached:
-            raise popart_exception(f"Failed to acquire device with id '{id}'. Ensure it is available.")
-        device = DeviceInfo(DeviceType.Ipu, size, FULL_TILES, ids, _config().get("ipu_version", "ipu2"),
-                            connectionType)  # fmt: skip
-        if connectionType is DeviceConnectionType.Always:
-            device.attach()
+        if id < 0 or start + size > self._hardware() or start % size:
+            # Assumed: poplar::DeviceManager::getDevice refuses an id it does not know.
+            raise poplar_exception(f"Invalid device ID {id}")
+        device = DeviceInfo(DeviceType.Ipu, size, FULL_TILES, list(range(start, start + size)),
+                            _config().get("ipu_version", "ipu2"), connectionType)  # fmt: skip
+        if connectionType is DeviceConnectionType.Always and not device.attach():
+            return None
+        return device
+
+    def acquireDeviceById(self, id: int, pattern=SyncPattern.Full,  # noqa: N802, A002
+                          connectionType=DeviceConnectionType.Always) -> DeviceInfo:  # noqa: N803  # fmt: skip
+        """devicemanager.cpp, DeviceManager::acquireDeviceById."""
+        device = self.tryAcquireDeviceById(id, pattern, connectionType)
+        if device is None:
+            raise popart_exception(
+                f"Failed to acquire device with id '{id}'. Ensure it is available. If you have enabled the Poplar "
+                "SDK you can check device availability with the `gc-monitor` command-line utility."
+            )
         return device
 
     def createCpuDevice(self) -> DeviceInfo:  # noqa: N802
@@ -569,34 +759,36 @@ class DeviceManager:
         return DeviceInfo(DeviceType.Cpu, 1, 1)
 
     def createIpuModelDevice(self, options: dict) -> DeviceInfo:  # noqa: N802
-        if not isinstance(options, dict):
-            raise TypeError("createIpuModelDevice(): incompatible function arguments: expected a dict")
-        allowed = {"numIPUs", "tilesPerIPU", "compileIPUCode", "ipuVersion"}
-        for key in options:
-            if key not in allowed:
-                raise popart_exception(
-                    f"Invalid option '{key}' for IPUModelDevice. Valid options are {sorted(allowed)}"
-                )
+        """devicexmanager.cpp, DevicexManager::createHostDevice, IpuModel: tilesPerIPU defaults to
+        defaultFewTiles (4, willow/include/popart/defaulttilecount.hpp); numIPUs and ipuVersion to the
+        poplar::IPUModel defaults (closed source; assumed 1 and "ipu2"). The device is not attached
+        (DevicexInfo::isAttached_ starts false and nothing in PopART attaches a model)."""
+        strings = _host_device_options(
+            DeviceType.IpuModel, options, ["numIPUs", "tilesPerIPU", "compileIPUCode", "ipuVersion"]
+        )
         _log("DeviceManager.createIpuModelDevice", options=options,
              types={k: type(v).__name__ for k, v in options.items()})  # fmt: skip
-        device = DeviceInfo(DeviceType.IpuModel, int(str(options.get("numIPUs", 1))),
-                            int(str(options.get("tilesPerIPU", 4))), version=str(options.get("ipuVersion", "ipu2")))  # fmt: skip
-        device.isAttached = True
-        return device
+        version = strings.get("ipuVersion", "ipu2")
+        return DeviceInfo(DeviceType.IpuModel, int(strings.get("numIPUs", 1)),
+                          int(strings.get("tilesPerIPU", 4)), version=version)  # fmt: skip
 
     def createOfflineIPUDevice(self, opts: dict) -> DeviceInfo:  # noqa: N802
-        allowed = {"numIPUs", "tilesPerIPU", "ipuVersion", "syncPattern", "gatewayMode"}
-        for key in opts:
-            if key not in allowed:
-                raise popart_exception(
-                    f"Invalid option '{key}' for OfflineIPUDevice. Valid options are {sorted(allowed)}"
-                )
+        """devicexmanager.cpp, DevicexManager::createHostDevice, OfflineIpu: a poplar Target of numIPUs
+        (default 1) full-size IPUs of ipuVersion (default "ipu2"); tilesPerIPU is accepted and not used.
+        DevicexOfflineIpuInfo: connection type Never, id 0, version "<offline-ipu>", never attached."""
+        strings = _host_device_options(
+            DeviceType.OfflineIpu,
+            opts,
+            ["numIPUs", "tilesPerIPU", "ipuVersion", "syncPattern", "gatewayMode"],
+        )
         _log("DeviceManager.createOfflineIPUDevice", options=opts)
-        return DeviceInfo(DeviceType.OfflineIpu, int(str(opts.get("numIPUs", 1))), FULL_TILES,
-                          version=str(opts.get("ipuVersion", "ipu2")), connectionType=DeviceConnectionType.Never)  # fmt: skip
+        device = DeviceInfo(DeviceType.OfflineIpu, int(strings.get("numIPUs", 1)), FULL_TILES, ids=[0],
+                            version="<offline-ipu>", connectionType=DeviceConnectionType.Never)  # fmt: skip
+        device.ipuVersion = strings.get("ipuVersion", "ipu2")
+        return device
 
-    def setOnDemandAttachTimeout(self, seconds: int) -> None:  # noqa: N802
-        self._timeout = seconds
+    def setOnDemandAttachTimeout(self, attachTimeout: int) -> None:  # noqa: N802, N803
+        self._timeout = attachTimeout
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -619,8 +811,9 @@ _INT64_INPUTS = {
 }
 
 
-# Index outputs PopART computes as INT32 (its ArgMax/ArgMin and TopK ops set up INT32 indices), where
-# onnxruntime's kernels produce int64: (op type, output position).
+# Index outputs PopART computes as INT32 (graphcore/popart willow/src/op/argextrema.cpp,
+# ArgExtremaOp::setup and willow/src/op/topk.cpp, TopKOp::setup set INT32 indices), where onnxruntime's
+# kernels produce int64: (op type, output position).
 _INT32_INDEX_OUTPUTS = {"ArgMax": 0, "ArgMin": 0, "TopK": 1}
 
 
@@ -632,6 +825,9 @@ def _executable_by_onnxruntime(model):
 
     model = type(model).FromString(model.SerializeToString())
     for graph in _graphs(model.graph):
+        # PopART infers each intermediate tensor's type from its ops' setup(), not from value_info (which
+        # convertINT64ToINT32 leaves as it is); onnxruntime would check the stale entries.
+        graph.ClearField("value_info")
         initializers = {tensor.name: tensor for tensor in graph.initializer}
         nodes = []
         for node in graph.node:
@@ -673,8 +869,12 @@ def _load_model(fnModel):  # noqa: N803
             model = onnx.load(fnModel, load_external_data=False)
             for tensor in model.graph.initializer:
                 for entry in tensor.external_data:
+                    # willow/src/onnxutil.cpp, ExternalTensorProtoInfo: locations are checked against
+                    # the current directory (boost::filesystem::exists on the relative name)
                     if entry.key == "location" and not os.path.exists(entry.value):
-                        raise popart_exception(f"Could not find external data file {entry.value}")
+                        raise popart_exception(
+                            f"Unrecognised file name '{entry.value}' for externally stored tensor '{tensor.name}'"
+                        )
             onnx.external_data_helper.load_external_data_for_model(model, os.getcwd())
             return model
         if isinstance(fnModel, str):
@@ -683,9 +883,10 @@ def _load_model(fnModel):  # noqa: N803
     except popart_exception:
         raise
     except Exception as exc:
+        # willow/src/filereader.cpp, getModelFromString
         raise popart_exception(
-            "Failed to load a ModelProto from the string. Check that it is either a valid path to an existing "
-            f"onnx model file, or is a valid onnx ModelProto string. ({exc})"
+            f"Failed to load a ModelProto from the string '{str(fnModel)[:100]}'.\nCheck that it is either a "
+            f"valid path to an existing onnx model file, or is a valid onnx ModelProto string. ({exc})"
         ) from None
 
 
@@ -698,12 +899,21 @@ def _graphs(graph):
 
 
 class GraphTransformer:
+    """graphcore/popart willow/src/graphtransformer.cpp (sdk-release-3.4): built from a model file path
+    or serialised ModelProto bytes (onnxutil::getModelProto)."""
+
     def __init__(self, modelProtoOrFilename) -> None:  # noqa: N803
         _log("GraphTransformer.__init__", arg_type=type(modelProtoOrFilename).__name__,
              is_path=isinstance(modelProtoOrFilename, str) and os.path.isfile(modelProtoOrFilename))  # fmt: skip
         self._model = _load_model(modelProtoOrFilename)
 
     def convertINT64ToINT32(self, clip: bool = False) -> None:  # noqa: N802
+        """graphcore/popart willow/src/graphtransformer_impl.cpp, GraphTransformerImpl::convertINT64ToINT32
+        and convertINT64TensorToINT32 (sdk-release-3.4): only the main graph is visited
+        (willow/src/onnxutil.cpp, visitModelNodes / visitModelInitializers / visitModelValueInfos): its
+        nodes' INT64 tensor attributes (a GRAPH or GRAPHS attribute is an error), its INT64 initializers,
+        and the element types of its inputs and outputs (not value_info). Values beyond int32 are clipped
+        with ``clip``, refused without it."""
         import onnx
         from onnx import numpy_helper
 
@@ -712,23 +922,33 @@ class GraphTransformer:
 
         def narrow(tensor):
             values = numpy_helper.to_array(tensor)
-            values = np.clip(values, info.min, info.max) if clip else values
+            if clip:
+                values = np.clip(values, info.min, info.max)
+            elif values.size and (values.max() > info.max or values.min() < info.min):
+                raise popart_exception(
+                    "In convertINT64TensorToINT32, cannot cast int64 to int32: number is too large. If you are "
+                    "sure you want still want to convert your tensor data, you can set 'clip' to 'true'."
+                )
             return numpy_helper.from_array(values.astype(np.int32), tensor.name)
 
-        for graph in _graphs(self._model.graph):
-            for index, tensor in enumerate(graph.initializer):
-                if tensor.data_type == onnx.TensorProto.INT64:
-                    graph.initializer[index].CopyFrom(narrow(tensor))
-            for value in [*graph.input, *graph.output, *graph.value_info]:
-                if value.type.tensor_type.elem_type == onnx.TensorProto.INT64:
-                    value.type.tensor_type.elem_type = onnx.TensorProto.INT32
-            for node in graph.node:  # Cast's `to` is not rewritten
-                for attribute in node.attribute:
-                    if (
-                        attribute.type == onnx.AttributeProto.TENSOR
-                        and attribute.t.data_type == onnx.TensorProto.INT64
-                    ):
-                        attribute.t.CopyFrom(narrow(attribute.t))
+        graph = self._model.graph
+        for node in graph.node:
+            for attribute in node.attribute:
+                if (
+                    attribute.type == onnx.AttributeProto.TENSOR
+                    and attribute.t.data_type == onnx.TensorProto.INT64
+                ):
+                    attribute.t.CopyFrom(narrow(attribute.t))
+                elif attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                    raise popart_exception(
+                        "Attributes of type GRAPH and GRAPHS : need impl in convertINT64ToINT32"
+                    )
+        for index, tensor in enumerate(graph.initializer):
+            if tensor.data_type == onnx.TensorProto.INT64:
+                graph.initializer[index].CopyFrom(narrow(tensor))
+        for value in [*graph.output, *graph.input]:
+            if value.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+                value.type.tensor_type.elem_type = onnx.TensorProto.INT32
 
     def getModelProto(self) -> bytes:  # noqa: N802
         return self._model.SerializeToString()
@@ -740,6 +960,8 @@ class GraphTransformer:
 
 
 class PyStepIO:
+    """graphcore/popart python/popart/popart_core/popart.cpp, class PyStepIO (sdk-release-3.4)."""
+
     def __init__(self, inputs: dict, outputs: dict) -> None:
         for kind, arrays in (("input", inputs), ("output", outputs)):
             for name, array in arrays.items():
@@ -748,7 +970,8 @@ class PyStepIO:
                 if not array.flags["C_CONTIGUOUS"]:
                     raise popart_exception(
                         f"PyStepIO is unable to use the numpy {kind} array for tensor '{name}' as it is not "
-                        "c-contiguous (a data conversion on a view of the array would leave the data unchanged)"
+                        "c-contiguous (a data conversion here could have a significant impact on performance "
+                        "and hence is not allowed)"
                     )
         self.inputs, self.outputs = inputs, outputs
         self.runtime_asserts = True
@@ -757,6 +980,24 @@ class PyStepIO:
         self.runtime_asserts = enabled
 
 
+_popdist_registered = False
+
+
+def _popdist_backend_init() -> None:
+    """graphcore/popart python/popart/python_files/_popdist_backend_manager.py, init (sdk-release-3.4):
+    ``import popdist`` (a ModuleNotFoundError without it), then once per process ``popdist.init()``
+    unless ``popdist.isBackendInitialized()``; PopART logs a deprecation warning when it does."""
+    global _popdist_registered
+    import popdist
+
+    _log("popdist_backend_init")
+    if not _popdist_registered:
+        if not popdist.isBackendInitialized():
+            popdist.init()
+        _popdist_registered = True
+
+
+# python/popart/python_files/session.py: the default userOptions argument is built at import.
 _DEFAULT_USER_OPTIONS = SessionOptions()  # evaluated at import, as in the real module
 
 
@@ -769,7 +1010,7 @@ def _initializer_bytes(model) -> int:
 class InferenceSession:
     def __init__(self, fnModel, dataFlow, deviceInfo, inputShapeInfo=None, patterns=None,  # noqa: N803
                  userOptions=_DEFAULT_USER_OPTIONS, name="inference") -> None:  # noqa: N803  # fmt: skip
-        _log("InferenceSession.__init__", fnModel_type=type(fnModel).__name__,
+        _log("InferenceSession.__init__", cwd=os.getcwd(), fnModel_type=type(fnModel).__name__,
              dataFlow_type=type(dataFlow).__name__, deviceInfo_type=type(deviceInfo).__name__,
              default_options=userOptions is _DEFAULT_USER_OPTIONS,
              options=userOptions._fields() if isinstance(userOptions, SessionOptions) else None,
@@ -777,44 +1018,75 @@ class InferenceSession:
              anchors={k: dataFlow.art(k).id().name for k in dataFlow.anchors()} if isinstance(dataFlow, DataFlow) else None,
              device=None if deviceInfo is None else {"type": deviceInfo.type.name, "numIpus": deviceInfo.numIpus,
                                                      "tilesPerIPU": deviceInfo.tilesPerIPU})  # fmt: skip
-        if deviceInfo is None:
-            raise popart_exception("Must pass a valid deviceInfo to InferenceSession::createFromOnnxModel")
         if not isinstance(dataFlow, DataFlow) or not isinstance(userOptions, SessionOptions):
             raise TypeError("InferenceSession(): incompatible function arguments")
+        # python/popart/python_files/session.py, InferenceSession.__init__ (sdk-release-3.1 onwards):
+        # distributed replicated graphs make it call _popdist_backend_manager.init(), which imports
+        # popdist and calls popdist.init() unless popdist.isBackendInitialized(). Without the popdist
+        # package that is a ModuleNotFoundError, before the core session exists.
+        if userOptions.enableDistributedReplicatedGraphs:
+            _popdist_backend_init()
+        # willow/src/session.cpp, InferenceSession::createFromOnnxModel
+        if deviceInfo is None:
+            raise popart_exception("Must pass a valid deviceInfo to InferenceSession::createFromOnnxModel")
         self._model = _load_model(fnModel)
         self._raw = _executable_by_onnxruntime(self._model).SerializeToString()
         self.dataFlow, self._device, self._options = dataFlow, deviceInfo, userOptions
         self._shape_info = inputShapeInfo or InputShapeInfo()
         self._check_graph()
         opts = userOptions
-        if opts.replicatedGraphCount > 1 and not opts.enableReplicatedGraphs:
-            raise popart_exception("enableReplicatedGraphs is false, but replicatedGraphCount > 1. "
-                                   "Either enable replication, or set the replicated graph count to 1")  # fmt: skip
-        local = opts.replicatedGraphCount if opts.enableReplicatedGraphs else 1
-        if opts.enableReplicatedGraphs and local == 1:
-            raise popart_exception("Local replicated graphs enabled but replication factor is 1")
-        if deviceInfo.numIpus % local:
+        # willow/src/ir.cpp, Ir::verifyDistributedReplicatedGraphSettings (only with distributed graphs)
+        if opts.enableDistributedReplicatedGraphs:
+            if opts.globalReplicationFactor < 1:
+                raise popart_exception(f"Invalid globalReplicationFactor value: {opts.globalReplicationFactor}, "
+                                       "must be greater or equal than 1")  # fmt: skip
+            if opts.globalReplicaOffset < 0:
+                raise popart_exception(f"Invalid globalReplicaOffset value: {opts.globalReplicaOffset}, must be "
+                                       "greater or equal than 0")  # fmt: skip
+            if opts.globalReplicaOffset > opts.globalReplicationFactor:
+                raise popart_exception(f"Global replica offset: {opts.globalReplicaOffset}, is larger than global "
+                                       f"replication factor: {opts.globalReplicationFactor}")  # fmt: skip
+            if opts.enableReplicatedGraphs:
+                if opts.replicatedGraphCount == 1:
+                    raise popart_exception("Local replicated graphs enabled but replication factor is 1")
+                if opts.replicatedGraphCount > opts.globalReplicationFactor:
+                    raise popart_exception(f"Invalid local replication factor: {opts.replicatedGraphCount}, larger "
+                                           f"than global replication factor: {opts.globalReplicationFactor}")  # fmt: skip
+        # willow/src/ir.cpp, Ir::getNumVirtualGraphIds
+        if opts.enableReplicatedGraphs and deviceInfo.numIpus % opts.replicatedGraphCount:
             raise popart_exception(
                 "For replicated graphs, the number of IPUs must be divisible by the replication factor."
             )
-        if opts.virtualGraphMode is VirtualGraphMode.Off and local != deviceInfo.numIpus:
-            raise popart_exception(f"If virtual graphs are disabled, the replicated graph count ({local}) needs to be "
-                                   f"equal to the number of IPUs ({deviceInfo.numIpus})")  # fmt: skip
-        if opts.enableDistributedReplicatedGraphs:
-            if deviceInfo.type is not DeviceType.Ipu and deviceInfo.type is not DeviceType.OfflineIpu:
-                raise popart_exception(
-                    "Only IPU Hardware devices supported with distributed replicated graphs."
-                )
-            if opts.globalReplicaOffset >= opts.globalReplicationFactor:
-                raise popart_exception(f"Global replica offset: {opts.globalReplicaOffset}, is larger than global "
-                                       f"replication factor: {opts.globalReplicationFactor}")  # fmt: skip
-            if local > opts.globalReplicationFactor:
-                raise popart_exception(f"Invalid local replication factor: {local}, larger than global replication "
-                                       f"factor: {opts.globalReplicationFactor}")  # fmt: skip
+        # willow/src/popx/irlowering.cpp, IrLowering::getReplicationFactor
+        if not opts.enableReplicatedGraphs and opts.replicatedGraphCount > 1:
+            raise popart_exception("enableReplicatedGraphs is false, but replicatedGraphCount > 1. "
+                                   "Either enable replication, or set the replicated graph count to 1")  # fmt: skip
+        local = opts.replicatedGraphCount if opts.enableReplicatedGraphs else 1
+        # willow/src/popx/irlowering.cpp, IrLowering::initPoplarGraph: distributed graphs need a
+        # hardware-compatible device.
+        if opts.enableDistributedReplicatedGraphs and deviceInfo.type not in (
+            DeviceType.Ipu,
+            DeviceType.OfflineIpu,
+        ):
+            raise popart_exception("Only IPU Hardware devices supported with distributed replicated graphs. "
+                                   f"Unsupported device type {deviceInfo!r}")  # fmt: skip
+        # willow/src/popx/irlowering.cpp, IrLowering::prepareGraph, virtual graphs off
+        if (opts.virtualGraphMode is VirtualGraphMode.Off and deviceInfo.numIpus > 1
+                and deviceInfo.numIpus != opts.replicatedGraphCount):  # fmt: skip
+            raise popart_exception(f"If virtual graphs are disabled, the replicated graph count "
+                                   f"({opts.replicatedGraphCount}) needs to be equal to the number of IPUs "
+                                   f"({deviceInfo.numIpus})")  # fmt: skip
         self.replicationFactor = local
         self.accumulationFactor = 1
         self._executable = None
         self._prepared = False
+        # willow/src/session.cpp, Session::configureFromOnnx: with engine caching on, the cache
+        # directory is scanned now (getCacheEntries, relative to the current directory) and the IR hash
+        # matched against it; prepareDevice loads a hit or writes the new .popef.
+        self._cache_hit = None
+        cache_file = self._cache_file()
+        if cache_file is not None and os.path.isfile(cache_file):
+            self._cache_hit = os.path.abspath(cache_file)
 
     # -- graph checks --------------------------------------------------------------------------------------
 
@@ -822,15 +1094,19 @@ class InferenceSession:
         model = self._model
         for opset in model.opset_import:
             if opset.domain in ("", "ai.onnx") and opset.version > 11 and self._options.strictOpVersions:
-                raise popart_exception(
-                    "Internal error encounterd when checking op version against opset. Could not find domain "
-                    f"and version ai.onnx {opset.version} in opsets"
+                # willow/src/opsets.cpp, getOpset: PopART 3.4 generates ai.onnx opsets 6 to 11
+                raise popart_internal_exception(
+                    f"Could not find domain and version ai.onnx {opset.version} in opsets. This could be due to "
+                    "the generated files being out of date. Current list of domains and versions is:\n"
+                    "Domain, Version\n" + "".join(f"ai.onnx, {v}\n" for v in range(6, 12))
                 )
         supported = _supported_types()
         for graph in _graphs(model.graph):
             for node in graph.node:
                 if node.domain in ("", "ai.onnx") and node.op_type not in supported:
-                    raise popart_exception(f"No class for ai.onnx.{node.op_type}:11")
+                    # willow/src/opmanager.cpp, OpManager::create: the version is 0 when no opset
+                    # defines the operator at all
+                    raise popart_exception(f"No class for ai.onnx.{node.op_type}:0")
         initializers = {t.name for t in model.graph.initializer}
         self._inputs, self._outputs = {}, {}
         for value in model.graph.input:
@@ -840,12 +1116,14 @@ class InferenceSession:
             if self._shape_info.has(value.name):
                 info = self._shape_info.get(value.name)
             else:
+                # willow/src/ir.cpp, checkForDimParams
+                shape = ", ".join(d.dim_param if d.HasField("dim_param") else str(d.dim_value) for d in dims)
                 for dim in dims:
-                    if not dim.HasField("dim_value"):
+                    if dim.HasField("dim_param") or dim.dim_value < 0:
+                        unknown = dim.dim_param if dim.HasField("dim_param") else str(dim.dim_value)
                         raise popart_exception(
                             f"Input tensor '{value.name}' must be specified in InputShapeInfo, as it has shape "
-                            f"{[d.dim_value or d.dim_param for d in dims]}, which uses an unknown value "
-                            f"'{dim.dim_param}'"
+                            f"[{shape}], which uses an unknown value '{unknown}'."
                         )
                 info = TensorInfo(
                     _ONNX_TO_POPART[value.type.tensor_type.elem_type], [d.dim_value for d in dims]
@@ -856,17 +1134,24 @@ class InferenceSession:
             self._outputs[value.name] = TensorInfo(_ONNX_TO_POPART[value.type.tensor_type.elem_type], dims)
         for name in self.dataFlow.anchors():
             if name not in self._outputs:
-                raise popart_exception(f"Anchor tensor `{name}' is not a tensor of the model")
+                raise popart_exception(
+                    f"Anchor tensor `{name}' not in Ir Tensors. "
+                )  # ir.cpp, validateAnchors
 
     # -- preparing -----------------------------------------------------------------------------------------
 
     def _cache_file(self) -> str | None:
+        """willow/src/ir.cpp, Ir::usingEngineCache: caching on, a non-empty cachePath and an Ipu or
+        OfflineIpu device (DeviceInfo::isHwCompatible); willow/src/popx/executablex.cpp,
+        Executablex::getCachePath: ``"{cachePath}/{hash}.popef"`` with the decimal IR hash."""
         opts, device = self._options, self._device
-        if not opts.enableEngineCaching or device.type not in (DeviceType.Ipu, DeviceType.OfflineIpu):
+        if not (opts.enableEngineCaching and opts.cachePath) or device.type not in (
+            DeviceType.Ipu,
+            DeviceType.OfflineIpu,
+        ):
             return None
-        # The key hashes the IR without initializer values, as PopART's does.
-        from onnx import numpy_helper  # noqa: F401
-
+        # The key hashes the IR without initializer values, as PopART's does (session.cpp,
+        # getEngineCacheHashSeed; ir.cpp, Ir::computeHash): globalReplicaOffset and cachePath are not in it.
         stripped = type(self._model)()
         stripped.CopyFrom(self._model)
         for graph in _graphs(stripped.graph):
@@ -880,36 +1165,46 @@ class InferenceSession:
         digest.update(repr(sorted((k, repr(v)) for k, v in fields.items())).encode())
         digest.update(repr((self.dataFlow.batchesPerStep(), sorted(self.dataFlow.anchors()), device.numIpus,
                             device.tilesPerIPU, device.ipuVersion, versionString())).encode())  # fmt: skip
-        return os.path.join(opts.cachePath, f"{digest.hexdigest()[:32]}.popef")
+        return f"{opts.cachePath}/{int(digest.hexdigest()[:16], 16)}.popef"
 
     def prepareDevice(self, loadEngine: bool = True) -> None:  # noqa: N802, N803
-        _log("InferenceSession.prepareDevice", loadEngine=loadEngine)
-        for name, info in {**self._inputs, **self._outputs}.items():
+        _log("InferenceSession.prepareDevice", loadEngine=loadEngine, cwd=os.getcwd())
+        # willow/src/popx/irlowering.cpp, popType
+        for info in {**self._inputs, **self._outputs}.values():
             if info.data_type() not in _DEVICE_TYPES:
-                raise popart_exception(
-                    f"The data type {info.data_type()} is not supported in Poplar (tensor {name})"
-                )
+                raise popart_exception(f"The data type {info.data_type()} is not supported in Poplar")
         _fault("prepareDevice")
-        cache_file = self._cache_file()
         model_bytes = self._raw
-        if cache_file and os.path.exists(cache_file):
-            with open(cache_file, "rb") as stream:
+        if self._cache_hit is not None:  # session.cpp, Session::tryLoadExecutable
+            with open(self._cache_hit, "rb") as stream:
                 header = stream.readline()
                 model_bytes = stream.read()  # the cached binary: its constant weights win
-            _log("cache_hit", path=cache_file, header=header.decode().strip())
+            _log("cache_hit", path=self._cache_hit, header=header.decode().strip())
         else:
             self._check_memory()
+            # willow/src/popx/devicex.cpp, Devicex::prepare: the new executable is serialised to
+            # Executablex::getCachePath(cachePath), resolved against the current directory now.
+            cache_file = self._cache_file()
             if cache_file:
-                os.makedirs(os.path.dirname(cache_file), exist_ok=True)
+                os.makedirs(os.path.dirname(cache_file) or ".", exist_ok=True)
                 with open(cache_file, "wb") as stream:
                     stream.write(b"POPEF-DOUBLE " + versionString().encode() + b"\n" + self._raw)
-                _log("cache_write", path=cache_file)
-        import onnxruntime
+                _log("cache_write", path=os.path.abspath(cache_file))
+        # How the double computes (not SDK behaviour): onnxruntime where it is installed, else onnx's
+        # reference evaluator, so that the double also serves an SDK Python without onnxruntime
+        # (tests/engines/test_worker_sdk_python.py). Both take run(output_names, feeds).
+        try:
+            import onnxruntime
+        except ImportError:
+            from onnx.reference import ReferenceEvaluator
 
-        self._executable = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+            self._executable = ReferenceEvaluator(model_bytes)
+        else:
+            self._executable = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
         self._prepared = True
         self._device._loaded = None  # prepare resets the marker
-        if loadEngine:
+        # willow/src/session.cpp, Session::prepareDevice: loads when compileEngine and loadEngine
+        if loadEngine and self._options.compileEngine:
             self.loadEngineAndConnectStreams()
 
     def _check_memory(self) -> None:
@@ -925,24 +1220,32 @@ class InferenceSession:
             )
 
     def loadEngineAndConnectStreams(self) -> None:  # noqa: N802
-        if self._device.type is DeviceType.OfflineIpu:
-            raise popart_exception("Trying to load an engine on an offline device")
+        """willow/src/popx/devicex.cpp, Devicex::loadEngineAndConnectStreams (runtime_error)."""
+        if self._device.connectionType is DeviceConnectionType.Never:
+            raise popart_runtime_error("Trying to load an engine on an offline device")
         if not self._prepared:
-            raise popart_exception(
+            raise popart_runtime_error(
                 "Trying to load an engine but no compiled engine. Did you forget to call prepareDevice()?"
             )
-        if not self._device.isAttached:
-            if self._device.connectionType is DeviceConnectionType.OnDemand:
-                self._device.attach()
-            else:
-                raise popart_exception("Failed to attach to device")
+        if (
+            self._device.connectionType is DeviceConnectionType.OnDemand
+            and not self._device.tryAttachUntilTimeout()
+        ):
+            raise popart_runtime_error("Failed to attach to device")
+        if self._device.type is DeviceType.Ipu and not self._device.isAttached:
+            # Assumed (poplar::Engine::load is closed source): loading on hardware the process has not
+            # attached fails.
+            raise poplar_exception("Cannot load an engine on a device that is not attached")
         _log("InferenceSession.loadEngineAndConnectStreams", device=self._device.id)
         self._device._loaded = self
 
     def weightsFromHost(self) -> None:  # noqa: N802
         _log("InferenceSession.weightsFromHost")
         if not self._prepared:
-            raise popart_exception("Devicex::prepare() must be called before Devicex::weightsFromHost()")
+            # willow/src/popx/devicex.cpp, Devicex::weightsFromHost
+            raise popart_runtime_error(
+                "Devicex::prepare() must be called before Devicex::weightsFromHost() is called."
+            )
         if self._device._loaded is not self:
             self.loadEngineAndConnectStreams()
 
@@ -954,16 +1257,23 @@ class InferenceSession:
         return [d for d in (bps, replicas) if d != 1]
 
     def initAnchorArrays(self) -> dict:  # noqa: N802
+        """graphcore/popart python/popart/python_files/session.py, _initAnchorArrays (sdk-release-3.4):
+        ``[batchesPerStep, accumulationFactor, replicationFactor]`` for All (``[replicationFactor]`` for
+        Final and Sum), ones dropped, then the tensor's shape; the dtype is ``data_type_lcase()``."""
         _log("InferenceSession.initAnchorArrays")
         arrays = {}
         for name in self.dataFlow.anchors():
-            info = self._outputs[name]
+            info = self.getInfo(name)
             art = self.dataFlow.art(name)
-            if art.id() in (AnchorReturnTypeId.Final, AnchorReturnTypeId.Sum):
-                prefix = [d for d in (self.replicationFactor,) if d != 1]
-            else:
-                prefix = self._prefix()
-            arrays[name] = np.empty(prefix + info.shape(), dtype=info.numpy_dtype())
+            prefix = [self.replicationFactor]
+            if art.id() is AnchorReturnTypeId.All:
+                prefix = [self.dataFlow.batchesPerStep(), self.accumulationFactor, *prefix]
+            elif art.id() is AnchorReturnTypeId.EveryN:
+                if self.dataFlow.batchesPerStep() % art.rp() != 0:
+                    raise RuntimeError("Invalid anchor period, is not divisble by batchesPerStep")
+                prefix = [self.dataFlow.batchesPerStep() // art.rp(), self.accumulationFactor, *prefix]
+            shape = [d for d in prefix if d != 1] + info.shape()
+            arrays[name] = np.empty(shape=shape, dtype=info.data_type_lcase())
         return arrays
 
     def getInfo(self, tensorId: str) -> TensorInfo:  # noqa: N802, N803
@@ -977,7 +1287,9 @@ class InferenceSession:
 
     def compileAndExport(self, filename: str) -> None:  # noqa: N802
         if self._device.type not in (DeviceType.Ipu, DeviceType.OfflineIpu):
-            raise popart_exception(f"Executables for device type {self._device.type.name} cannot be saved")
+            raise popart_exception(
+                f"Executables for device type {self._device.type} cannot be saved"
+            )  # session.cpp
         self._check_memory()
         path = os.path.join(filename, "executable.popef") if os.path.isdir(filename) else filename
         with open(path, "wb") as stream:
@@ -991,10 +1303,14 @@ class InferenceSession:
         _log("InferenceSession.run", inputs={k: {"shape": list(v.shape), "dtype": str(v.dtype),
              "c_contiguous": bool(v.flags["C_CONTIGUOUS"])} for k, v in stepio.inputs.items()},
              outputs={k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in stepio.outputs.items()})  # fmt: skip
-        if self._device.type is DeviceType.OfflineIpu:
-            raise popart_exception("Offline IPU device is not configured for execution")
+        # willow/src/session.cpp, Session::run (runtime_error)
+        if self._device.connectionType is DeviceConnectionType.Never:
+            raise popart_runtime_error("Offline IPU device is not configured for execution")
         if not self._prepared:
-            raise popart_exception("Must call prepareDevice before run")
+            # willow/src/popx/devicex.cpp, Devicex::run
+            raise popart_runtime_error(
+                "Devicex::prepare() must be called before Devicex::run(const IStepIO &) is called."
+            )
         if self._device._loaded is not self:  # switching happens inside run
             self.loadEngineAndConnectStreams()
         _fault("run")
@@ -1002,24 +1318,33 @@ class InferenceSession:
         feeds = {}
         for name in stepio.inputs:
             if name not in self._inputs:
-                raise popart_runtime_error(f"The tensor '{name}' provided in PyStepIO is not registered as one of the "
-                                           "inputs to the model")  # fmt: skip
+                # willow/src/stepio_size_assertion.cpp, CorrectnessAsserter::throwIncorrectInput
+                raise popart_runtime_error(
+                    f"The tensor '{name}' has been provided as one of the inputs to the stepIO, but it is not "
+                    "registered as one of the inputs to the model. Please check this tensor and your stepIO."
+                )
         for name, info in self._inputs.items():
             if name not in stepio.inputs:
+                # willow/include/popart/stepio_generic.hpp, StepIOGeneric::get
                 raise popart_runtime_error(f"No tensor {name} provided in PyStepIO's inputs")
             array = stepio.inputs[name]
             expected = info.nelms() * bps * replicas
             if stepio.runtime_asserts and array.size != expected:
+                # willow/src/stepio_size_assertion.cpp, CorrectnessAsserter::getBaseError
                 raise popart_runtime_error(
                     f"Unexpected number of input elements for Tensor {name}. Expected {expected}, but received "
-                    f"{array.size}. To disable this runtime assert, call PyStepIO.enableRuntimeAsserts(false). "
-                    f"replication factor = {replicas}, batches per step = {bps}"
+                    f"{array.size}.\nTo disable this check at your own risk, use IStepIO::enableRuntimeAsserts.\n"
+                    f"This with, \n   replication  factor = {replicas}\n   accumulation factor = 1"
+                    f"\n   batches per step    = {bps}\n   Tensor nelms        = {info.nelms()}"
                 )
-            if array.dtype != info.numpy_dtype():
-                if not (array.dtype == np.int64 and info.numpy_dtype() == np.int32):
+            if array.dtype != info._numpy_dtype():
+                # willow/src/popx/devicex.cpp, Devicex::InputDatastream::read: equal types are copied, INT64
+                # host data for an INT32 tensor is narrowed, anything else is a "Type discrepancy".
+                if not (array.dtype == np.int64 and info._numpy_dtype() == np.int32):
                     user = TensorInfo(array.dtype, []).data_type()
                     raise popart_runtime_error(f"Type discrepancy for tensor {name}. User provided : {user} and "
-                                               f"expected : {info.data_type()}")  # fmt: skip
+                                               f"expected : {info.data_type()}. Consider a custom copy here (as "
+                                               "memcpy cannot be used)")  # fmt: skip
                 array = array.astype(np.int32)
             feeds[name] = array.reshape(bps, replicas, *info.shape())
         outputs = {}
@@ -1027,7 +1352,7 @@ class InferenceSession:
             if name not in stepio.outputs:
                 continue
             array = stepio.outputs[name]
-            if array.size != info.nelms() * bps * replicas or array.dtype != info.numpy_dtype():
+            if array.size != info.nelms() * bps * replicas or array.dtype != info._numpy_dtype():
                 raise popart_runtime_error(
                     f"Unexpected output buffer for anchor {name}: {array.shape} {array.dtype}"
                 )
