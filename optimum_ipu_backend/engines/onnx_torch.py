@@ -8,13 +8,17 @@ operators, executed node by node in topological order, is straightforward for Po
 weights as module buffers (uploaded with the executable), and fails at conversion, naming the operator,
 when the graph holds anything it does not implement. Each operator follows the ONNX opset-11 definition;
 the engine tests compare the result with onnxruntime on the same graph.
+
+PopTorch traces ``forward`` once on the IPU device, where a tensor's value cannot be read on the host.
+Every operand PopART needs at compile time (``STATIC_OPERANDS``: shapes, bounds, pads, counts) is therefore
+resolved when the module is built, and a graph where one is not a constant is refused then, naming the
+node and the operand.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -22,6 +26,12 @@ import torch
 from onnx import helper, numpy_helper
 
 from optimum_ipu_backend.engines.base import EngineContractError
+
+if TYPE_CHECKING:  # annotations only: the worker runs on Python 3.8, where these are not subscriptable
+    from collections.abc import Callable, Sequence
+
+    Attrs = dict[str, Any]
+    Op = Callable[[list[Any], Attrs], Sequence[torch.Tensor] | torch.Tensor]
 
 _TORCH_TYPES = {
     onnx.TensorProto.FLOAT: torch.float32,
@@ -35,12 +45,31 @@ _TORCH_TYPES = {
     onnx.TensorProto.BOOL: torch.bool,
 }
 
-Attrs = dict[str, Any]
-Op = Callable[[list[Any], Attrs], Sequence[torch.Tensor] | torch.Tensor]
+# Operands PopART needs at compile time, by operator: input index -> role. PopTorch traces ``forward`` on
+# the IPU device, where a value cannot be read on the host (``.item()``, ``.tolist()``, ``float(t)``
+# raise), so these are resolved to numpy arrays when the module is built, from initializers, Constant
+# nodes, static shapes and the small computations between them; ``forward`` receives them as numpy.
+STATIC_OPERANDS: dict[str, dict[int, str]] = {
+    "ConstantOfShape": {0: "input"},
+    "CumSum": {1: "axis"},
+    "Expand": {1: "shape"},
+    "OneHot": {1: "depth"},
+    "Pad": {1: "pads", 2: "constant_value"},
+    "Reshape": {1: "shape"},
+    "Resize": {2: "scales", 3: "sizes"},
+    "Slice": {1: "starts", 2: "ends", 3: "axes", 4: "steps"},
+    "Tile": {1: "repeats"},
+    "TopK": {1: "K"},
+}
 
 
-def _ints(tensor: torch.Tensor | None) -> list[int]:
-    return [] if tensor is None else [int(v) for v in tensor.reshape(-1).tolist()]
+def _ints(value: np.ndarray | None) -> list[int]:
+    """A static operand (a numpy array resolved at build, never a tensor) as Python ints."""
+    return [] if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
+
+
+def _floats(value: np.ndarray) -> list[float]:
+    return [float(v) for v in np.asarray(value).reshape(-1)]
 
 
 def _axis(axis: int, rank: int) -> int:
@@ -98,7 +127,7 @@ def _gather(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     axis = _axis(attrs.get("axis", 0), data.dim())
     indices = torch.where(indices < 0, indices + data.shape[axis], indices).to(torch.int64)
     picked = torch.index_select(data, axis, indices.reshape(-1))
-    return picked.reshape(*data.shape[:axis], *indices.shape, *data.shape[axis + 1 :])
+    return picked.reshape((*data.shape[:axis], *indices.shape, *data.shape[axis + 1 :]))  # () for a scalar
 
 
 def _reshape(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
@@ -132,7 +161,7 @@ def _slice(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     steps = _ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else [1] * len(starts)
     index: list[Any] = [slice(None)] * data.dim()
     flips = []
-    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+    for start, end, axis, step in zip(starts, ends, axes, steps):
         axis = _axis(axis, data.dim())
         size = data.shape[axis]
         if step > 0:
@@ -169,10 +198,6 @@ def _cast(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     return inputs[0].to(_TORCH_TYPES[attrs["to"]])
 
 
-def _constant(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
-    return attrs["value"]
-
-
 def _constant_of_shape(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     value = attrs.get("value")
     fill = torch.zeros(1, dtype=torch.float32) if value is None else value.reshape(-1)
@@ -202,7 +227,7 @@ def _pads(attrs: Attrs, data: torch.Tensor, kernel: Sequence[int]) -> list[int]:
     strides = attrs.get("strides", [1] * spatial)
     dilations = attrs.get("dilations", [1] * spatial)
     begin, end = [], []
-    for size, k, stride, dilation in zip(data.shape[2:], kernel, strides, dilations, strict=True):
+    for size, k, stride, dilation in zip(data.shape[2:], kernel, strides, dilations):
         total = max((math.ceil(size / stride) - 1) * stride + (k - 1) * dilation + 1 - size, 0)
         small = total // 2
         begin.append(small if auto_pad == "SAME_UPPER" else total - small)
@@ -218,7 +243,7 @@ def _conv(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     begin, end = pads[:spatial], pads[spatial:]
     if begin != end:
         data = torch.nn.functional.pad(
-            data, [p for pair in zip(reversed(begin), reversed(end), strict=True) for p in pair]
+            data, [p for pair in zip(reversed(begin), reversed(end)) for p in pair]
         )
         begin = [0] * spatial
     conv = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[spatial - 1]
@@ -236,7 +261,7 @@ def _conv(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
 def _pad(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     data = inputs[0]
     pads = _ints(inputs[1])
-    value = float(inputs[2].reshape(-1)[0]) if len(inputs) > 2 and inputs[2] is not None else 0.0
+    value = _floats(inputs[2])[0] if len(inputs) > 2 and inputs[2] is not None else 0.0
     mode = _text(attrs.get("mode", "constant"))
     rank = data.dim()
     flat = [p for axis in reversed(range(rank)) for p in (pads[axis], pads[axis + rank])]
@@ -347,15 +372,15 @@ _LINEAR_BY_RANK = {1: "linear", 2: "bilinear", 3: "trilinear"}
 
 def _resize(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     data = inputs[0]
-    scales = inputs[2] if len(inputs) > 2 and inputs[2] is not None and inputs[2].numel() else None
+    scales = inputs[2] if len(inputs) > 2 and inputs[2] is not None and inputs[2].size else None
     sizes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else []
     mode = _text(attrs.get("mode", "nearest"))
     transformation = _text(attrs.get("coordinate_transformation_mode", "half_pixel"))
     nearest = _text(attrs.get("nearest_mode", "round_prefer_floor")) if mode == "nearest" else None
     spatial = data.dim() - 2
-    factors = [float(v) for v in scales.reshape(-1).tolist()] if scales is not None else []
+    factors = _floats(scales) if scales is not None else []
     outer = sizes[:2] == list(data.shape[:2]) if sizes else factors[:2] == [1.0, 1.0]
-    out = sizes[2:] or [math.floor(n * f) for n, f in zip(data.shape[2:], factors[2:], strict=True)]
+    out = sizes[2:] or [math.floor(n * f) for n, f in zip(data.shape[2:], factors[2:])]
     torch_mode = _RESIZE_MODES.get((mode, transformation, nearest))
     # pytorch_half_pixel maps a size-1 output to 0, where torch's half-pixel mapping does not
     if (
@@ -440,10 +465,6 @@ def _one_hot(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     return torch.where(hot.to(torch.bool), values[1], values[0])
 
 
-def _shape(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
-    return torch.tensor(list(inputs[0].shape), dtype=torch.int64)
-
-
 def _tile(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     return inputs[0].repeat(_ints(inputs[1]))
 
@@ -475,7 +496,6 @@ OPS: dict[str, Op] = {
     "Ceil": _unary(torch.ceil),
     "Clip": _clip,
     "Concat": lambda inputs, attrs: torch.cat(list(inputs), dim=attrs["axis"]),
-    "Constant": _constant,
     "ConstantOfShape": _constant_of_shape,
     "Conv": _conv,
     "Cos": _unary(torch.cos),
@@ -545,7 +565,6 @@ OPS: dict[str, Op] = {
         attrs.get("gamma", 1.0507)
         * torch.where(inputs[0] > 0, inputs[0], attrs.get("alpha", 1.67326) * (torch.exp(inputs[0]) - 1))
     ),
-    "Shape": _shape,
     "Sigmoid": _unary(torch.sigmoid),
     "Sign": _unary(torch.sign),
     "Sin": _unary(torch.sin),
@@ -582,25 +601,196 @@ def _attributes(node: onnx.NodeProto) -> Attrs:
         value = helper.get_attribute_value(attribute)
         if isinstance(value, onnx.TensorProto):
             value = torch.from_numpy(np.array(numpy_helper.to_array(value)))
-        elif attribute.type == onnx.AttributeProto.FLOAT and node.op_type == "Constant":
-            value = torch.tensor(value, dtype=torch.float32)
-        elif attribute.type == onnx.AttributeProto.INT and node.op_type == "Constant":
-            value = torch.tensor(value, dtype=torch.int64)
-        elif attribute.type == onnx.AttributeProto.FLOATS and node.op_type == "Constant":
-            value = torch.tensor(list(value), dtype=torch.float32)
-        elif attribute.type == onnx.AttributeProto.INTS and node.op_type == "Constant":
-            value = torch.tensor(list(value), dtype=torch.int64)
-        elif isinstance(value, list | tuple):
+        elif isinstance(value, (list, tuple)):
             value = list(value)
         attrs[attribute.name] = value
-    if node.op_type == "Constant":
-        attrs = {"value": next(iter(attrs.values()))}
     attrs["_outputs"] = len(node.output)
     return attrs
 
 
+_CONSTANT_TYPES = {
+    "value_float": np.float32,
+    "value_floats": np.float32,
+    "value_int": np.int64,
+    "value_ints": np.int64,
+}
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray:
+    """The value of a Constant node (its one attribute: a tensor or, from opset 12, a number or list)."""
+    (attribute,) = node.attribute
+    value = helper.get_attribute_value(attribute)
+    if isinstance(value, onnx.TensorProto):
+        return np.array(numpy_helper.to_array(value))
+    if attribute.name in _CONSTANT_TYPES:
+        return np.array(value, dtype=_CONSTANT_TYPES[attribute.name])
+    raise EngineContractError(
+        f"Constant node {node.name!r} holds a {attribute.name}, which the PopTorch graph converter does not "
+        "take"
+    )
+
+
+def _static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
+    tensor_type = value.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
+    return None if any(d < 0 for d in dims) else dims
+
+
+# Initializers up to this size stay in the copy shape inference reads (their values may decide shapes,
+# such as a Reshape's target); larger ones, the weights, enter it as typed inputs, without their data.
+_INFERENCE_VALUE_LIMIT = 4096
+
+
+def _inferred_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """Static shapes of the graph's values by ONNX shape inference on a copy without the weights' data."""
+    graph = model.graph
+    small, typed = [], []
+    for initializer in graph.initializer:
+        if math.prod(initializer.dims) <= _INFERENCE_VALUE_LIMIT and not initializer.external_data:
+            small.append(initializer)
+        else:
+            typed.append(
+                helper.make_tensor_value_info(initializer.name, initializer.data_type, initializer.dims)
+            )
+    light = helper.make_model(
+        helper.make_graph(
+            list(graph.node),
+            graph.name,
+            list(graph.input) + typed,
+            list(graph.output),
+            small,
+            value_info=list(graph.value_info),
+        ),
+        opset_imports=list(model.opset_import),
+        ir_version=model.ir_version,
+    )
+    inferred = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
+    shapes = {}
+    for value in list(inferred.value_info) + list(inferred.output):
+        shape = _static_shape(value)
+        if shape is not None:
+            shapes[value.name] = shape
+    return shapes
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    return np.array(value.detach().numpy()) if isinstance(value, torch.Tensor) else np.array(value)
+
+
+# Operators always computed when the module is built: a Constant, and a Shape (the graph is static).
+_FOLDED = ("Constant", "Shape")
+
+
+class _Resolver:
+    """Resolves, when the module is built, every value PopART needs at compile time.
+
+    A node is *folded* (computed here, on the CPU, and left out of ``forward``) when it is a Constant or a
+    Shape (the graph is static), or when one of its outputs is read as a static operand (STATIC_OPERANDS),
+    directly or through the computation leading to one; all of its inputs must then be known constants.
+    Every other node stays in ``forward`` with its static operands as numpy arrays.
+    """
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        graph = model.graph
+        self.known: dict[str, np.ndarray] = {
+            initializer.name: np.array(numpy_helper.to_array(initializer))
+            for initializer in graph.initializer
+        }
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+            shape = _static_shape(value)
+            if shape is not None:
+                self.shapes[value.name] = shape
+        self._inferred: dict[str, tuple[int, ...]] | None = None
+        producers = {name: node for node in graph.node for name in node.output if name}
+        # Each value needed on the host -> (the node that reads it statically, the operand's role and name)
+        self.needed: dict[str, tuple[onnx.NodeProto, str, str]] = {}
+        pending = []
+        for node in graph.node:
+            for index, role in STATIC_OPERANDS.get(node.op_type, {}).items():
+                if index < len(node.input) and node.input[index]:
+                    pending.append((node.input[index], (node, role, node.input[index])))
+        while pending:
+            name, reader = pending.pop()
+            if name in self.needed:
+                continue
+            self.needed[name] = reader
+            producer = producers.get(name)
+            if producer is not None and producer.op_type not in _FOLDED:
+                pending.extend((upstream, reader) for upstream in producer.input if upstream)
+
+    def _shape_of(self, name: str, node: onnx.NodeProto) -> tuple[int, ...]:
+        if name in self.known:
+            return tuple(self.known[name].shape)
+        if name in self.shapes:
+            return self.shapes[name]
+        if self._inferred is None:
+            self._inferred = _inferred_shapes(self.model)
+        if name in self._inferred:
+            return self._inferred[name]
+        raise EngineContractError(
+            f"node {node.name!r} (Shape) reads the shape of {name!r}, which is not static; the PopTorch "
+            "engine takes fully static graphs (serve this model with engine='popart')"
+        )
+
+    def _refuse(self, node: onnx.NodeProto, missing: str) -> EngineContractError:
+        reader, role, operand = self.needed.get(missing, (node, "?", missing))
+        through = "" if reader is node else f" (through node {node.name!r} ({node.op_type}))"
+        return EngineContractError(
+            f"node {reader.name!r} ({reader.op_type}) needs its {role} operand {operand!r} as a constant "
+            f"when PopTorch compiles the graph, but it depends on {missing!r}{through}, which is not a "
+            "constant (a graph input, or a value computed from one); PopTorch cannot read a tensor's value "
+            "on the host while it traces. Serve this model with engine='popart'"
+        )
+
+    def folds(self, node: onnx.NodeProto) -> bool:
+        return node.op_type in _FOLDED or any(name in self.needed for name in node.output)
+
+    def fold(self, node: onnx.NodeProto) -> None:
+        """Compute ``node`` from known constants; its outputs become known."""
+        if node.op_type == "Constant":
+            self.known[node.output[0]] = _constant_value(node)
+            return
+        if node.op_type == "Shape":
+            self.known[node.output[0]] = np.array(self._shape_of(node.input[0], node), dtype=np.int64)
+            return
+        missing = [name for name in node.input if name and name not in self.known]
+        if missing:
+            raise self._refuse(node, missing[0])
+        statics = STATIC_OPERANDS.get(node.op_type, {})
+        args = [
+            None if not name else self.known[name] if index in statics else torch.from_numpy(self.known[name])
+            for index, name in enumerate(node.input)
+        ]
+        result = OPS[node.op_type](args, _attributes(node))
+        results = [result] if isinstance(result, torch.Tensor) else list(result)
+        for name, value in zip(node.output, results):
+            if name:
+                self.known[name] = _to_numpy(value)
+
+    def statics(self, node: onnx.NodeProto) -> dict[int, np.ndarray]:
+        """The static operands of a node that stays in ``forward``."""
+        resolved = {}
+        for index in STATIC_OPERANDS.get(node.op_type, {}):
+            if index < len(node.input) and node.input[index]:
+                name = node.input[index]
+                if name not in self.known:
+                    raise self._refuse(node, name)
+                resolved[index] = self.known[name]
+        return resolved
+
+
 class OnnxGraphModule(torch.nn.Module):
-    """Runs one static ONNX graph with torch operators. Initializers and constants are buffers."""
+    """Runs one static ONNX graph with torch operators.
+
+    What PopART needs at compile time (a Reshape's shape, a Slice's bounds, a Pad's pads, ...) is resolved
+    when the module is built (``_Resolver``) and baked into the nodes as numpy arrays, so ``forward`` never
+    reads a tensor's value: PopTorch traces it on the IPU device, where such a read fails. Constant values
+    that ``forward`` uses as tensors (initializers, folded values) are buffers, uploaded like weights.
+    """
 
     def __init__(self, model: onnx.ModelProto) -> None:
         super().__init__()
@@ -609,7 +799,8 @@ class OnnxGraphModule(torch.nn.Module):
             {
                 node.op_type
                 for node in graph.node
-                if node.op_type not in OPS or node.domain not in ("", "ai.onnx")
+                if (node.op_type not in OPS and node.op_type not in _FOLDED)
+                or node.domain not in ("", "ai.onnx")
             }
         )
         if unsupported:
@@ -617,34 +808,53 @@ class OnnxGraphModule(torch.nn.Module):
                 f"the PopTorch graph converter has no implementation of {', '.join(unsupported)}; serve this "
                 "model with engine='popart'"
             )
-        self._tensor_names: dict[str, str] = {}
-        for index, initializer in enumerate(graph.initializer):
-            array = np.array(numpy_helper.to_array(initializer))
-            self.register_buffer(f"initializer_{index}", torch.from_numpy(array), persistent=True)
-            self._tensor_names[initializer.name] = f"initializer_{index}"
-        self.input_names = [value.name for value in graph.input if value.name not in self._tensor_names]
+        initializers = {initializer.name for initializer in graph.initializer}
+        self.input_names = [value.name for value in graph.input if value.name not in initializers]
         self.output_names = [value.name for value in graph.output]
-        self._nodes: list[tuple[str, list[str], list[str], Attrs]] = []
+        resolver = _Resolver(model)
+        self._nodes: list[tuple[str, list[str], list[str], Attrs, dict[int, np.ndarray]]] = []
+        read_as_tensors = set(self.output_names)
         for index, node in enumerate(graph.node):
+            if resolver.folds(node):
+                resolver.fold(node)
+                continue
+            statics = resolver.statics(node)
             attrs = _attributes(node)
             for name, value in list(attrs.items()):
                 if isinstance(value, torch.Tensor):  # constant tensors become buffers, like weights
-                    self.register_buffer(f"constant_{index}_{name}", value, persistent=True)
-                    attrs[name] = f"constant_{index}_{name}"
+                    self.register_buffer(f"attribute_{index}_{name}", value, persistent=True)
+                    attrs[name] = f"attribute_{index}_{name}"
                     attrs.setdefault("_buffers", []).append(name)
-            self._nodes.append((node.op_type, list(node.input), list(node.output), attrs))
+            read_as_tensors.update(
+                name for position, name in enumerate(node.input) if name and position not in statics
+            )
+            self._nodes.append((node.op_type, list(node.input), list(node.output), attrs, statics))
+        # Known values that forward reads as tensors are buffers; weights keep their initializer's order.
+        self._tensor_names: dict[str, str] = {}
+        order = [initializer.name for initializer in graph.initializer]
+        order += [name for name in resolver.known if name not in initializers]
+        for position, name in enumerate(order):
+            if name in read_as_tensors and name in resolver.known:
+                buffer_name = f"initializer_{position}" if name in initializers else f"constant_{position}"
+                self.register_buffer(buffer_name, torch.from_numpy(resolver.known[name]), persistent=True)
+                self._tensor_names[name] = buffer_name
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        values: dict[str, Any] = dict(zip(self.input_names, inputs, strict=True))
+        if len(inputs) != len(self.input_names):
+            raise TypeError(f"the graph takes {len(self.input_names)} inputs, {len(inputs)} given")
+        values: dict[str, Any] = dict(zip(self.input_names, inputs))
         for name, buffer_name in self._tensor_names.items():
             values[name] = getattr(self, buffer_name)
-        for op_type, input_names, output_names, attrs in self._nodes:
+        for op_type, input_names, output_names, attrs, statics in self._nodes:
             if "_buffers" in attrs:
                 attrs = {**attrs, **{name: getattr(self, attrs[name]) for name in attrs["_buffers"]}}
-            args = [values[name] if name else None for name in input_names]
+            args = [
+                statics[index] if index in statics else values[name] if name else None
+                for index, name in enumerate(input_names)
+            ]
             result = OPS[op_type](args, attrs)
             results = [result] if isinstance(result, torch.Tensor) else list(result)
-            for name, value in zip(output_names, results, strict=False):
+            for name, value in zip(output_names, results):
                 if name:
                     values[name] = value
         return tuple(values[name] for name in self.output_names)

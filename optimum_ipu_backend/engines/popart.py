@@ -39,6 +39,7 @@ from typing import Any
 from optimum_ipu_backend.engines.base import Availability, CompileOptions, EngineContractError
 from optimum_ipu_backend.engines.probe import module_origin
 from optimum_ipu_backend.engines.worker import WorkerEngine
+from optimum_ipu_backend.engines.worker_server import recovery_action_name
 from optimum_ipu_backend.errors import InstallationError
 
 # A Mk2/Bow or C600 IPU; createIpuModelDevice defaults to 4 tiles otherwise.
@@ -56,8 +57,6 @@ _NUMPY_TYPES = {
     "uint8": "uint8",
     "bool": "bool",
 }
-# The recovery actions whose ``str()`` is ``"RecoveryAction.NAME"`` (a pybind11 enum).
-_RECOVERY_ACTION_PREFIX = "RecoveryAction."
 
 
 class PopARTEngine(WorkerEngine):
@@ -127,19 +126,6 @@ def _numpy_type(lcase: str, tensor: str) -> str:
             f"PopART gives tensor {tensor!r} the data type {lcase!r}, which the PopART engine cannot "
             f"stream to or from the IPU (it streams {', '.join(_NUMPY_TYPES)})"
         ) from None
-
-
-def recovery_action_name(action: Any) -> str:
-    """The bare name (``"IPU_RESET"``) of a ``popart.RecoveryAction``. pybind11 gives enum values a
-    ``name`` property from version 2.3 on; an older build has only ``str()``,
-    ``"RecoveryAction.IPU_RESET"``."""
-    name = getattr(action, "name", None)
-    if callable(name):  # a pybind11 enum whose __str__ was redefined turns ``name`` into a method
-        name = name()
-    if isinstance(name, str) and name:
-        return name
-    text = str(action)
-    return text[len(_RECOVERY_ACTION_PREFIX) :] if text.startswith(_RECOVERY_ACTION_PREFIX) else text
 
 
 def _popdist_popart() -> Any:

@@ -6,9 +6,15 @@ graph into one (``engines.onnx_torch``; why not onnx2torch is said there) and ma
 onto ``poptorch.Options`` (as PopTorch documents them): ``deviceIterations``, ``replicationFactor``,
 ``outputMode(OutputMode.All)``, ``Precision.setPartialsType`` from the precision,
 ``enableExecutableCaching`` into the artifact directory of our cache entry (IPU and offline targets;
-PopTorch warns that caching does not work on the IPU Model), ``useIpuModel`` for ``ipu-model`` and
-``useOfflineIpuTarget`` to compile without hardware. Under PopRun, ``Distributed.configureProcessId``
-tells PopTorch this instance's place.
+PopTorch warns that caching does not work on the IPU Model), ``useIpuModel`` (set either way) and
+``useOfflineIpuTarget`` to compile without hardware. Under PopRun the options are PopDist's
+``popdist.poptorch.Options``, which set this instance's replicas, place and device themselves.
+
+What the environment would otherwise decide is set explicitly: ``poptorch.Options()`` turns PopTorch's
+own executable cache on from ``POPTORCH_CACHE_DIR`` (or ``POPTORCH_DEFAULT_OPTIONS``), and its key ignores
+the weights' values, so it is turned off unless our cache entry holds it; and ``POPTORCH_IPU_MODEL`` /
+``POPTORCH_SMALL_IPU_MODEL`` would put a device="ipu" session on the IPU Model and hide the hardware
+from ``ipuHardwareIsAvailable``, so the worker drops them: the device option decides.
 
 PopTorch's batch rule: dim 0 of every input is ``micro-batch x deviceIterations x replicationFactor``,
 and outputs come back concatenated on dim 0. Our step buffers ``[device_iterations, replicas, *shape]``
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +39,16 @@ import numpy as np
 from optimum_ipu_backend.engines.base import Availability, EngineContractError
 from optimum_ipu_backend.engines.probe import module_origin
 from optimum_ipu_backend.engines.worker import WorkerEngine
+from optimum_ipu_backend.engines.worker_server import recovery_action_name
+from optimum_ipu_backend.errors import InstallationError
 
 _IPU_VERSIONS = {"ipu2": 2, "ipu21": 21}
+# PopTorch's environment switches to the IPU Model (popart_compiler Utils.cpp reads them at each device
+# creation and in ipuHardwareVersion); the device provider option decides instead.
+_MODEL_VARIABLES = ("POPTORCH_IPU_MODEL", "POPTORCH_SMALL_IPU_MODEL")
+# PopTorch writes a compile error of more than 80 lines here, in its current directory, and its message
+# says only "See poptorch_error.log for details".
+_ERROR_LOG = "poptorch_error.log"
 
 
 class PopTorchEngine(WorkerEngine):
@@ -84,6 +99,8 @@ class PopTorchBackend:
         import torch
 
         self.poptorch, self.torch = poptorch, torch
+        for name in _MODEL_VARIABLES:
+            os.environ.pop(name, None)
         self._booked = 0
         self._capacity = 0
 
@@ -114,22 +131,24 @@ class PopTorchBackend:
         self, options: dict, artifacts: str | None, device: str, offline: bool, ipu_version: str
     ) -> Any:
         poptorch, torch = self.poptorch, self.torch
-        opts = poptorch.Options()
-        opts.deviceIterations(options["device_iterations"])
-        opts.replicationFactor(options["replicas"])
-        opts.outputMode(poptorch.OutputMode.All)
-        opts.Precision.setPartialsType(torch.half if options["precision"] == "fp16" else torch.float)
-        if device == "ipu-model" and not offline:
-            opts.useIpuModel(True)
-        elif artifacts is not None:
-            os.makedirs(artifacts, exist_ok=True)
-            opts.enableExecutableCaching(artifacts)
-        if offline:
-            opts.useOfflineIpuTarget(_IPU_VERSIONS.get(ipu_version, 2))
         distributed = options.get("distributed")
         if distributed:
-            local = options["replicas"]
-            opts.Distributed.configureProcessId(distributed["offset"] // local, distributed["total"] // local)
+            opts = _popdist_options(distributed.get("ipus_per_replica", 1))
+        else:
+            opts = poptorch.Options()
+            opts.replicationFactor(options["replicas"])
+        opts.deviceIterations(options["device_iterations"])
+        opts.outputMode(poptorch.OutputMode.All)
+        opts.Precision.setPartialsType(torch.half if options["precision"] == "fp16" else torch.float)
+        model = device == "ipu-model" and not offline
+        opts.useIpuModel(model)
+        if artifacts is not None and not model:
+            os.makedirs(artifacts, exist_ok=True)
+            opts.enableExecutableCaching(artifacts)
+        else:  # never a cache PopTorch's environment chose: its key ignores the weights' values
+            opts.enableExecutableCaching(None)
+        if offline:
+            opts.useOfflineIpuTarget(_IPU_VERSIONS.get(ipu_version, 2))
         return opts
 
     def build(
@@ -179,7 +198,9 @@ class PopTorchBackend:
         results = built.executor(*args)
         if isinstance(results, torch.Tensor):
             results = (results,)
-        for spec, tensor in zip(built.outputs, results, strict=True):
+        if len(results) != len(built.outputs):
+            raise EngineContractError(f"PopTorch returned {len(results)} outputs, not {len(built.outputs)}")
+        for spec, tensor in zip(built.outputs, results):
             target = outputs[spec["name"]]
             if math.prod(tensor.shape) != target.size:
                 raise EngineContractError(f"PopTorch returned {tuple(tensor.shape)} for {spec['name']!r}")
@@ -203,18 +224,49 @@ class PopTorchBackend:
     def classify(self, exc: BaseException) -> dict[str, Any] | None:
         poptorch = self.poptorch
         if isinstance(exc, poptorch.RecoverableError):
-            return {"kind": "recoverable", "recovery_action": str(exc.recovery_action)}
+            return {"kind": "recoverable", "recovery_action": recovery_action_name(exc.recovery_action)}
         if isinstance(exc, poptorch.UnrecoverableError):
             return {"kind": "unrecoverable"}
         if isinstance(exc, poptorch.Error):
-            kind = getattr(exc, "type", "")
-            message = str(exc)
-            if "memory_allocation" in kind or "Out of memory" in message:
+            if _out_of_memory(getattr(exc, "type", ""), getattr(exc, "message", None) or str(exc)):
                 return {"kind": "out_of_memory"}
-            if "Failed to acquire" in message:
+            if "Failed to acquire" in str(exc):
                 return {"kind": "acquisition"}
             return {"kind": "sdk"}
         return None
+
+
+def _popdist_options(ipus_per_replica: int) -> Any:
+    """PopDist's options for this PopRun instance: PopTorch says not to configure the process by hand
+    under PopRun (``Options.Distributed``), and the device then comes from PopDist's assignment."""
+    try:
+        import popdist.poptorch
+    except ImportError as exc:
+        raise InstallationError(
+            "this process runs under PopRun (POPDIST_* variables are set), where PopTorch needs PopDist's "
+            f"popdist.poptorch.Options, but the worker's Python ({sys.executable}) cannot import popdist "
+            f"({exc}). Install the popdist wheel that ships with the Poplar SDK into that environment, or "
+            "serve this model with engine='popart'."
+        ) from None
+    return popdist.poptorch.Options(ipus_per_replica=ipus_per_replica)
+
+
+# A compile-time out-of-memory reaches PopTorch as PopART's memory_allocation_err ("popart_exception") or
+# as a Poplar memory error ("poplar_..._memory_allocation_error"), with Poplar's "Out of memory ..." text.
+_OOM_TEXT = ("out of memory", "memory_allocation")
+
+
+def _out_of_memory(kind: str, message: str) -> bool:
+    if "memory_allocation" in kind:
+        return True
+    if message.strip().endswith(f"See {_ERROR_LOG} for details"):
+        try:  # the whole message went to the log, in the worker's current directory
+            with open(_ERROR_LOG, encoding="utf-8", errors="replace") as stream:
+                message = stream.read(1 << 20)
+        except OSError:
+            return False
+    lowered = message.lower()
+    return any(text in lowered for text in _OOM_TEXT)
 
 
 def _leading_axis(shape: tuple[int, ...], steps: int) -> tuple[int, ...]:

@@ -40,6 +40,18 @@ from optimum_ipu_backend.errors import InstallationError
 RESETTABLE = ("IPU_RESET", "LINK_RESET")
 
 
+def recovery_action_name(action: Any) -> str:
+    """The bare name ("IPU_RESET") of the recovery action an SDK error carries, as ``RESETTABLE`` holds
+    them. PopTorch gives Poplar's string; PopART a pybind11 enum, which has a ``name`` property from
+    pybind11 2.3 on (a method where ``__str__`` was redefined) and otherwise only ``str()``,
+    ``"RecoveryAction.IPU_RESET"``."""
+    name = getattr(action, "name", None)
+    if callable(name):
+        name = name()
+    text = name if isinstance(name, str) and name else str(action)
+    return text.strip().rsplit(".", 1)[-1]
+
+
 class _Fault(Exception):
     """A classified fault to report, with the SDK's exception as its cause."""
 

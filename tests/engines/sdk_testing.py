@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 DOUBLE_DIR = Path(__file__).resolve().parent.parent / "sdk_double"
+# The hardware IPUs the double shows the engine tests (conftest.py's ``sdk`` fixture).
+IPUS = 4
 
 
 def sdk_environment(directory: Path, **config) -> dict[str, str]:
@@ -41,6 +43,11 @@ def call_log(environment: dict[str, str]) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def calls(environment: dict[str, str], name: str) -> list[dict]:
+    """The logged SDK calls named ``name``."""
+    return [entry for entry in call_log(environment) if entry["call"] == name]
 
 
 def clear_log(environment: dict[str, str]) -> None:

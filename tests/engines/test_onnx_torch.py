@@ -1,8 +1,14 @@
 """The PopTorch engine's graph converter (engines/onnx_torch.py) on single opset-11 nodes: each operator
 computes what onnxruntime computes for the same node, and what it does not implement is refused with
-the operator and the engine that serves it named."""
+the operator and the engine that serves it named.
+
+PopTorch traces the module on the IPU device, where no value can be read on the host; here every module
+also runs on torch's ``meta`` device (values absent, host reads refused) and must give the same shapes.
+"""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import onnx
@@ -10,11 +16,42 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from torch.overrides import TorchFunctionMode
 
 from optimum_ipu_backend.engines.base import EngineContractError
 from optimum_ipu_backend.engines.onnx_torch import OnnxGraphModule
 
 ATOL = 1e-5
+
+# What reads a tensor's value on the host: PopTorch refuses each while it traces.
+_HOST_READS = {
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.numpy,
+    torch.Tensor.cpu,
+    torch.Tensor.__float__,
+    torch.Tensor.__int__,
+    torch.Tensor.__bool__,
+    torch.Tensor.__index__,
+    torch.Tensor.__array__,
+}
+
+
+class _RefuseHostReads(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _HOST_READS or (
+            func is torch.Tensor.to and "cpu" in map(str, [*args[1:], *(kwargs or {}).values()])
+        ):
+            raise AssertionError(f"{getattr(func, '__name__', func)} reads a tensor's value while tracing")
+        return func(*args, **(kwargs or {}))
+
+
+def _on_meta(module: torch.nn.Module, *inputs: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """``module`` run as PopTorch traces it: buffers and inputs on a device without values, new tensors
+    created there, any host read refused."""
+    meta = copy.deepcopy(module).to("meta")
+    with torch.device("meta"), _RefuseHostReads():
+        return meta(*(torch.from_numpy(x).to("meta") for x in inputs))
 
 
 def _model(
@@ -37,9 +74,12 @@ def _compare(model: onnx.ModelProto, x: np.ndarray) -> None:
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x}
     )[0]
-    (got,) = OnnxGraphModule(model)(torch.from_numpy(x))
+    module = OnnxGraphModule(model)
+    (got,) = module(torch.from_numpy(x))
     assert list(got.shape) == list(expected.shape)
     np.testing.assert_allclose(got.numpy(), expected, atol=ATOL, rtol=0)
+    (traced,) = _on_meta(module, x)
+    assert traced.device.type == "meta" and list(traced.shape) == list(expected.shape)
 
 
 @pytest.mark.parametrize("mode", ["DCR", "CRD"])
@@ -145,3 +185,148 @@ def test_max_pool_auto_pad():
     _compare(
         _model("MaxPool", list(x.shape), {}, auto_pad="SAME_UPPER", kernel_shape=[3, 3], strides=[2, 2]), x
     )
+
+
+# -- operands PopART needs at compile time ----------------------------------------------------------------
+
+
+def _graph_model(nodes, inputs, constants, outputs=("y",)) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "static_operands",
+        [helper.make_tensor_value_info(name, dtype, shape) for name, dtype, shape in inputs],
+        [helper.make_empty_tensor_value_info(name) for name in outputs],
+        [numpy_helper.from_array(value, name) for name, value in constants.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=6)
+
+
+def _compare_graph(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> OnnxGraphModule:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, feed)
+    module = OnnxGraphModule(model)
+    got = module(*(torch.from_numpy(feed[name]) for name in module.input_names))
+    traced = _on_meta(module, *(feed[name] for name in module.input_names))
+    for value, shape_only, wanted in zip(got, traced, expected, strict=True):
+        assert list(value.shape) == list(wanted.shape) == list(shape_only.shape)
+        np.testing.assert_allclose(value.numpy(), wanted, atol=ATOL, rtol=0)
+    return module
+
+
+_I64 = np.int64
+_X = np.random.default_rng(7).standard_normal((2, 3, 4)).astype(np.float32)
+
+# One node per operator whose operand PopART needs at compile time, read from an initializer.
+STATIC_CASES = {
+    "Reshape": ([helper.make_node("Reshape", ["x", "shape"], ["y"])], {"shape": np.array([0, -1], _I64)}),
+    "Slice": (
+        [helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"])],
+        {
+            "starts": np.array([3, 0], _I64),
+            "ends": np.array([0, 2], _I64),
+            "axes": np.array([2, 1], _I64),
+            "steps": np.array([-2, 1], _I64),
+        },
+    ),
+    "Expand": ([helper.make_node("Expand", ["x", "shape"], ["y"])], {"shape": np.array([3, 2, 1, 4], _I64)}),
+    "ConstantOfShape": (
+        [
+            helper.make_node(
+                "ConstantOfShape",
+                ["shape"],
+                ["c"],
+                value=numpy_helper.from_array(np.array([2.5], np.float32)),
+            ),
+            helper.make_node("Add", ["x", "c"], ["y"]),
+        ],
+        {"shape": np.array([3, 4], _I64)},
+    ),
+    "Pad": (
+        [helper.make_node("Pad", ["x", "pads", "value"], ["y"])],
+        {"pads": np.array([0, 1, 0, 1, 2, 1], _I64), "value": np.array(1.5, np.float32)},
+    ),
+    "CumSum": ([helper.make_node("CumSum", ["x", "axis"], ["y"], reverse=1)], {"axis": np.array(-1, _I64)}),
+    "TopK": ([helper.make_node("TopK", ["x", "k"], ["y", "indices"])], {"k": np.array([2], _I64)}),
+    "Tile": ([helper.make_node("Tile", ["x", "repeats"], ["y"])], {"repeats": np.array([1, 2, 3], _I64)}),
+    "Resize": (
+        [
+            helper.make_node(
+                "Resize",
+                ["x4", "roi", "scales"],
+                ["y"],
+                mode="nearest",
+                nearest_mode="floor",
+                coordinate_transformation_mode="asymmetric",
+            ),
+        ],
+        {"roi": np.zeros(0, np.float32), "scales": np.array([1, 1, 2, 2], np.float32)},
+    ),
+    "OneHot": (
+        [helper.make_node("OneHot", ["ids", "depth", "values"], ["y"], axis=1)],
+        {"depth": np.array([5], _I64), "values": np.array([-1.0, 3.0], np.float32)},
+    ),
+    # Shape folded from the static input shape, then the shape arithmetic exporters emit around it
+    "Shape": (
+        [
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Gather", ["s", "zero"], ["batch"], axis=0),
+            helper.make_node("Unsqueeze", ["batch"], ["batch1"], axes=[0]),
+            helper.make_node("Concat", ["batch1", "minus_one"], ["target"], axis=0),
+            helper.make_node("Reshape", ["x", "target"], ["y"]),
+        ],
+        {"zero": np.array(0, _I64), "minus_one": np.array([-1], _I64)},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STATIC_CASES))
+def test_operands_popart_needs_at_compile_are_resolved_at_build_and_forward_reads_no_value(case):
+    nodes, constants = STATIC_CASES[case]
+    if case == "OneHot":
+        inputs, feed = [("ids", TensorProto.INT64, [2, 3])], {"ids": np.array([[0, 4, -1], [2, 2, 1]], _I64)}
+    elif case == "Resize":
+        inputs, feed = [("x4", TensorProto.FLOAT, [1, 2, 3, 4])], {"x4": _X.reshape(1, 2, 3, 4)}
+    else:
+        inputs, feed = [("x", TensorProto.FLOAT, [2, 3, 4])], {"x": _X}
+    outputs = [name for name in nodes[-1].output]
+    _compare_graph(_graph_model(nodes, inputs, constants, outputs), feed)
+
+
+def test_a_shape_without_value_info_is_inferred_and_folded():
+    """Shape of an intermediate value the graph gives no shape for: ONNX shape inference finds it."""
+    weight = np.random.default_rng(8).standard_normal((4, 6)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Shape", ["h"], ["s"]),
+        helper.make_node("Slice", ["s", "start", "end", "axis"], ["last"]),
+        helper.make_node("Concat", ["minus_one", "last"], ["target"], axis=0),
+        helper.make_node("Reshape", ["h", "target"], ["y"]),
+    ]
+    constants = {
+        "w": weight,
+        "start": np.array([-1], _I64),
+        "end": np.array([3], _I64),
+        "axis": np.array([0], _I64),
+        "minus_one": np.array([-1], _I64),
+    }
+    module = _compare_graph(_graph_model(nodes, [("x", TensorProto.FLOAT, [2, 3, 4])], constants), {"x": _X})
+    assert [op for op, *_ in module._nodes] == ["MatMul", "Reshape"]  # the shape arithmetic was folded
+
+
+def test_an_operand_computed_from_a_graph_input_is_refused_at_conversion_naming_node_and_operand():
+    nodes = [
+        helper.make_node("Add", ["n", "one"], ["n1"], name="plus_one"),
+        helper.make_node("Concat", ["minus_one", "n1"], ["target"], name="target", axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"], name="the_reshape"),
+    ]
+    constants = {"one": np.array([1], _I64), "minus_one": np.array([-1], _I64)}
+    inputs = [("x", TensorProto.FLOAT, [2, 3, 4]), ("n", TensorProto.INT64, [1])]
+    with pytest.raises(
+        EngineContractError,
+        match=r"'the_reshape' \(Reshape\) needs its shape operand 'target'.*'n'.*engine='popart'",
+    ):
+        OnnxGraphModule(_graph_model(nodes, inputs, constants))
+    direct = [helper.make_node("Tile", ["x", "n3"], ["y"], name="tile")]
+    inputs = [("x", TensorProto.FLOAT, [2, 3, 4]), ("n3", TensorProto.INT64, [3])]
+    with pytest.raises(EngineContractError, match=r"'tile' \(Tile\) needs its repeats operand 'n3'"):
+        OnnxGraphModule(_graph_model(direct, inputs, {}))

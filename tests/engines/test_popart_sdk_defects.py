@@ -18,7 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sdk_testing import DOUBLE_DIR, call_log, clear_log, configure, sdk_environment, use_sdk_double
+from sdk_testing import (
+    DOUBLE_DIR,
+    IPUS,
+    calls,
+    configure,
+    sdk_environment,
+)
 from subprocess_env import python
 from tiny_models import feed, reference, tiny_model
 
@@ -27,22 +33,6 @@ from optimum_ipu_backend.engines.errors import DeviceResetError
 from optimum_ipu_backend.errors import InstallationError
 from optimum_ipu_backend.session import IPUInferenceSession
 from optimum_ipu_backend.session.options import IPUProviderOptions
-
-IPUS = 4
-
-
-@pytest.fixture(scope="module")
-def sdk(tmp_path_factory):
-    with use_sdk_double(tmp_path_factory.mktemp("sdk"), ipus=IPUS) as environment:
-        yield environment
-
-
-@pytest.fixture()
-def double(sdk):
-    configure(sdk, ipus=IPUS)
-    clear_log(sdk)
-    yield sdk
-    configure(sdk, ipus=IPUS)
 
 
 def _session(model: Path, cache: str | Path, device: str = "ipu", **options) -> IPUInferenceSession:
@@ -56,10 +46,6 @@ def _check(session: IPUInferenceSession, model: Path, seed: int = 0) -> None:
     assert got[0].dtype == np.float32
     np.testing.assert_allclose(got[0], expected[0], atol=1e-6)
     np.testing.assert_array_equal(got[1], expected[1])
-
-
-def _calls(environment: dict[str, str], name: str) -> list[dict]:
-    return [entry for entry in call_log(environment) if entry["call"] == name]
 
 
 # -- defect 1: data_type_lcase() names FLOAT "float32" -----------------------------------------------------
@@ -92,9 +78,9 @@ def test_popart_own_cache_from_the_environment_is_off_when_ours_is(double, tmp_p
     for model in (first, second):
         with _session(model, "disabled") as session:
             _check(session, model)  # PopART's key ignores weights: its cache would serve the first binary
-    created = _calls(double, "InferenceSession.__init__")
+    created = calls(double, "InferenceSession.__init__")
     assert len(created) == 2 and not any(entry["options"]["enableEngineCaching"] for entry in created)
-    assert not _calls(double, "cache_hit") and not _calls(double, "cache_write")
+    assert not calls(double, "cache_hit") and not calls(double, "cache_write")
 
 
 # -- defect 8: PopART scans cachePath in the constructor and writes it in prepareDevice -------------------
@@ -106,8 +92,8 @@ def test_popart_relative_cache_directory_is_found_again(double, tmp_path, monkey
     for _ in range(2):  # the second session loads what the first one wrote
         with _session(model, "relative-cache") as session:
             _check(session, model)
-    (written,) = _calls(double, "cache_write")
-    (hit,) = _calls(double, "cache_hit")
+    (written,) = calls(double, "cache_write")
+    (hit,) = calls(double, "cache_hit")
     # our cache writes into a staging directory and then moves the entry: the same .popef
     assert Path(hit["path"]).name == Path(written["path"]).name
     assert Path(hit["path"]).is_relative_to(tmp_path / "relative-cache")
@@ -123,7 +109,7 @@ def test_popart_recovery_action_without_name_is_still_reset_and_retried(double, 
         faults = [{"id": "reset", "at": "run", "error": "recoverable", "action": "IPU_RESET", "times": 1}]
         configure(double, ipus=IPUS, pybind11_enum_name=False, faults=faults)
         _check(session, model, seed=1)  # reset, reloaded, run once more
-        assert _calls(double, "DeviceInfo.attach")
+        assert calls(double, "DeviceInfo.attach")
         faults = [{"id": "partition", "at": "run", "error": "recoverable", "action": "PARTITION_RESET"}]
         configure(double, ipus=IPUS, pybind11_enum_name=False, faults=faults)
         with pytest.raises(DeviceResetError, match="PARTITION_RESET"):
@@ -131,7 +117,7 @@ def test_popart_recovery_action_without_name_is_still_reset_and_retried(double, 
 
 
 def test_popart_recovery_action_name_from_any_pybind11_build():
-    from optimum_ipu_backend.engines.popart import recovery_action_name
+    from optimum_ipu_backend.engines.worker_server import recovery_action_name
 
     class Named:  # pybind11 2.3 and later
         name = "LINK_RESET"
@@ -164,8 +150,8 @@ def test_popart_offline_compile_releases_its_device_without_detach(tmp_path):
         env=environment,
     )
     assert completed.returncode == 0, completed.stderr
-    assert _calls(environment, "DeviceManager.createOfflineIPUDevice")
-    refused = [entry for entry in _calls(environment, "DeviceInfo.detach") if entry.get("refused")]
+    assert calls(environment, "DeviceManager.createOfflineIPUDevice")
+    refused = [entry for entry in calls(environment, "DeviceInfo.detach") if entry.get("refused")]
     assert not refused, "detach() on an offline device throws 'Cannot detach from offline device'"
     assert "releasing a device failed" not in completed.stdout + completed.stderr
 
@@ -210,8 +196,8 @@ def test_popart_poprun_without_popdist_is_refused_before_acquiring(tmp_path, mon
         with pytest.raises(InstallationError, match=r"PopRun.*popdist.*Poplar SDK.*popdist-\*\.whl") as info:
             session.run(None, feed(batch=2))
         assert "No module named" not in str(info.value).splitlines()[0]
-        assert not _calls(environment, "DeviceManager.acquireAvailableDevice")
-        assert not _calls(environment, "InferenceSession.__init__")
+        assert not calls(environment, "DeviceManager.acquireAvailableDevice")
+        assert not calls(environment, "InferenceSession.__init__")
         session.close()
 
 
@@ -223,11 +209,11 @@ def test_popart_poprun_with_popdist_uses_its_device_and_options(double, tmp_path
     monkeypatch.setenv("POPDIST_NUM_IPUS_PER_REPLICA", "1")
     with _session(model, "disabled", batch_size="1,2") as session:
         _check(session, model)
-    (device,) = _calls(double, "popdist.popart.getDevice")
-    (acquired,) = _calls(double, "DeviceManager.acquireDeviceById")
+    (device,) = calls(double, "popdist.popart.getDevice")
+    (acquired,) = calls(double, "DeviceManager.acquireDeviceById")
     assert acquired["id"] == device["id"] and acquired["numIpus"] == 2
-    assert _calls(double, "popdist.popart.configureSessionOptions") and _calls(double, "popdist_backend_init")
-    (created,) = _calls(double, "InferenceSession.__init__")
+    assert calls(double, "popdist.popart.configureSessionOptions") and calls(double, "popdist_backend_init")
+    (created,) = calls(double, "InferenceSession.__init__")
     options = created["options"]
     assert (options["globalReplicationFactor"], options["globalReplicaOffset"]) == (4, 2)
     assert json.dumps(options["enableDistributedReplicatedGraphs"]) == "true"

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from sdk_testing import call_log, clear_log, configure, use_sdk_double
+from sdk_testing import IPUS, calls, clear_log, configure
 from tiny_models import feed, reference, tiny_model
 
 from optimum_ipu_backend.engines import EngineClosedError, engine_names
@@ -34,27 +34,6 @@ from optimum_ipu_backend.session import IPUInferenceSession, create_session
 from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
 
 ATOL = 1e-6
-IPUS = 4
-
-
-@pytest.fixture(scope="module")
-def sdk(tmp_path_factory):
-    with use_sdk_double(tmp_path_factory.mktemp("sdk"), ipus=IPUS) as environment:
-        yield environment
-
-
-@pytest.fixture()
-def double(sdk):
-    """A fresh configuration and call log for each test."""
-    configure(sdk, ipus=IPUS)
-    clear_log(sdk)
-    yield sdk
-    configure(sdk, ipus=IPUS)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return tiny_model(tmp_path_factory.mktemp("tiny") / "model.onnx")
 
 
 def _session(model, cache, engine="popart", device="ipu", **options) -> IPUInferenceSession:
@@ -67,10 +46,6 @@ def _check(session, model, batch=3, seed=0) -> None:
     got, expected = session.run(None, inputs), reference(model, inputs)
     np.testing.assert_allclose(got[0], expected[0], atol=ATOL)
     np.testing.assert_array_equal(got[1], expected[1])
-
-
-def _calls(double, name: str) -> list[dict]:
-    return [entry for entry in call_log(double) if entry["call"] == name]
 
 
 # -- registry --------------------------------------------------------------------------------------------
@@ -95,18 +70,18 @@ def test_replication_and_device_iterations_use_the_documented_host_layout(double
     for batch in (1, 7, 13):
         _check(session, model, batch=batch, seed=batch)
     if engine == "popart":
-        (created,) = _calls(double, "InferenceSession.__init__")[:1]
+        (created,) = calls(double, "InferenceSession.__init__")[:1]
         assert created["batchesPerStep"] == 2 and created["device"]["numIpus"] == 2
         assert (
             created["options"]["enableReplicatedGraphs"] and created["options"]["replicatedGraphCount"] == 2
         )
-        for run in _calls(double, "InferenceSession.run"):
+        for run in calls(double, "InferenceSession.run"):
             # [batches_per_step, replicas, micro_batch, ...], anchors in the same layout
             assert run["inputs"]["x"]["shape"][:2] == [2, 2] and run["outputs"]["y"]["shape"][:2] == [2, 2]
     else:
-        for compiled in _calls(double, "poptorch.compile"):
+        for compiled in calls(double, "poptorch.compile"):
             assert (compiled["deviceIterations"], compiled["replicationFactor"]) == (2, 2)
-        for run in _calls(double, "poptorch.run"):  # dim 0 = micro x iterations x replicas
+        for run in calls(double, "poptorch.run"):  # dim 0 = micro x iterations x replicas
             assert run["args"][1]["shape"][0] in (4, 8)
     session.close()
 
@@ -120,13 +95,13 @@ def test_more_buckets_than_ipus_switch_at_most_once_per_executable_per_call(doub
     )
     previous = 0
     for batch in (1, 2, 3, 8, 1, 21, 2, 5):  # 21 rows: three steps of the batch-8 executable
-        before = len(_calls(double, loads))
+        before = len(calls(double, loads))
         _check(session, model, batch=batch, seed=batch)
         stats = session.compiled_executables()
         switches = sum(entry["switches"] for entry in stats)
         assert switches - previous <= 1, "one call uses one executable here, so it may switch once"
         if engine == "popart":
-            assert len(_calls(double, loads)) - before <= 1 + (batch not in (1, 2, 3, 8, 21, 5))
+            assert len(calls(double, loads)) - before <= 1 + (batch not in (1, 2, 3, 8, 21, 5))
         previous = switches
     stats = session.compiled_executables()
     assert len(stats) == 4 and len({entry["device"] for entry in stats}) == 2  # spread over both IPUs
@@ -145,12 +120,12 @@ def test_engine_cache_is_ours_per_entry_so_new_weights_are_never_served_stale(do
         _check(session, first)
     with _session(second, cache) as session:
         _check(session, second)  # PopART's own key ignores weights: a shared cachePath would fail here
-    writes = [entry["path"] for entry in _calls(double, "cache_write")]
+    writes = [entry["path"] for entry in calls(double, "cache_write")]
     assert len(writes) == 2 and len({os.path.dirname(path) for path in writes}) == 2
     with _session(first, cache) as session:  # a later process loads the .popef: no compile
         _check(session, first)
         assert [entry["source"] for entry in session.compiled_executables()] == ["cache"]
-    assert len(_calls(double, "cache_hit")) == 1
+    assert len(calls(double, "cache_hit")) == 1
 
 
 # -- faults ----------------------------------------------------------------------------------------------
@@ -187,7 +162,7 @@ def test_recoverable_error_is_reset_and_retried_once(double, model, tmp_path, ca
     with caplog.at_level(logging.WARNING):
         _check(session, model, seed=1)
     assert "reset" in caplog.text
-    assert _calls(double, "DeviceInfo.detach") and _calls(double, "DeviceInfo.attach")
+    assert calls(double, "DeviceInfo.detach") and calls(double, "DeviceInfo.attach")
     configure(double, ipus=IPUS, faults=[{"id": "twice", "at": "run", "error": "recoverable", "times": 2}])
     with pytest.raises(DeviceResetError, match="did not clear"):
         session.run(None, feed())
@@ -204,11 +179,11 @@ def test_reset_that_needs_an_operator_and_unrecoverable_errors_release_the_devic
     with pytest.raises(DeviceResetError, match="vipu reset partition"):
         session.run(None, feed())
     configure(double, ipus=IPUS, faults=[{"id": "lost", "at": "run", "error": "unrecoverable"}])
-    detached = len(_calls(double, "DeviceInfo.detach"))
+    detached = len(calls(double, "DeviceInfo.detach"))
     with pytest.raises(DeviceLostError, match="released") as info:
         session.run(None, feed())
     assert "poplar_unrecoverable_runtime_error" in str(info.value.__cause__)
-    assert len(_calls(double, "DeviceInfo.detach")) == detached + 1
+    assert len(calls(double, "DeviceInfo.detach")) == detached + 1
     configure(double, ipus=IPUS)
     _check(session, model, seed=3)
     _check(other, model, seed=4)
@@ -274,7 +249,7 @@ def test_close_releases_the_ipus_and_a_closed_session_refuses_to_run(double, mod
     _check(other, model, batch=2)
     with _session(model, tmp_path, batch_size="4") as session:
         _check(session, model)
-    detached = _calls(double, "DeviceInfo.detach")
+    detached = calls(double, "DeviceInfo.detach")
     assert len(detached) == 1, "closing released the closed session's IPU, and only that one"
     with pytest.raises(EngineClosedError, match="closed"):
         session.run(None, feed())
@@ -299,7 +274,7 @@ def test_garbage_collection_releases_the_worker(double, model, tmp_path):
         if not _alive(pid):
             break
         time.sleep(0.1)
-    assert not _alive(pid) and _calls(double, "DeviceInfo.detach")
+    assert not _alive(pid) and calls(double, "DeviceInfo.detach")
 
 
 def _wait_until_dead(pid: int) -> None:
@@ -355,7 +330,7 @@ def test_each_poprun_instance_configures_its_share(double, model, tmp_path, monk
         with _session(model, tmp_path, batch_size="1,2") as session:
             assert session.get_provider_options()["IPUExecutionProvider"]["replication_factor"] == "2"
             _check(session, model, batch=5)
-        (created,) = _calls(double, "InferenceSession.__init__")
+        (created,) = calls(double, "InferenceSession.__init__")
         options = created["options"]
         assert options["enableDistributedReplicatedGraphs"] is True
         assert (options["globalReplicationFactor"], options["globalReplicaOffset"]) == (4, offset)
@@ -381,7 +356,7 @@ def test_no_ipu_listed_by_the_sdk_is_a_device_error_with_fallback(double, model)
     assert "IPUOF_VIPU_API_PARTITION_ID" in str(info.value)
     with pytest.warns(RuntimeWarning, match="Falling back"):
         create_session(str(model), providers=["ipu", "CPUExecutionProvider"])
-    assert _calls(double, "DeviceManager.enumerateDevices")
+    assert calls(double, "DeviceManager.enumerateDevices")
 
 
 def test_interpreter_exit_releases_the_ipus_and_the_worker(double, model):
@@ -402,5 +377,5 @@ def test_interpreter_exit_releases_the_ipus_and_the_worker(double, model):
     assert completed.returncode == 0, completed.stderr
     pid = int(completed.stdout.split()[-1])
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] in ("Z", "X")
-    detached = [entry for entry in _calls(double, "DeviceInfo.detach") if entry["pid"] == pid]
+    detached = [entry for entry in calls(double, "DeviceInfo.detach") if entry["pid"] == pid]
     assert detached and detached[0]["type"] == "Ipu"

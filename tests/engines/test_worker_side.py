@@ -348,3 +348,16 @@ def test_the_run_time_check_finds_what_it_looks_for():
         "    Names = list[str]\n"
     )
     assert [line for line, _ in python_3_10_at_run_time(source)] == [5, 6, 7, 8]
+
+
+def test_ruff_holds_every_worker_side_file_to_python_3_8():
+    """pyproject.toml's per-file ``py38`` targets cover these files: ruff never suggests 3.10 code there."""
+    import re
+
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    section = pyproject.split("[tool.ruff.per-file-target-version]", 1)[1].split("\n[", 1)[0]
+    covered = set()
+    for folder, names, version in re.findall(r'"optimum_ipu_backend/(.*)\{(.*)\}\.py" = "(\w+)"', section):
+        assert version == "py38", (folder, names, version)
+        covered |= {f"{folder}{name}.py" for name in names.split(",")}
+    assert covered == set(WORKER_SIDE_FILES)

@@ -1,30 +1,51 @@
-"""A test double of PopTorch's public Python API, for CI without the SDK.
+"""A test double of PopTorch's public Python API, for CI without the Poplar SDK.
 
-``inferenceModel`` wraps a ``torch.nn.Module`` in a ``PoplarExecutor`` that checks PopTorch's batch rule
-and runs the module on the CPU, one micro-batch per device iteration and replica, concatenating outputs
-on dim 0 (``OutputMode.All``). IPUs, faults and the call log are shared with the popart double:
-``POPART_DOUBLE_CONFIG`` (``ipus``, ``version``, ``memory_bytes_per_ipu``, ``faults`` with ``at`` in
-``acquire``, ``compile``, ``run``) and ``POPART_DOUBLE_LOG``.
+It behaves as graphcore/poptorch at tag ``sdk-release-3.4`` does; each behaviour cites the source it
+follows (repository graphcore/poptorch unless said otherwise), or says that it is *assumed* and why where
+the behaviour lives in closed source (Poplar, PopDist).
+
+* ``inferenceModel(model, options)`` wraps a shallow copy of the module in a ``PoplarExecutor``.
+* ``compile`` traces ``forward`` ONCE, on a device without values, as PopTorch traces on ``ipu:0``:
+  parameters, buffers and inputs move to torch's ``meta`` device, the factory functions PopTorch
+  redirects create meta tensors, and a host read (``.item()``, ``float(t)``, ``.tolist()``,
+  ``.to("cpu")``) raises PopTorch's error. Only then is the executable "compiled" (memory, cache, IPUs).
+* A call runs the module eagerly on the CPU, one micro-batch per device iteration and replica, and
+  concatenates outputs on dim 0 (``OutputMode.All``): the values PopTorch would compute.
+
+Test controls, shared with the popart double: ``POPART_DOUBLE_CONFIG`` (a JSON file reread on every call:
+``ipus``, ``ipu_version``, ``version``, ``memory_bytes_per_ipu``, ``memory_report_lines`` (lines in
+Poplar's out-of-memory message), ``faults`` with ``at`` in ``acquire``, ``compile``, ``run``) and
+``POPART_DOUBLE_LOG`` (one JSON line per call).
 """
 
 from __future__ import annotations
 
 import os
 
+# python/__init__.py: importing poptorch.poptorch_core fails without an enabled SDK and is re-raised with
+# this text. Assumed: POPLAR_SDK_ENABLED stands for the SDK's libraries being on the path (the enable
+# script sets it).
 if not os.environ.get("POPLAR_SDK_ENABLED"):
     raise ImportError(
         "Unable to import PopTorch, this can be caused by attempting to import PopTorch without an active "
-        "Poplar SDK. Please source the enable script of your Poplar SDK."
+        "Poplar SDK.\n  The SDK can be enabled by running: `source /path/to/poplar-sdk/enable`"
     )
-os.environ["RDMAV_FORK_SAFE"] = "1"
+# python/__init__.py: RDMAV_FORK_SAFE is set unless already set.
+os.environ.setdefault("RDMAV_FORK_SAFE", "1")
+# python/__init__.py also asserts torch.__version__.startswith("2.0.1"). Assumed away: the double runs on
+# the test environment's torch, and the engine must work on either.
 
 import copy  # noqa: E402
 import enum  # noqa: E402
+import functools  # noqa: E402
 import hashlib  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
+import warnings  # noqa: E402
 
 import torch  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
 
 _fired: dict[str, int] = {}
 _attached_ipus = [0]
@@ -51,21 +72,79 @@ def _log(call: str, **fields) -> None:
             )
 
 
-class Error(RuntimeError):
-    def __init__(self, message: str, type: str = "poptorch_py_error", location: str = "") -> None:  # noqa: A002
-        super().__init__(message)
-        self.message, self.type, self.location = message, type, location
+# -- errors --------------------------------------------------------------------------------------------
+# python/poptorch.cpp, class Error and initialiseExceptionHandling: poptorch.Error is a new exception type
+# deriving from Exception (PyErr_NewException with base PyExc_Exception); RecoverableError and
+# UnrecoverableError derive from it.
+
+
+class Error(Exception):
+    pass
 
 
 class RecoverableError(Error):
-    def __init__(self, message: str, recovery_action: str = "IPU_RESET") -> None:
-        super().__init__(message, "poplar_recoverable_runtime_error")
-        self.recovery_action = recovery_action
+    pass
 
 
 class UnrecoverableError(Error):
-    def __init__(self, message: str) -> None:
-        super().__init__(message, "poplar_unrecoverable_runtime_error")
+    pass
+
+
+# poptorch_err/source/ExceptionHandling.cpp: max_log_line_length and ERROR_LOG.
+_MAX_LOG_LINES = 80
+_ERROR_LOG = "poptorch_error.log"
+
+
+def _python_error(message: str) -> Error:
+    """python/_impl.py, createPoptorchError: an instance whose own attributes are type, message and
+    location, and whose text is "'poptorch_py_error': <message>"."""
+    error = Error(f"'poptorch_py_error': {message}")
+    error.type, error.message, error.location = "poptorch_py_error", message, ""
+    return error
+
+
+def _cpp_error(kind: str, message: str, filename: str = "unknown", line: int = 0, action: str = "") -> Error:
+    """An error from PopTorch's C++ side, as the Python code sees it.
+
+    poptorch_err/source/ExceptionHandling.cpp, convertToPoptorchExceptionOrRethrow: a message of more
+    than 80 lines is written to poptorch_error.log (in the current directory) and replaced by
+    "See poptorch_error.log for details"; the text is "In <file>:<line>: '<type>': <message>", plus
+    "\\nRecovery action required: <action>" for a recoverable runtime error. python/poptorch.cpp,
+    PoptorchError::setupPyError: the category picks the class, and type, message, location and
+    recovery_action are set with PyObject_SetAttrString on that exception *type* (class attributes),
+    then the exception is raised with the text.
+    """
+    if message.count("\n") > _MAX_LOG_LINES:
+        with open(_ERROR_LOG, "w", encoding="utf-8") as stream:
+            stream.write(message)
+        message = f"See {_ERROR_LOG} for details"
+    text = f"In {filename}:{line}: '{kind}': {message}"
+    if kind == "poplar_recoverable_runtime_error":
+        cls: type[Error] = RecoverableError
+        cls.recovery_action = action
+        text += f"\nRecovery action required: {action}"
+    elif kind == "poplar_unrecoverable_runtime_error":
+        cls = UnrecoverableError
+    else:
+        cls = Error
+    cls.type, cls.message, cls.location = kind, message, ""
+    return cls(text)
+
+
+# popart_compiler/source/CompilerImpl.cpp, where its ERROR/ERROR_ON_MSG calls are (poptorch::logging::Error:
+# type "poptorch_cpp_error", the file and line of the check).
+_COMPILER_IMPL = "popart_compiler/source/CompilerImpl.cpp"
+
+
+def _oom_message(weights: int, limit: float) -> str:
+    """Assumed (Poplar is closed): the text of poplar::graph_memory_allocation_error, as Graphcore's
+    memory and performance optimisation guide quotes it, followed by a per-tile report of
+    ``memory_report_lines`` lines (none by default) as the profile summary adds."""
+    lines = [
+        f"Out of memory on tile 0: {weights} bytes used but tiles only have {int(limit)} bytes of memory"
+    ]
+    lines += [f"  tile {i}: {weights} bytes" for i in range(int(_config().get("memory_report_lines", 0)))]
+    return "\n".join(lines)
 
 
 def _fault(at: str) -> None:
@@ -83,20 +162,30 @@ def _fault(at: str) -> None:
         elif kind == "exit":
             os._exit(int(fault.get("code", 70)))
         elif kind == "recoverable":
-            raise RecoverableError("An IPU error was detected", fault.get("action", "IPU_RESET"))
+            # popart_compiler/source/Compiler.cpp, rethrowPopartOrPoplarException: type "poplar_" + the
+            # Poplar error's type, recovery action poplar::toString(action). Assumed (Poplar is closed):
+            # the type is "recoverable_runtime_error" and toString gives the bare enumerator name, which
+            # docs/user_guide/error_handling.py compares with "IPU_RESET", "FULL_RESET".
+            raise _cpp_error("poplar_recoverable_runtime_error", "An IPU error was detected",
+                             action=fault.get("action", "IPU_RESET"))  # fmt: skip
         elif kind == "unrecoverable":
-            raise UnrecoverableError("The IPU is lost")
+            raise _cpp_error("poplar_unrecoverable_runtime_error", "The IPU is lost")
         elif kind == "OutOfMemoryException":
-            raise Error(
-                "Out of memory: provoked by the test configuration", "poplar_graph_memory_allocation_error"
-            )
+            # graphcore/popart willow/src/popx/devicex.cpp, Devicex::prepare: Poplar's
+            # graph_memory_allocation_error becomes devicex_memory_allocation_err, a popart::error
+            # (willow/include/popart/error.hpp, memory_allocation_err), which PopTorch reports as
+            # "popart_exception" (Compiler.cpp, rethrowPopartOrPoplarException).
+            raise _cpp_error("popart_exception", _oom_message(1, 0))
         else:
-            raise Error(
-                fault.get("message", f"{kind} provoked by the test configuration"), "popart_exception"
+            raise _cpp_error(
+                "popart_exception", fault.get("message", f"{kind} provoked by the test configuration")
             )
 
 
-class OutputMode(enum.Enum):
+# -- enums (python/enums.py) ---------------------------------------------------------------------------
+
+
+class OutputMode(enum.IntEnum):
     All = 0
     Sum = 1
     Final = 2
@@ -104,51 +193,126 @@ class OutputMode(enum.Enum):
     Default = 4
 
 
-class ConnectionType(enum.Enum):
+class ConnectionType(enum.IntEnum):
     Always = 0
     OnDemand = 1
     Never = 2
 
 
-class _Precision:
+# -- options (python/options.py, python/_options_impl.py) ----------------------------------------------
+
+
+class _OptionsDict:
+    """python/_options_impl.py, OptionsDict: options read as attributes; ``set`` only takes a known key
+    with a value of the default's type (AssertionError otherwise); a frozen object refuses changes with
+    AttributeError("Can't modify frozen Options"); a deep copy is not frozen."""
+
+    def __init__(self, **defaults) -> None:
+        self._is_frozen = False
+        self._values = defaults
+
+    def set(self, **kwargs) -> None:
+        self.checkIsFrozen()
+        for option, value in kwargs.items():
+            assert option in self._values, f"Invalid option {option}, valid options are {self._values.keys()}"
+            assert isinstance(value, type(self._values[option])), (
+                f"Unexpected type {type(value)} for option {option}. Expected {type(self._values[option])}"
+            )
+            self._values[option] = value
+
+    def createOrSet(self, **kwargs) -> None:  # noqa: N802
+        self.checkIsFrozen()
+        self._values.update(kwargs)
+
+    def exists(self, option: str) -> bool:
+        return option in self._values
+
+    def checkIsFrozen(self) -> None:  # noqa: N802
+        if self.__dict__.get("_is_frozen"):
+            raise AttributeError("Can't modify frozen Options")
+
+    def _freeze(self) -> None:
+        self._is_frozen = True
+        for value in self.__dict__.values():
+            if isinstance(value, _OptionsDict):
+                value._freeze()
+
+    def __deepcopy__(self, memory):
+        copied = self.__class__.__new__(self.__class__)
+        memory[id(self)] = copied
+        for key, value in self.__dict__.items():
+            setattr(copied, key, False if key == "_is_frozen" else copy.deepcopy(value, memory))
+        return copied
+
+    def __getattr__(self, name: str):
+        values = self.__dict__.get("_values", {})
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
+
+
+class _PrecisionOptions(_OptionsDict):
+    def __init__(self, popart: _PopartOptions) -> None:
+        super().__init__()
+        self._popart = popart
+
+    def setPartialsType(self, dtype) -> _PrecisionOptions:  # noqa: N802
+        """python/options.py, _PrecisionOptions.setPartialsType: float or half, else ValueError; it sets
+        PopART's partialsTypeMatMuls and convolutionOptions."""
+        if dtype in (torch.float, torch.float32):
+            kind = "float"
+        elif dtype in (torch.half, torch.float16):
+            kind = "half"
+        else:
+            raise ValueError("parameter to setPartialsType should be either torch.float or torch.half")
+        self._popart.set("partialsTypeMatMuls", kind)
+        self._popart.set("convolutionOptions", {"partialsType": kind})
+        return self
+
+
+class _DistributedOptions(_OptionsDict):
+    """python/options.py, _DistributedOptions: reads OMPI_COMM_WORLD_SIZE / OMPI_COMM_WORLD_RANK when
+    constructed (setEnvVarNames); the class says not to use it under PopRun (popdist.poptorch.Options)."""
+
     def __init__(self) -> None:
-        self.partials_type = torch.float32
-
-    def setPartialsType(self, dtype) -> _Precision:  # noqa: N802
-        if dtype not in (torch.float, torch.half):
-            raise ValueError("setPartialsType only accepts torch.float or torch.half")
-        self.partials_type = dtype
-        return self
-
-    def enableFloatingPointExceptions(self, enabled: bool) -> _Precision:  # noqa: N802
-        return self
-
-    def enableStochasticRounding(self, enabled: bool) -> _Precision:  # noqa: N802
-        return self
-
-
-class _Distributed:
-    def __init__(self) -> None:
-        self.process_id = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-        self.num_processes = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-
-    def configureProcessId(self, process_id: int, num_processes: int):  # noqa: N802
-        self.process_id, self.num_processes = process_id, num_processes
-        return self
+        super().__init__(num_distributed_processes=1, distributed_process_id=0)
+        self.setEnvVarNames("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
 
     def disable(self):
-        self.process_id, self.num_processes = 0, 1
+        self.set(num_distributed_processes=1, distributed_process_id=0)
         return self
 
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str):  # noqa: N802
+        return self.configureProcessId(
+            int(os.environ.get(var_process_id, "0")), int(os.environ.get(var_num_processes, "1"))
+        )
 
-class _Training:
-    def gradientAccumulation(self, n: int):  # noqa: N802
-        if n != 1:
-            raise Error("gradientAccumulation must be 1 for inference")
+    def configureProcessId(self, process_id: int, num_processes: int):  # noqa: N802
+        self.set(distributed_process_id=process_id)
+        self.set(num_distributed_processes=num_processes)
+        return self
+
+    @property
+    def processId(self) -> int:  # noqa: N802
+        return self.distributed_process_id
+
+    @property
+    def numProcesses(self) -> int:  # noqa: N802
+        return self.num_distributed_processes
+
+
+class _TrainingOptions(_OptionsDict):
+    def __init__(self) -> None:
+        super().__init__(gradient_accumulation=1)
+
+    def gradientAccumulation(self, gradient_accumulation: int):  # noqa: N802
+        self.set(gradient_accumulation=gradient_accumulation)
         return self
 
 
 class _PopartOptions:
+    """python/options.py, _PopartOptions: a plain dict of PopART session options."""
+
     def __init__(self) -> None:
         self.options: dict = {}
 
@@ -157,207 +321,545 @@ class _PopartOptions:
         return self
 
 
-class Options:
+class Options(_OptionsDict):
+    """python/options.py, Options."""
+
     def __init__(self) -> None:
-        self.device_iterations = 1
-        self.replication_factor = 1
-        self.output_mode = OutputMode.Default
-        self.ipu_model = bool(int(os.environ.get("POPTORCH_IPU_MODEL", "0")))
-        self.cache_path: str | None = None
-        self.offline_version: int | None = None
-        self.connection_type = ConnectionType.Always
-        self.Precision = _Precision()
-        self.Distributed = _Distributed()
-        self.Training = _Training()
-        self._Popart = _PopartOptions()
-        if os.environ.get("POPTORCH_CACHE_DIR"):
-            self.enableExecutableCaching(os.environ["POPTORCH_CACHE_DIR"])
+        self._popart = _PopartOptions()
+        self._graphProcessing = _PrecisionOptions(self._popart)
+        self._training = _TrainingOptions()
+        self._distributed = _DistributedOptions()
+        super().__init__(
+            replication_factor=1,
+            device_iterations=1,
+            auto_round_num_ipus=False,
+            output_mode=OutputMode.Default.value,
+            connection_type=ConnectionType.Always.value,
+        )
+        # Options.__init__: POPTORCH_CACHE_DIR turns executable caching on, then POPTORCH_DEFAULT_OPTIONS
+        # (JSON) is applied with from_json.
+        path = os.environ.get("POPTORCH_CACHE_DIR", "")
+        if path:
+            self.enableExecutableCaching(path)
+        self.from_json(os.environ.get("POPTORCH_DEFAULT_OPTIONS", r"{}"))
 
-    def deviceIterations(self, n: int) -> Options:  # noqa: N802
-        self.device_iterations = int(n)
+    def from_json(self, string: str) -> Options:
+        """Options.from_json: {"Dotted.accessor": value}; a list is passed as arguments (enum strings are
+        not modelled)."""
+        for option, value in json.loads(string).items():
+            target = self
+            for attribute in option.split("."):
+                target = getattr(target, attribute)
+            target(*value) if isinstance(value, list) else target(value)
         return self
 
-    def replicationFactor(self, n: int) -> Options:  # noqa: N802
-        self.replication_factor = int(n)
+    @property
+    def Precision(self) -> _PrecisionOptions:  # noqa: N802
+        return self._graphProcessing
+
+    @property
+    def Distributed(self) -> _DistributedOptions:  # noqa: N802
+        return self._distributed
+
+    @property
+    def Training(self) -> _TrainingOptions:  # noqa: N802
+        return self._training
+
+    @property
+    def _Popart(self) -> _PopartOptions:  # noqa: N802
+        return self._popart
+
+    def deviceIterations(self, device_iterations: int) -> Options:  # noqa: N802
+        self.set(device_iterations=device_iterations)
         return self
 
-    def outputMode(self, mode: OutputMode, output_return_period=None) -> Options:  # noqa: N802
-        if not isinstance(mode, OutputMode):
-            raise TypeError("outputMode expects a poptorch.OutputMode")
-        self.output_mode = mode
+    def replicationFactor(self, replication_factor: int) -> Options:  # noqa: N802
+        self.set(replication_factor=replication_factor)
         return self
+
+    def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> Options:  # noqa: N802
+        self.set(auto_round_num_ipus=auto_round_num_ipus)
+        return self
+
+    def outputMode(self, output_mode: OutputMode, output_return_period=None) -> Options:  # noqa: N802
+        if not isinstance(output_mode, OutputMode):
+            raise AssertionError("outputMode expects a poptorch.OutputMode")
+        self.set(output_mode=output_mode.value)
+        return self
+
+    def defaultOutputMode(self) -> bool:  # noqa: N802
+        return self.output_mode == OutputMode.Default.value
 
     def enableExecutableCaching(self, path) -> Options:  # noqa: N802
-        self.cache_path = None if path is None else str(path)
+        """Options.enableExecutableCaching: None turns PopART's enableEngineCaching off; a path sets
+        cachePath and turns it on."""
+        if path is None:
+            self._Popart.set("enableEngineCaching", False)
+        else:
+            self._Popart.set("cachePath", path)
+            self._Popart.set("enableEngineCaching", True)
         return self
 
-    def useIpuModel(self, use: bool) -> Options:  # noqa: N802
-        self.ipu_model = bool(use)
+    def useIpuModel(self, use_model: bool) -> Options:  # noqa: N802
+        """Options.useIpuModel: createOrSet(use_model=...); once set it takes precedence over
+        POPTORCH_IPU_MODEL (CompilerImpl.cpp, updateUseModelConfig)."""
+        self.createOrSet(use_model=use_model)
         return self
 
     def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:  # noqa: N802
-        self.offline_version = ipu_version
-        self.connection_type = ConnectionType.Never
+        self.connectionType(ConnectionType.Never)
+        self.createOrSet(ipu_version=ipu_version)
         return self
 
-    def connectionType(self, connection: ConnectionType) -> Options:  # noqa: N802
-        self.connection_type = connection
-        return self
-
-    def autoRoundNumIPUs(self, enabled: bool) -> Options:  # noqa: N802
-        return self
-
-    def randomSeed(self, seed: int) -> Options:  # noqa: N802
+    def connectionType(self, connection_type: ConnectionType) -> Options:  # noqa: N802
+        assert isinstance(connection_type, ConnectionType)
+        self.set(connection_type=connection_type.value)
         return self
 
     def useIpuId(self, ipu_id: int) -> Options:  # noqa: N802
+        assert isinstance(ipu_id, int)
+        self.createOrSet(ipu_id=ipu_id)
+        return self
+
+    def randomSeed(self, random_seed: int) -> Options:  # noqa: N802
+        self.createOrSet(random_seed=random_seed)
         return self
 
     def setAvailableMemoryProportion(self, proportions: dict) -> Options:  # noqa: N802
-        if any(not key.startswith("IPU") for key in proportions):
-            raise ValueError("keys must start with 'IPU'")
+        for key in proportions:
+            assert key.startswith("IPU"), f"Invalid key: {key}"
+        self.createOrSet(available_memory_proportion={int(k[3:]): v for k, v in proportions.items()})
         return self
+
+    def clone(self) -> Options:
+        return copy.deepcopy(self)
+
+
+# -- hardware ------------------------------------------------------------------------------------------
+
+
+def _env_flag(name: str) -> bool:
+    """popart_compiler/source/Utils.cpp: std::stoi(getenv(name)) != 0 when the variable is set."""
+    value = os.environ.get(name)
+    return value is not None and int(value) != 0
+
+
+def _model_from_environment() -> bool:
+    """Utils.cpp, ipuModelEnvironmentVariableIsEnabled / ipuSmallModelEnvironmentVariableIsEnabled."""
+    return _env_flag("POPTORCH_IPU_MODEL") or _env_flag("POPTORCH_SMALL_IPU_MODEL")
+
+
+def _device_groups(num_ipus: int) -> bool:
+    """Whether the system lists a device of ``num_ipus`` IPUs. Assumed (Poplar's device list is closed):
+    devices are single IPUs and aligned groups of a power of two IPUs, as ``gc-info -l`` lists them and
+    the popart double's DeviceManager enumerates them."""
+    total = int(_config().get("ipus", 0))
+    return num_ipus >= 1 and num_ipus & (num_ipus - 1) == 0 and num_ipus <= total
 
 
 def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:  # noqa: N802
-    if int(os.environ.get("POPTORCH_IPU_MODEL", "0")) or int(os.environ.get("POPTORCH_SMALL_IPU_MODEL", "0")):
+    """python/__init__.py: ipuHardwareVersion(num_ipus) != 0; Utils.cpp, ipuHardwareVersion: 0 when an
+    IPU Model is enabled by environment, or when enumerateDevices(Full, num_ipus) is empty."""
+    if _model_from_environment():
         return False
-    return int(_config().get("ipus", 0)) >= num_ipus
+    return _device_groups(num_ipus)
 
 
 def ipuHardwareVersion() -> int:  # noqa: N802
-    if not ipuHardwareIsAvailable():
-        raise AssertionError("No IPU hardware available on this system")
-    return {"ipu2": 2, "ipu21": 21}.get(_config().get("ipu_version", "ipu2"), -1)
+    """python/__init__.py: asserts hardware is present; Utils.cpp: the digits after "ipu" of the first
+    device's architecture string ("ipu2" -> 2, "ipu21" -> 21), -1 when not of that form."""
+    assert ipuHardwareIsAvailable(), "No IPU hardware available on this system"
+    arch = str(_config().get("ipu_version", "ipu2"))
+    digits = arch[3:]
+    if not arch.startswith("ipu") or not digits or not all("1" <= c <= "9" for c in digits):
+        return -1
+    return int(digits)
+
+
+def _ids_ipus(device_id: int) -> int:
+    """The IPUs a device id covers. Assumed: ids as the popart double numbers them (single IPUs 0..n-1, a
+    group of ``size`` IPUs from ``start`` is 1000 * size + start); 0 for an id the system does not list."""
+    size, start = (1, device_id) if device_id < 1000 else divmod(device_id, 1000)
+    total = int(_config().get("ipus", 0))
+    if size & (size - 1) or start % size or start + size > total:
+        return 0
+    return size
+
+
+# -- tracing (python/_poplar_executor.py) --------------------------------------------------------------
+
+# _SetDefaultDeviceType.replace: the factory functions that create their tensor on the IPU when no
+# device is given ("normal" only when no tensor argument is given).
+_FACTORIES = ("arange", "empty", "full", "full_like", "linspace", "logspace", "ones", "rand", "randint",
+              "randn", "randperm", "range", "tensor", "zeros", "zeros_like")  # fmt: skip
+# The device the double traces on, standing for ipu:0: tensors without values.
+_TRACE_DEVICE = "meta"
+
+# poptorch/source/dispatch_tracer/RegisterAtenOverloads.cpp, item: aten::item raises this (and so do
+# float(t), int(t), bool(t) and indexing with a tensor, which call it).
+_ITEM_ERROR = (
+    "aten::item is only supported in eager mode, but was intercepted in a static graph. This means an IPU "
+    "to CPU copy was triggered before the end of the graph, for example by calling tensor.item(). Please "
+    "ensure that any such copies are removed."
+)
+# RegisterAtenOverloads.cpp, copy_: an IPU -> CPU copy outside the move of the outputs.
+_MOVE_ERROR = (
+    'Illegal move to CPU (via `.to("cpu")`) when using the dispatcher. Instead, return this output as an '
+    "IPU tensor."
+)
+_ITEM_CALLS = {torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.__bool__,
+               torch.Tensor.__index__}  # fmt: skip
+# An IPU -> CPU copy: .cpu(), .to("cpu") and .tolist() (torch copies to the CPU first). numpy() is refused
+# by torch itself for a tensor not on the CPU (a TypeError), as it is here for a meta tensor.
+_COPY_CALLS = {torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.to}
+
+
+class _DispatchTrace(TorchFunctionMode):
+    """A host read of a traced tensor raises PopTorch's error (type poptorch_cpp_error: the dispatcher's
+    ERROR goes through PopTorch's exception conversion)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        traced = any(isinstance(a, torch.Tensor) and a.device.type == _TRACE_DEVICE for a in args)
+        if traced and func in _ITEM_CALLS:
+            raise _cpp_error(
+                "poptorch_cpp_error",
+                _ITEM_ERROR,
+                "poptorch/source/dispatch_tracer/RegisterAtenOverloads.cpp",
+                508,
+            )
+        if traced and func in _COPY_CALLS:
+            targets = [str(a) for a in [*args[1:], *kwargs.values()] if isinstance(a, (str, torch.device))]
+            if func is not torch.Tensor.to or any(t.startswith("cpu") for t in targets):
+                raise _cpp_error(
+                    "poptorch_cpp_error",
+                    _MOVE_ERROR,
+                    "poptorch/source/dispatch_tracer/RegisterAtenOverloads.cpp",
+                    310,
+                )
+        return func(*args, **kwargs)
+
+
+def _factory_on_trace_device(function):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        kwargs.setdefault("device", _TRACE_DEVICE)
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+def _normal_on_trace_device(function):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        if "device" not in kwargs and not any(
+            isinstance(a, torch.Tensor) for a in itertools.chain(args, kwargs.values())
+        ):
+            kwargs["device"] = _TRACE_DEVICE
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+class _OnTraceDevice:
+    """_SetDefaultDeviceType: the factories (and torch.normal) redirected for the duration of the trace."""
+
+    def __enter__(self):
+        self.saved = {name: getattr(torch, name) for name in (*_FACTORIES, "normal")}
+        for name in _FACTORIES:
+            setattr(torch, name, _factory_on_trace_device(self.saved[name]))
+        torch.normal = _normal_on_trace_device(self.saved["normal"])
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for name, function in self.saved.items():
+            setattr(torch, name, function)
+
+
+def _entries(model: torch.nn.Module, kind: str):
+    for module in model.modules():
+        table = getattr(module, kind)
+        for name, tensor in list(table.items()):
+            if tensor is not None:
+                yield table, name, tensor
 
 
 class PoplarExecutor:
     def __init__(self, model: torch.nn.Module, options: Options) -> None:
-        self._model = copy.copy(model)  # shallow, as the real wrapper
+        # PoplarExecutor.__init__: the given options are frozen and cloned; an inference model defaults to
+        # OutputMode.All; gradientAccumulation must be 1.
+        options._freeze()
+        options = options.clone()
+        if options.defaultOutputMode():
+            options.outputMode(OutputMode.All)
+        if options.Training.gradient_accumulation != 1:
+            raise _python_error(
+                "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its "
+                "default value (1) when running a poptorch.inferenceModel()."
+            )
+        self._model = model
         self._options = options
-        self._compiled_shapes = None
-        self._attached = False
+        self._compiled_args = None
+        self._outputs_structure = None
+        self._is_attached = False
+        self._attached_ipus = 0
+        options._freeze()
 
     @property
+    def _factor(self) -> int:
+        opts = self._options
+        return opts.device_iterations * opts.replication_factor * opts.Training.gradient_accumulation
+
+    def _narrow(self, index: int, tensor: torch.Tensor) -> torch.Tensor:
+        """PoplarExecutor._narrow_tensor: dim 0 must be a multiple of the batch factor (an assertion),
+        and the trace sees one micro-batch; a scalar counts as a batch of 1 and is passed whole."""
+        opts = self._options
+        size = 1 if not tensor.size() else tensor.size()[0]
+        assert size % self._factor == 0, (
+            f"Invalid batch dimension: In the input {tuple(tensor.shape)}, the batch dimension ({size}) must "
+            f"be a multiple of Options.deviceIterations({opts.device_iterations}) * "
+            f"(Options.replicationFactor({opts.replication_factor}) / "
+            "Options.inputReplicaGrouping.input_group_size(1)) * "
+            f"Options.Training.gradientAccumulation({opts.Training.gradient_accumulation}) = {self._factor} "
+            "because it is used to calculate the batch size which will be executed on the device in any "
+            "given iteration. For a full explanation see the batching semantics page of the documentation."
+        )
+        return tensor if tensor.shape == torch.Size([]) else tensor.narrow(0, 0, size // self._factor)
+
+    def _trace(self, micro_args: list) -> None:
+        """_compileWithDispatch: parameters and buffers move to the IPU (here: meta) and back afterwards,
+        inputs with requires_grad are refused, the module runs once, outputs not on the device draw a
+        warning."""
+        for index, tensor in enumerate(micro_args):
+            if tensor.requires_grad:
+                raise _python_error(f"An input tensor to an IPU model can not have requires_grad set to True, "
+                                    f"however input {index} does: {tensor}")  # fmt: skip
+        saved = []
+        try:
+            for kind in ("_parameters", "_buffers"):
+                for table, name, tensor in list(_entries(self._model, kind)):
+                    saved.append((table, name, tensor))
+                    moved = torch.empty_like(tensor, device=_TRACE_DEVICE)
+                    table[name] = (
+                        torch.nn.Parameter(moved, tensor.requires_grad) if kind == "_parameters" else moved
+                    )
+            with _OnTraceDevice(), _DispatchTrace():
+                result = self._model(*[t.detach().to(_TRACE_DEVICE) for t in micro_args])
+        finally:
+            for table, name, tensor in reversed(saved):
+                table[name] = tensor
+        outputs = [result] if isinstance(result, torch.Tensor) else list(result)
+        for output in outputs:
+            if output.device.type != _TRACE_DEVICE:
+                warnings.warn(
+                    f"Output expected to be on the IPU but is on {output.device.type}", stacklevel=3
+                )
+        self._outputs_structure = type(result)
+
     def _ipus(self) -> int:
         return self._options.replication_factor
 
-    def _attach(self) -> None:
-        if self._options.ipu_model or self._attached:
-            self._attached = True
+    def _acquire(self) -> None:
+        """CompilerImpl::createDevice: the IPU Model from use_model, else POPTORCH_IPU_MODEL /
+        POPTORCH_SMALL_IPU_MODEL (updateUseModelConfig); a hardware count that is not a power of two is
+        refused unless autoRoundNumIPUs; "Failed to acquire" plus checkSystemConfig's reason otherwise."""
+        opts = self._options
+        if self._uses_model():
+            self._is_attached = True
             return
         _fault("acquire")
-        if _attached_ipus[0] + self._ipus > int(_config().get("ipus", 0)):
-            raise Error(f"Failed to acquire {self._ipus} IPU(s). No device found on the system with {self._ipus} IPUs",
-                        "poptorch_cpp_error")  # fmt: skip
-        _attached_ipus[0] += self._ipus
-        self._attached = True
-        _log("attach", ipus=self._ipus)
-
-    def _micro_shapes(self, args) -> list:
-        factor = self._options.device_iterations * self._options.replication_factor
-        shapes = []
-        for index, tensor in enumerate(args):
-            if tensor.shape[0] % factor:
-                raise Error(
-                    f"Invalid batch dimension: In the input {index}, the batch dimension ({tensor.shape[0]}) must be "
-                    f"a multiple of Options.deviceIterations({self._options.device_iterations}) * "
-                    f"Options.replicationFactor({self._options.replication_factor}) = {factor}"
+        num_ipus = self._ipus()
+        rounded = 1 << (num_ipus - 1).bit_length()
+        if rounded != num_ipus:
+            if not opts.auto_round_num_ipus:
+                raise _cpp_error("poptorch_cpp_error", (
+                    f"The model specifies the use of {num_ipus} IPUs, however PopTorch must reserve a minimum "
+                    f"of {rounded} in order to allow the model to run, because PopTorch must reserve a power "
+                    "of 2 or maximum of 64 IPUs per process. Please reconfigure your model to use a different "
+                    "number of IPUs or set poptorch.Options().autoRoundNumIPUs(True)."), _COMPILER_IMPL, 707)  # fmt: skip
+            num_ipus = rounded
+        total = int(_config().get("ipus", 0))
+        if opts.exists("ipu_id"):
+            covered = _ids_ipus(opts.ipu_id)
+            if not covered or _attached_ipus[0] + covered > total:
+                raise _cpp_error(
+                    "poptorch_cpp_error", f"Failed to acquire device Id {opts.ipu_id}", _COMPILER_IMPL, 736
                 )
-            shapes.append((tensor.shape[0] // factor, *tensor.shape[1:]))
-        return shapes
+            if covered < num_ipus:
+                raise _cpp_error("poptorch_cpp_error", (
+                    f"Expected at least replication factor * used IPUs = 1 * {opts.replication_factor} = "
+                    f"{num_ipus} device Ids but the user provided {covered}"), _COMPILER_IMPL, 739)  # fmt: skip
+            num_ipus = covered
+        elif _attached_ipus[0] + num_ipus > total:
+            if total == 0:
+                reason = "\nNo IPU detected in the system. \nFor more information use the Graphcore command-line tool `gc-monitor`."
+            elif not _device_groups(num_ipus):
+                reason = (
+                    f"\nNo device found on the system with {num_ipus} IPUs: the configuration needs changing"
+                )
+            else:  # the devices exist but are taken
+                reason = ""
+            raise _cpp_error(
+                "poptorch_cpp_error", f"Failed to acquire {num_ipus} IPU(s){reason}", _COMPILER_IMPL, 725
+            )
+        _attached_ipus[0] += num_ipus
+        self._attached_ipus = num_ipus
+        self._is_attached = True
+        _log("attach", ipus=num_ipus, ipu_id=opts.ipu_id if opts.exists("ipu_id") else None)
 
-    def compile(self, *args, **kwargs) -> None:
+    def _uses_model(self) -> bool:
         opts = self._options
+        return bool(opts.use_model) if opts.exists("use_model") else _model_from_environment()
+
+    def _caching(self) -> str | None:
+        popart = self._options._Popart.options
+        return popart.get("cachePath") if popart.get("enableEngineCaching") else None
+
+    def compile(self, *args) -> None:
+        """PoplarExecutor.compile: a second compile is ignored (with a warning)."""
+        if self._compiled_args is not None:
+            warnings.warn("Call to compile() ignored: the executable is already compiled", stacklevel=2)
+            return
+        self._compile(args)
+
+    def _compile(self, args) -> None:
+        opts = self._options
+        offline = opts.connection_type == ConnectionType.Never.value
+        cache = self._caching()
         _log("compile", args=[{"shape": list(a.shape), "dtype": str(a.dtype)} for a in args],
              deviceIterations=opts.device_iterations, replicationFactor=opts.replication_factor,
-             outputMode=opts.output_mode.name, ipuModel=opts.ipu_model, cachePath=opts.cache_path,
-             partials=str(opts.Precision.partials_type), offline=opts.offline_version,
-             processes=[opts.Distributed.process_id, opts.Distributed.num_processes])  # fmt: skip
-        if self._compiled_shapes is not None:
-            return
-        shapes = self._micro_shapes(args)
+             outputMode=OutputMode(opts.output_mode).name, ipuModel=self._uses_model(), cachePath=cache,
+             partials={"float": "torch.float32", "half": "torch.float16"}[
+                 opts._Popart.options.get("partialsTypeMatMuls", "float")],
+             offline=opts.ipu_version if offline else None,
+             processes=[opts.Distributed.processId, opts.Distributed.numProcesses],
+             ipuId=opts.ipu_id if opts.exists("ipu_id") else None)  # fmt: skip
+        micro = [self._narrow(index, a) for index, a in enumerate(args)]
+        self._trace(micro)
         _fault("compile")
+        if self._uses_model() and offline:
+            raise _cpp_error("poptorch_cpp_error", "ConnectionType.Never / poptorch.Options.useOfflineIpuTarget "
+                             "not supported for the IPU model", _COMPILER_IMPL, 654)  # fmt: skip
+        if self._uses_model() and cache:
+            # CompilerImpl::createDevice warns and PopART's cache is not used on the IPU Model.
+            warnings.warn("enableExecutableCaching doesn't work with the IPU model", stacklevel=3)
+            cache = None
         limit = _config().get("memory_bytes_per_ipu")
         weights = sum(t.numel() * t.element_size() for t in self._model.state_dict().values())
         if limit is not None and weights > float(limit):
-            raise Error(
-                f"Out of memory on tile 0: {weights} bytes of weights per IPU",
-                "poplar_graph_memory_allocation_error",
-            )
-        if opts.cache_path and not opts.ipu_model:
+            raise _cpp_error("popart_exception", _oom_message(weights, float(limit)))
+        if cache:
+            # Assumed (PopART's hash is of the IR, not the weights' values, which PopTorch uploads on
+            # attach with copyWeightsToDevice): the key ignores weight values.
+            shapes = [(tuple(t.shape), str(t.dtype)) for t in micro]
             digest = hashlib.sha256(repr((shapes, opts.device_iterations, opts.replication_factor)).encode())
-            path = os.path.join(opts.cache_path, f"{digest.hexdigest()[:32]}.popef")
+            path = os.path.join(cache, f"{digest.hexdigest()[:32]}.popef")
             if os.path.exists(path):
                 _log("cache_hit", path=path)
             else:
-                os.makedirs(opts.cache_path, exist_ok=True)
+                os.makedirs(cache, exist_ok=True)
                 with open(path, "wb") as stream:
                     stream.write(b"POPEF-DOUBLE poptorch\n")
                 _log("cache_write", path=path)
-        self._compiled_shapes = shapes
-        if opts.connection_type is not ConnectionType.Never:
-            self._attach()
+        self._compiled_args = [(a.shape, a.dtype) for a in args]
+        # _compile: ConnectionType.Always attaches while compiling, Never not at all.
+        if not offline:
+            self._acquire()
 
     def __call__(self, *args):
-        if self._options.connection_type is ConnectionType.Never:
-            raise AssertionError("use model.compile(inputs) instead of model(inputs)")
-        if self._compiled_shapes is None:
-            self.compile(*args)
-        shapes = self._micro_shapes(args)
-        if shapes != self._compiled_shapes:
-            raise Error(
-                f"Shape mismatch: expected {self._compiled_shapes} but got {shapes}. To recompile the model for the "
-                "new inputs create a new inferenceModel / trainingModel wrapper or call destroy() on the current one"
-            )
-        if not self._attached:
-            self._attach()
+        assert self._options.connection_type != ConnectionType.Never.value, (
+            "Trying to run a model on an offline device (ConnectionType.Never): use model.compile(inputs) "
+            "instead of model(inputs)"
+        )
+        if self._compiled_args is None:
+            self._compile(args)
+        if not self._is_attached:
+            self.attachToDevice()
+        # _args_parser.py, validateInputs: the same count, dtypes and full shapes as at compile.
+        end = ("\nThis error occurred because the inputs passed at runtime don't match the inputs used to "
+               "compile the model.\nTo recompile the model for the new inputs create a new inferenceModel / "
+               "trainingModel wrapper or call destroy() on the curent one and try again.")  # fmt: skip
+        if len(args) != len(self._compiled_args):
+            raise _python_error(f"Number of positional arguments mismatch: expected {len(self._compiled_args)} "
+                                f"arguments but got {len(args)}.{end}")  # fmt: skip
+        for index, (tensor, (shape, dtype)) in enumerate(zip(args, self._compiled_args)):  # noqa: B905
+            if tensor.dtype != dtype:
+                raise _python_error(
+                    f"Data type mismatch for args[{index}]: expected {dtype} but got {tensor.dtype}.{end}"
+                )
+            if tensor.shape != shape:
+                raise _python_error(
+                    f"Shape mismatch for args[{index}]: expected {shape} but got {tensor.shape}.{end}"
+                )
         _log("run", args=[{"shape": list(a.shape), "dtype": str(a.dtype)} for a in args])
         _fault("run")
-        factor = self._options.device_iterations * self._options.replication_factor
-        chunks = [torch.chunk(a, factor, dim=0) for a in args]
-        results = [self._model(*[c[k] for c in chunks]) for k in range(factor)]
+        factor = self._factor
+        chunks = [torch.chunk(a, factor, dim=0) if a.dim() else [a] * factor for a in args]
+        with torch.no_grad():
+            results = [self._model(*[c[k] for c in chunks]) for k in range(factor)]
         if isinstance(results[0], torch.Tensor):
             results = [(r,) for r in results]
         merged = []
         for index in range(len(results[0])):
             tensor = torch.cat([r[index] for r in results], dim=0)
+            # _compileWithDispatch: long outputs become int, double outputs float.
             if tensor.dtype == torch.int64:
                 tensor = tensor.to(torch.int32)
             elif tensor.dtype == torch.float64:
                 tensor = tensor.to(torch.float32)
             merged.append(tensor)
-        return merged[0] if len(merged) == 1 else tuple(merged)
+        # __call__: the outputs in the structure the module returned.
+        if self._outputs_structure is torch.Tensor:
+            return merged[0]
+        return self._outputs_structure(merged) if self._outputs_structure in (tuple, list) else tuple(merged)
 
     def detachFromDevice(self) -> None:  # noqa: N802
-        if self._compiled_shapes is None or not self._attached:
-            raise Error("Device is not attached")
-        if not self._options.ipu_model:
-            _attached_ipus[0] -= self._ipus
-        self._attached = False
+        """PoplarExecutor.detachFromDevice: compiled and attached, or poptorch_py_error."""
+        if self._compiled_args is None:
+            raise _python_error("Model has not been compiled or has been destroyed.")
+        if not self._is_attached:
+            raise _python_error("Device is not attached")
+        _attached_ipus[0] -= self._attached_ipus
+        self._attached_ipus = 0
+        self._is_attached = False
         _log("detachFromDevice")
 
     def attachToDevice(self) -> None:  # noqa: N802
-        if self._compiled_shapes is None:
-            raise Error("Model has not been compiled")
-        self._attach()
+        """PoplarExecutor.attachToDevice: compiled, not offline (assertion), not attached; then the
+        device is acquired and the weights uploaded (_on_device_attach)."""
+        if self._compiled_args is None:
+            raise _python_error("Model has not been compiled or has been destroyed.")
+        assert self._options.connection_type != ConnectionType.Never.value, (
+            "Trying to attach to an offline device (ConnectionType.Never)"
+        )
+        if self._is_attached:
+            raise _python_error("Device is already attached")
+        self._acquire()
         _log("attachToDevice")
 
     def isAttachedToDevice(self) -> bool:  # noqa: N802
-        return self._attached
+        return self._compiled_args is not None and self._is_attached
 
     def isCompiled(self) -> bool:  # noqa: N802
-        return self._compiled_shapes is not None
+        return self._compiled_args is not None
 
     def destroy(self) -> None:
-        if self._attached:
-            self.detachFromDevice()
-        self._compiled_shapes = None
+        """PoplarExecutor.destroy: nothing when not compiled; otherwise the executable is deleted, which
+        releases its device (assumed: the C++ executable's destructor detaches)."""
+        if self._compiled_args is None:
+            return
+        if self._is_attached:
+            _attached_ipus[0] -= self._attached_ipus
+            self._attached_ipus = 0
+            self._is_attached = False
+        self._compiled_args = None
         _log("destroy")
 
 
 def inferenceModel(model, options: Options | None = None) -> PoplarExecutor:  # noqa: N802
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError("inferenceModel expects a torch.nn.Module")
+    """python/__init__.py, inferenceModel: a shallow copy of the module (copy.copy); options must be a
+    poptorch.Options (PoplarExecutor.__init__)."""
+    if options is not None and not isinstance(options, Options):
+        raise _python_error(f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)")
     _log("inferenceModel", training=model.training)
-    return PoplarExecutor(model, options or Options())
+    return PoplarExecutor(copy.copy(model), options or Options())
