@@ -19,13 +19,14 @@ DOUBLE_DIR = Path(__file__).resolve().parent.parent / "sdk_double"
 IPUS = 4
 
 
-def sdk_environment(directory: Path, **config) -> dict[str, str]:
+def sdk_environment(directory: Path, sdk_dir: Path = DOUBLE_DIR, **config) -> dict[str, str]:
+    """``sdk_dir``: the folder the enable script would put on the path (the double, or part of it)."""
     directory.mkdir(parents=True, exist_ok=True)
     config_path = directory / "double-config.json"
     config_path.write_text(json.dumps(config))
     return {
-        "PYTHONPATH": str(DOUBLE_DIR),
-        "POPLAR_SDK_ENABLED": str(DOUBLE_DIR),
+        "PYTHONPATH": str(sdk_dir),
+        "POPLAR_SDK_ENABLED": str(sdk_dir),
         "POPART_DOUBLE_CONFIG": str(config_path),
         "POPART_DOUBLE_LOG": str(directory / "double-calls.jsonl"),
         # A worker without sessions stops at once, so tests see IPUs and processes released.
@@ -55,21 +56,36 @@ def clear_log(environment: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def use_sdk_double(directory: Path, **config) -> Iterator[dict[str, str]]:
+def use_sdk_double(directory: Path, sdk_dir: Path = DOUBLE_DIR, **config) -> Iterator[dict[str, str]]:
     """This process sees the double (its probe finds ``popart``; workers it starts import it)."""
     from optimum_ipu_backend.engines.worker import shutdown_workers
 
-    environment = sdk_environment(directory, **config)
+    environment = sdk_environment(directory, sdk_dir, **config)
     saved = {name: os.environ.get(name) for name in environment}
     os.environ.update(environment)
-    sys.path.insert(0, str(DOUBLE_DIR))
+    sys.path.insert(0, str(sdk_dir))
     try:
         yield environment
     finally:
         shutdown_workers()
-        sys.path.remove(str(DOUBLE_DIR))
+        sys.path.remove(str(sdk_dir))
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def compile_offline(model_dir: Path, environment: dict[str, str], **options: str):
+    """``optimum-ipu compile MODEL --offline --json`` for the popart engine on device ipu, in a new process
+    seeing the double through ``environment``; returns the completed process."""
+    from subprocess_env import python
+
+    options = {"device": "ipu", "engine": "popart", **options}
+    arguments = [f"--provider-option={key}={value}" for key, value in options.items()]
+    return python(
+        "import sys\nfrom optimum_ipu_backend.cli.main import main\n"
+        f"sys.exit(main(['compile', {str(model_dir)!r}, '--offline', '--json', "
+        f"'--dim', 'sequence_length=5', *{arguments!r}]))",
+        env=environment,
+    )

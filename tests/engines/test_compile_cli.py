@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sdk_testing import call_log, clear_log, configure, sdk_environment
+from sdk_testing import call_log, clear_log, compile_offline, configure, sdk_environment
 from subprocess_env import python, python_json
 from tiny_models import tiny_model
 
@@ -35,14 +35,7 @@ def test_offline_compile_fills_the_cache_and_a_later_process_serves_without_comp
         "batch_size": "1,2",
         "executable_cache_dir": str(tmp_path / "c"),
     }
-    arguments = [f"--provider-option={key}={value}" for key, value in options.items()]
-    completed = python(
-        "import sys\nfrom optimum_ipu_backend.cli.main import main\n"
-        f"sys.exit(main(['compile', {str(model.parent)!r}, '--offline', '--json', "
-        "'--dim', 'sequence_length=5', "
-        f"*{arguments!r}]))",
-        env=environment,
-    )
+    completed = compile_offline(model.parent, environment, **options)
     assert completed.returncode == 0, completed.stderr
     (graph,) = json.loads(completed.stdout)
     assert graph["offline"] and [record["source"] for record in graph["executables"]] == ["compiled"] * 2

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,10 +20,11 @@ from sdk_testing import (
     DOUBLE_DIR,
     IPUS,
     calls,
+    compile_offline,
     configure,
     sdk_environment,
+    use_sdk_double,
 )
-from subprocess_env import python
 from tiny_models import feed, reference, tiny_model
 
 from optimum_ipu_backend.engines.base import EngineContractError
@@ -136,18 +135,8 @@ def test_popart_recovery_action_name_from_any_pybind11_build():
 def test_popart_offline_compile_releases_its_device_without_detach(tmp_path):
     model = tiny_model(tmp_path / "model" / "model.onnx")
     environment = sdk_environment(tmp_path / "sdk", ipus=0)
-    options = {
-        "device": "ipu",
-        "engine": "popart",
-        "batch_size": "1",
-        "executable_cache_dir": str(tmp_path / "c"),
-    }
-    arguments = [f"--provider-option={key}={value}" for key, value in options.items()]
-    completed = python(
-        "import sys\nfrom optimum_ipu_backend.cli.main import main\n"
-        f"sys.exit(main(['compile', {str(model.parent)!r}, '--offline', '--json', "
-        f"'--dim', 'sequence_length=5', *{arguments!r}]))",
-        env=environment,
+    completed = compile_offline(
+        model.parent, environment, batch_size="1", executable_cache_dir=str(tmp_path / "c")
     )
     assert completed.returncode == 0, completed.stderr
     assert calls(environment, "DeviceManager.createOfflineIPUDevice")
@@ -163,26 +152,11 @@ def test_popart_offline_compile_releases_its_device_without_detach(tmp_path):
 def _sdk_without_popdist(directory: Path) -> Iterator[dict[str, str]]:
     """The PopART double on the path without the popdist package (an SDK whose popdist wheel is not
     installed in this Python)."""
-    from optimum_ipu_backend.engines.worker import shutdown_workers
-
     only_popart = directory / "only-popart"
     only_popart.mkdir(parents=True)
     (only_popart / "popart").symlink_to(DOUBLE_DIR / "popart", target_is_directory=True)
-    environment = sdk_environment(directory, ipus=IPUS)
-    environment.update(PYTHONPATH=str(only_popart), POPLAR_SDK_ENABLED=str(only_popart))
-    saved = {name: os.environ.get(name) for name in environment}
-    os.environ.update(environment)
-    sys.path.insert(0, str(only_popart))
-    try:
+    with use_sdk_double(directory, only_popart, ipus=IPUS) as environment:
         yield environment
-    finally:
-        shutdown_workers()
-        sys.path.remove(str(only_popart))
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def test_popart_poprun_without_popdist_is_refused_before_acquiring(tmp_path, monkeypatch):
