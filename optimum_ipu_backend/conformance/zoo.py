@@ -92,10 +92,10 @@ TASKS: Mapping[str, tuple[ZooCase, ...]] = {
 }
 
 #: Architectures whose exported graphs defeat padding decided from input names, one per pattern: a
-#: convolution along the sequence (ConvBERT, wav2vec2's feature encoder), positions from a cumulative sum of
-#: the mask (M2M100), local attention built with Pad and block reshapes (LongT5), rotary embeddings written
-#: as Einsum (ESM) and experts selected by NonZero (Qwen3-MoE). Kept apart from ``TASKS`` so the main
-#: matrix stays fast; the padding tests run them.
+#: convolution along the sequence (ConvBERT; wav2vec2's feature encoder, padded through a generated frame
+#: mask), positions from a cumulative sum of the mask (M2M100), local attention built with Pad and block
+#: reshapes (LongT5), rotary embeddings written as Einsum (ESM) and experts selected by NonZero
+#: (Qwen3-MoE). Kept apart from ``TASKS`` so the main matrix stays fast; the padding tests run them.
 PATTERN_TASKS: Mapping[str, tuple[ZooCase, ...]] = {
     "ORTModelForTokenClassification": (ZooCase("convbert", "token-classification"),),
     "ORTModelForMaskedLM": (ZooCase("esm", "fill-mask"),),

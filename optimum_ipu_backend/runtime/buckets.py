@@ -26,8 +26,19 @@ The plan a session uses (``BucketPlan.for_dims``), by the dimension's role (``ru
   also get size 1, so each generated token runs unpadded, whatever the export calls them.
 * **Past** dimensions (a key/value cache length): powers of two from 8 up to the model's maximum, because
   the cache grows by one position per generated token and a generation should cross few sizes.
-* **Other** dimensions (image sizes, audio samples, choices): no sizes; they are compiled at the size
-  they come in, unless the user gives sizes.
+* **Audio samples** (the samples axis of a rank-2 float audio input such as wav2vec2's ``input_values``
+  ``[batch, samples]``, found by ``roles.audio_sample_dims``): ten sizes spaced geometrically from 1 s to
+  30 s of audio at the feature extractor's ``sampling_rate`` (16 kHz when none is known), rounded up to
+  whole 10 ms: at 16 kHz ``16000, 23360, 34080, 49760, 72640, 105920, 154560, 225440, 328960, 480000``,
+  so clips of 1 to 10 s use at most 8 of them (``audio_sample_sizes``). The text limits
+  (``max_position_embeddings``...) never apply to samples. These sizes matter only where the padding proof
+  lets the samples be padded; a samples axis the proof keeps exact is compiled at each length it comes in.
+* **Other** dimensions (image sizes, choices, Whisper's feature frames): no sizes; they are compiled at the
+  size they come in, unless the user gives sizes.
+
+A dimension compiled at exact sizes (its padding not proven invisible, ``runtime.padding_decisions``) is
+limited only by the model's own limit, never by its plan's largest size; only a padded dimension past
+its plan is refused with ``InputTooLargeError`` naming the option that raises it.
 
 Users choose sizes with provider options (``sequence_lengths="64,128,256,512"``, ``batch_size=8``,
 ``past_sequence_lengths=...``; see ``option_name``) or the same keys in ``ipu_config.json``; those are
@@ -56,6 +67,12 @@ SIZE_MULTIPLE = 4
 DEFAULT_SIZES_PER_DIMENSION = 16
 #: Micro-batch sizes compiled when the user sets none.
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
+#: Audio sizes: from this many seconds to that many, at the feature extractor's sampling rate.
+AUDIO_SHORTEST_SECONDS = 1
+AUDIO_LONGEST_SECONDS = 30
+AUDIO_SIZES = 10
+#: Sampling rate assumed when the model ships no ``preprocessor_config.json`` (wav2vec2 and its kin).
+DEFAULT_SAMPLING_RATE = 16000
 
 # Config keys holding a model's maximum number of positions, by the role of the dimension, in order.
 _PLAIN_LIMIT_KEYS = (
@@ -97,7 +114,7 @@ class InputTooLargeError(InvalidFeedError):
         input_name: str | None,
         dim_name: str,
         size: int,
-        largest: int,
+        largest: int | None,
         option: str,
         sizes: Sequence[int],
         model_limit: int | None,
@@ -111,7 +128,12 @@ class InputTooLargeError(InvalidFeedError):
         self.model_limit = model_limit
         subject = f"input {input_name!r}" if input_name else "an input"
         readable_dim = dim_name.replace("_", " ")
-        message = f"{subject} has {dim_name} {size} but the largest compiled {readable_dim} is {largest}; "
+        if largest is None:  # compiled at exact sizes: only the model's own limit applies
+            message = f"{subject} has {dim_name} {size} but "
+        else:
+            message = (
+                f"{subject} has {dim_name} {size} but the largest compiled {readable_dim} is {largest}; "
+            )
         if model_limit is not None and size > model_limit:
             source = f" ({limit_source} in the model config)" if limit_source else ""
             message += (
@@ -123,6 +145,7 @@ class InputTooLargeError(InvalidFeedError):
             if model_limit is not None:
                 suggestion = min(suggestion, model_limit)
             raised = ",".join(str(s) for s in (*sizes, suggestion))
+            assert largest is not None, "an exact dimension is refused only past the model's limit"
             message += f"raise it with provider_options={{{option!r}: {raised!r}}}"
             if model_limit is not None:
                 message += f" (the model allows at most {model_limit})"
@@ -191,6 +214,21 @@ def _positive_int(item: Any) -> int | None:
         number = int(item.strip())
         return number if number > 0 else None
     return None
+
+
+def audio_sample_sizes(sampling_rate: int = DEFAULT_SAMPLING_RATE) -> tuple[int, ...]:
+    """The default compiled sizes of an audio samples axis: ``AUDIO_SIZES`` sizes spaced geometrically from
+    1 s to 30 s at ``sampling_rate``, rounded up to whole 10 ms (at 16 kHz ``16000, 23360, 34080, 49760,
+    72640, 105920, 154560, 225440, 328960, 480000``: a clip of 1 to 10 s pads by at most 46%, and such
+    clips use at most 8 sizes)."""
+    if isinstance(sampling_rate, bool) or not isinstance(sampling_rate, int) or sampling_rate < 1:
+        raise ValueError(f"sampling_rate must be a positive integer, got {sampling_rate!r}")
+    return geometric_sizes(
+        AUDIO_SHORTEST_SECONDS * sampling_rate,
+        AUDIO_LONGEST_SECONDS * sampling_rate,
+        AUDIO_SIZES,
+        multiple=max(1, sampling_rate // 100),
+    )
 
 
 def model_limit(config: Mapping[str, Any], dim_name: str) -> tuple[int | None, str | None]:
@@ -295,6 +333,32 @@ class BucketPlan:
             limit_source=self.limit_sources.get(dim_name),
         )
 
+    def check_exact(self, dim_name: str, size: int, input_name: str | None = None) -> None:
+        """For a dimension compiled at the exact size it comes in: ``InputTooLargeError`` only when ``size``
+        exceeds the model's own limit (the plan's sizes do not bound it, and the message proposes none)."""
+        limit = self.limits.get(dim_name)
+        if limit is not None and size > limit:
+            raise InputTooLargeError(
+                input_name=input_name,
+                dim_name=dim_name,
+                size=size,
+                largest=None,
+                option=option_name(dim_name),
+                sizes=(),
+                model_limit=limit,
+                limit_source=self.limit_sources.get(dim_name),
+            )
+
+    def canonical_sizes(self, dim_name: str) -> tuple[int, int]:
+        """A fixed (real size, padded size) pair of ``dim_name`` at which the padding proof decides whether
+        the dimension is padded at all: its two smallest compiled sizes (a lone size ``s``: from ``s // 2``
+        to ``s``; a lone 1: from 1 to 2). A function of the plan only, so the verdict never depends on
+        which calls came first."""
+        sizes = self._sizes_of(dim_name)
+        if len(sizes) >= 2:
+            return sizes[0], sizes[1]
+        return (sizes[0] // 2, sizes[0]) if sizes[0] >= 2 else (1, 2)
+
     def padded_dims(
         self, actual_dims: Mapping[str, int], input_for_dim: Mapping[str, str] | None = None
     ) -> dict[str, int]:
@@ -332,12 +396,15 @@ class BucketPlan:
         user_sizes: Mapping[str, Any] | None = None,
         sizes_per_dimension: int = DEFAULT_SIZES_PER_DIMENSION,
         step_dims: Iterable[str] = (),
+        audio_dims: Mapping[str, int] | None = None,
     ) -> BucketPlan:
         """The plan for ``dims`` of a model whose ``config.json`` is ``config``, as the module docstring
         describes. ``user_sizes`` maps dimension names *or* their option names (``sequence_lengths``) to
         sizes in any form ``parse_sizes`` accepts; other keys are ignored. ``step_dims`` are the
         dimensions of one generated token per step (``roles.generation_step_dims``): each planned one
-        gets size 1. Raises ``BucketOptionError`` for invalid sizes or sizes beyond the model's limit."""
+        gets size 1. ``audio_dims`` maps the samples dimensions of audio inputs (``roles.audio_sample_dims``)
+        to their sampling rate: they get ``audio_sample_sizes`` and no text limit. Raises
+        ``BucketOptionError`` for invalid sizes or sizes beyond the model's limit."""
         if isinstance(sizes_per_dimension, bool) or sizes_per_dimension < 1:
             raise BucketOptionError(
                 f"sizes_per_dimension must be a positive integer, got {sizes_per_dimension!r}"
@@ -353,9 +420,11 @@ class BucketPlan:
         sizes: dict[str, tuple[int, ...]] = {}
         limits: dict[str, int | None] = {}
         sources: dict[str, str | None] = {}
+        audio_dims = dict(audio_dims or {})
         for dim in dims:
             role = dim_role(dim)
-            limit, source = model_limit(config, dim)
+            # samples of audio are no text positions: max_position_embeddings and its kin never bound them
+            limit, source = (None, None) if dim in audio_dims else model_limit(config, dim)
             if dim in given:
                 if limit is not None and given[dim][-1] > limit:
                     raise BucketOptionError(
@@ -365,6 +434,8 @@ class BucketPlan:
                 dim_sizes = given[dim]
             elif role is DimRole.BATCH:
                 dim_sizes = DEFAULT_BATCH_SIZES
+            elif dim in audio_dims:
+                dim_sizes = audio_sample_sizes(audio_dims[dim])
             elif role in (DimRole.PAST, DimRole.SEQUENCE):
                 largest = min(limit or FALLBACK_LARGEST_SIZE, DEFAULT_LARGEST_CAP)
                 smallest = min(DEFAULT_SMALLEST_SIZE, largest)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from optimum_ipu_backend.engines.base import CompileOptions, Engine
 from optimum_ipu_backend.errors import ConfigurationError
-from optimum_ipu_backend.runtime.buckets import BucketPlan, model_limit
+from optimum_ipu_backend.runtime.buckets import DEFAULT_SAMPLING_RATE, BucketPlan, model_limit
 from optimum_ipu_backend.runtime.dim_expressions import parse_dim
 from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
 from optimum_ipu_backend.runtime.executables import ExecutableTable
@@ -18,7 +20,7 @@ from optimum_ipu_backend.runtime.graph_source import GraphSource
 from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
 from optimum_ipu_backend.runtime.padding_decisions import PROOFS_DIR, PaddingDecisions
 from optimum_ipu_backend.runtime.progress import progress_enabled
-from optimum_ipu_backend.runtime.roles import fill_value, generation_step_dims
+from optimum_ipu_backend.runtime.roles import audio_sample_dims, fill_value, generation_step_dims
 from optimum_ipu_backend.runtime.serving import ServingConfig, StaticShapeRunner
 
 _logger = logging.getLogger(__name__)
@@ -34,6 +36,20 @@ def open_cache(runtime: IPURuntimeConfig) -> ExecutableCache | None:
 def _max_position_id(config: Mapping[str, Any]) -> int | None:
     limit, _ = model_limit(config, "sequence_length")
     return None if limit is None else limit - 1
+
+
+def sampling_rate(model_dir: Path | None) -> int:
+    """The audio sampling rate of the feature extractor saved beside the model
+    (``preprocessor_config.json``), or ``DEFAULT_SAMPLING_RATE`` when there is none."""
+    if model_dir is not None:
+        try:
+            stored = json.loads((model_dir / "preprocessor_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            stored = None
+        rate = stored.get("sampling_rate") if isinstance(stored, dict) else None
+        if isinstance(rate, int) and not isinstance(rate, bool) and rate > 0:
+            return rate
+    return DEFAULT_SAMPLING_RATE
 
 
 def dynamic_dims(input_shapes: Mapping[str, Any]) -> list[str]:
@@ -89,12 +105,16 @@ def build_runner(
 ) -> StaticShapeRunner:
     description = source.description
     input_shapes = {name: tuple(dims) for name, dims in description.served_inputs.items()}
+    elem_types = {name: elem_type for name, _, elem_type in description.inputs}
+    audio_dims = audio_sample_dims(input_shapes, elem_types)
+    rate = sampling_rate(None if source.path is None else source.path.parent) if audio_dims else 0
     plan = BucketPlan.for_dims(
         config,
         dynamic_dims(input_shapes),
         user_sizes=runtime.bucket_options(),
         sizes_per_dimension=runtime.sizes_per_dimension,
         step_dims=generation_step_dims(input_shapes),
+        audio_dims=dict.fromkeys(audio_dims, rate),
     )
     device_iterations = pipeline_device_iterations(runtime, engine)
     options = CompileOptions(
@@ -119,9 +139,10 @@ def build_runner(
     )
     pad_token_id = config.get("pad_token_id") if isinstance(config.get("pad_token_id"), int) else None
     fills = {name: fill_value(name, pad_token_id) for name in input_shapes}
-    mask = description.past_mask_input
-    left_padded = (description.past_dim,) if description.past_dim else ()
-    generated = ((mask, description.past_dim),) if mask else ()
+    masks = description.masks()
+    left_padded = tuple(mask.dim for mask in masks if mask.side == "left")
+    # inputs the runtime makes itself: (mask input, the dimension whose real positions it marks)
+    generated = tuple((mask.input, mask.dim) for mask in masks)
     decisions = PaddingDecisions(
         source.served_model,
         input_shapes,
@@ -129,6 +150,7 @@ def build_runner(
         left_padded_dims=left_padded,
         generated_masks=generated,
         store=None if cache is None else cache.root / PROOFS_DIR / description.digest,
+        canonical_sizes={dim: plan.canonical_sizes(dim) for dim in plan.dims},
     )
     serving = ServingConfig(
         plan=plan,

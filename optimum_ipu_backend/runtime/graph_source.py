@@ -1,11 +1,11 @@
 """The exported graph a session serves, described cheaply and parsed only when needed.
 
 Creating a session needs only a description of the graph: its inputs and outputs, the operators the
-compiler cannot take, the inputs that pick a merged decoder's branch, the past-padding rewrite it
-gets, and a content hash for the executable cache. Parsing a large export is the slowest part of a
-warm load, so the description is kept beside the executable cache, keyed by the files' sizes and
-modification times, and checked with a hash of its own: a warm load reads it and parses nothing. The
-graph itself is parsed on the first cache miss.
+compiler cannot take, the inputs that pick a merged decoder's branch, the masks the runtime generates
+for the rewrites it gets, and a content hash for the executable cache. Parsing a large export is the
+slowest part of a warm load, so the description is kept beside the executable cache, keyed by the
+files' sizes and modification times, and checked with a hash of its own: a warm load reads it and
+parses nothing. The graph itself is parsed on the first cache miss.
 """
 
 from __future__ import annotations
@@ -28,11 +28,22 @@ _logger = logging.getLogger(__name__)
 DESCRIPTIONS_DIR = "graphs"
 # Part of every stored description's key: a description written by code that knew fewer fields is
 # never read back with those fields left at their defaults.
-DESCRIPTION_FORMAT = 2
+DESCRIPTION_FORMAT = 3
 _HASH_CHUNK = 1 << 20
 
 # (name, symbolic shape, ONNX elem type)
 IOSpec = tuple[str, list[Any], int]
+
+
+@dataclass(frozen=True)
+class GeneratedMask:
+    """An input a rewrite adds and the runtime makes for every call: ones over the real positions of
+    ``dim``, zeros over the padding, which goes on ``side`` ("left": a decoder's past; "right": audio
+    samples)."""
+
+    input: str
+    dim: str
+    side: str
 
 
 @dataclass
@@ -44,12 +55,16 @@ class GraphDescription:
     served_inputs: dict[str, list[Any]]  # symbolic shapes of the graph the runtime compiles
     served_outputs: dict[str, list[Any]]
     branch_inputs: list[str] = field(default_factory=list)
-    past_mask_input: str | None = None
-    past_dim: str | None = None
+    #: Inputs the served graph adds and the runtime fills itself: [input, dimension, padding side].
+    generated_masks: list[list[str]] = field(default_factory=list)
     #: Rewrites of the served graph worth telling the user about (what they cost).
     notes: list[str] = field(default_factory=list)
     # inputs that index a table on the device, and their allowed values (compiler.analysis.index_ranges)
     index_ranges: dict[str, Any] = field(default_factory=dict)
+
+    def masks(self) -> list[GeneratedMask]:
+        """The generated masks, one record each."""
+        return [GeneratedMask(*entry) for entry in self.generated_masks]
 
 
 def _io(values, initializers: set[str]) -> list[IOSpec]:
@@ -70,16 +85,26 @@ def _io(values, initializers: set[str]) -> list[IOSpec]:
     return specs
 
 
-def past_padding(model: onnx.ModelProto):
-    """The rewrite that lets a decoder's past be padded, or None when the graph needs none or it is not
-    provably safe (then the past is compiled at the length it comes in)."""
+def _mask_rewrites(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[GeneratedMask]]:
+    """The rewrites that add a generated mask so a dimension can be padded: a decoder's past
+    (``past_padding_mask``) and raw audio samples (``audio_frame_mask``). A rewrite that cannot vouch for
+    its graph leaves it alone (the dimension is then compiled at the sizes it comes in); whether padding
+    is used is the padding proof's decision either way."""
+    from optimum_ipu_backend.compiler.graph_rewrites.audio_frame_mask import add_audio_frame_mask
     from optimum_ipu_backend.compiler.graph_rewrites.past_padding_mask import add_past_padding_mask
 
-    try:
-        return add_past_padding_mask(model)
-    except ValueError as exc:
-        _logger.info("the decoder's past is compiled per length: %s", exc)
-        return None
+    masks: list[GeneratedMask] = []
+    for what, rewrite_of in (("the decoder's past", add_past_padding_mask), ("audio", add_audio_frame_mask)):
+        try:
+            rewrite = rewrite_of(model)
+        except ValueError as exc:
+            _logger.info("%s is compiled per length: %s", what, exc)
+            continue
+        if rewrite is not None:
+            model = rewrite.model
+            dim = getattr(rewrite, "past_dim", None) or rewrite.samples_dim
+            masks.append(GeneratedMask(rewrite.mask_input, dim, rewrite.padding_side))
+    return model, masks
 
 
 @dataclass
@@ -88,14 +113,13 @@ class ServedGraph:
 
     model: onnx.ModelProto
     notes: list[str]
-    past_mask_input: str | None = None
-    past_dim: str | None = None
+    generated_masks: list[GeneratedMask] = field(default_factory=list)
     #: Nodes no rewrite can make static: [name, op_type, domain, reason].
     unsupported: list[list[str]] = field(default_factory=list)
 
 
 def served_graph(model: onnx.ModelProto) -> ServedGraph:
-    """Mixture-of-experts selections made dense (or reported), then the past-padding mask."""
+    """Mixture-of-experts selections made dense (or reported), then the generated masks."""
     from optimum_ipu_backend.compiler.graph_rewrites.dense_experts import (
         data_dependent_selections,
         densify_experts,
@@ -111,10 +135,8 @@ def served_graph(model: onnx.ModelProto) -> ServedGraph:
     if dense is not None:
         model = dense.model
         notes.append(dense.cost)
-    rewrite = past_padding(model)
-    if rewrite is None:
-        return ServedGraph(model, notes, unsupported=unsupported)
-    return ServedGraph(rewrite.model, notes, rewrite.mask_input, rewrite.past_dim, unsupported)
+    model, masks = _mask_rewrites(model)
+    return ServedGraph(model, notes, masks, unsupported)
 
 
 def _describe(model: onnx.ModelProto, served: ServedGraph, digest: str) -> GraphDescription:
@@ -136,8 +158,7 @@ def _describe(model: onnx.ModelProto, served: ServedGraph, digest: str) -> Graph
         served_inputs={name: dims for name, dims, _ in _io(served.model.graph.input, served_initializers)},
         served_outputs={name: dims for name, dims, _ in _io(served.model.graph.output, set())},
         branch_inputs=branch_inputs(model),
-        past_mask_input=served.past_mask_input,
-        past_dim=served.past_dim,
+        generated_masks=[[mask.input, mask.dim, mask.side] for mask in served.generated_masks],
         notes=served.notes,
         index_ranges=analyze_index_ranges(model).to_json(),
     )

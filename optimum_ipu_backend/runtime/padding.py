@@ -41,6 +41,7 @@ __all__ = [
     "infer_dims",
     "inputs_for_dims",
     "pad_feed",
+    "separate_labels",
 ]
 
 
@@ -112,6 +113,50 @@ def infer_dims(feed: Mapping[str, np.ndarray], input_shapes: Mapping[str, Symbol
             break  # the rest has two or more unknowns each; those dimensions stay undetermined
         pending = unsolved
     return known
+
+
+def separate_labels(
+    feed: Mapping[str, np.ndarray],
+    input_shapes: Mapping[str, SymbolicShape],
+    keep: Iterable[str] = (),
+) -> dict[str, tuple[SymbolicDim, ...]] | None:
+    """The inputs' shapes for one call whose arrays disagree on the size of a shared dimension name.
+
+    A ``dim_param`` is a label the exporter chose, not a constraint: onnxruntime accepts inputs that share
+    a label at different sizes, and only the graph's dataflow can require them to agree (then the graph
+    fails to run, as it does on the CPU). Each axis that carries such a label alone gets a name of its
+    own (``<label>.<input index>.<axis>``), which no bucket plans, so it is compiled at the size it comes
+    in. None when the disagreement cannot be separated so: a label that also appears inside a composite
+    expression, a batch dimension, one of ``keep`` (dimensions the runtime lays out itself), or no
+    disagreement among single-name axes at all."""
+    sizes: dict[str, set[int]] = {}
+    composite: set[str] = set()
+    for name, array in feed.items():
+        shape = input_shapes.get(name)
+        if shape is None or len(shape) != np.ndim(array):
+            continue
+        for dim, size in zip(shape, np.shape(array), strict=True):
+            expression = parse_dim(dim)
+            if expression is None:
+                continue
+            if expression.is_single_name:
+                sizes.setdefault(str(expression.segments[0]), set()).add(int(size))  # type: ignore[index]
+            else:
+                composite |= expression.symbols
+    disagreeing = {label for label, seen in sizes.items() if len(seen) > 1}
+    if not disagreeing or disagreeing & (composite | set(keep)) or any(map(is_batch_dim, disagreeing)):
+        return None
+    separated: dict[str, tuple[SymbolicDim, ...]] = {}
+    for index, (name, shape) in enumerate(input_shapes.items()):
+        renamed: list[SymbolicDim] = []
+        for axis, dim in enumerate(shape):
+            expression = parse_dim(dim)
+            if expression is not None and expression.is_single_name and expression.symbols <= disagreeing:
+                renamed.append(f"{next(iter(expression.symbols))}.{index}.{axis}")
+            else:
+                renamed.append(dim)
+        separated[name] = tuple(renamed)
+    return separated
 
 
 def inputs_for_dims(input_shapes: Mapping[str, SymbolicShape]) -> dict[str, str]:

@@ -126,3 +126,53 @@ def generation_step_dims(input_shapes: Mapping[str, Sequence[SymbolicDim]]) -> f
                 if not is_batch_dim(label):
                     dims.add(label)
     return frozenset(dims)
+
+
+# ONNX element types of floating-point tensors (TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16).
+_FLOAT_ELEM_TYPES = frozenset({1, 10, 11, 16})
+
+
+def audio_sample_dims(
+    input_shapes: Mapping[str, Sequence[SymbolicDim]], elem_types: Mapping[str, int]
+) -> frozenset[str]:
+    """The dimensions that count raw audio samples: axis 1 of a rank-2 floating-point audio input
+    (``input_values [batch, samples]`` of wav2vec2, HuBERT, WavLM, SEW, Data2VecAudio...). They get a
+    plan of audio sizes (``buckets.audio_sample_sizes``), not the text one. Whisper's ``input_features``
+    (rank 3, mel frames the feature extractor fixes) is no such input."""
+    dims: set[str] = set()
+    for name, shape in input_shapes.items():
+        if input_role(name) is not InputRole.AUDIO or len(shape) != 2:
+            continue
+        if elem_types.get(name) not in _FLOAT_ELEM_TYPES:
+            continue
+        expression = parse_dim(shape[1])
+        if expression is not None and expression.is_single_name:
+            label = str(expression.segments[0])  # type: ignore[index]
+            if not is_batch_dim(label):
+                dims.add(label)
+    return frozenset(dims)
+
+
+#: Roles of the inputs of text models: their dimensions are proven lazily, at the first call (proving them
+#: when a session is created costs text models most of a second and their padding is rarely exact).
+TEXT_ROLES = frozenset(
+    {
+        InputRole.TOKEN_IDS,
+        InputRole.ATTENTION_MASK,
+        InputRole.TOKEN_TYPES,
+        InputRole.POSITIONS,
+        InputRole.PAST,
+    }
+)
+
+
+def text_dims(input_shapes: Mapping[str, Sequence[SymbolicDim]]) -> frozenset[str]:
+    """Every dimension name that an input with a text role (``TEXT_ROLES``) carries."""
+    dims: set[str] = set()
+    for name, shape in input_shapes.items():
+        if input_role(name) in TEXT_ROLES:
+            for dim in shape:
+                expression = parse_dim(dim)
+                if expression is not None:
+                    dims |= expression.symbols
+    return frozenset(dims)

@@ -5,7 +5,10 @@ keep only the padding the padding proof shows invisible in every real output ele
 (``runtime.padding_decisions``); pad; cut the batch into device steps of ``micro_batch x
 device_iterations x replicas`` laid out as PopART takes them; run each step; and keep, in every
 output, the elements the proof says are real. Which axes of an output carry which dimension is found
-by dataflow, never from the names the exporter gave them.
+by dataflow, never from the names the exporter gave them; inputs that share a dimension name at
+different sizes are served with those axes as dimensions of their own (``padding.separate_labels``).
+A dimension compiled at exact sizes is bounded only by the model's own limit, and whether a call is
+served never depends on what the cache holds (``runtime.padding_decisions``).
 """
 
 from __future__ import annotations
@@ -20,9 +23,16 @@ from optimum_ipu_backend.runtime.boundary import to_host_dtype
 from optimum_ipu_backend.runtime.buckets import BucketPlan
 from optimum_ipu_backend.runtime.device_steps import merge_outputs, plan_steps, split_feed
 from optimum_ipu_backend.runtime.executables import ExecutableTable
-from optimum_ipu_backend.runtime.padding import SymbolicShape, infer_dims, inputs_for_dims, pad_feed
-from optimum_ipu_backend.runtime.padding_decisions import PaddingDecisions, cut_output
-from optimum_ipu_backend.runtime.roles import InputRole, input_role, is_batch_dim, is_past_dim
+from optimum_ipu_backend.runtime.padding import (
+    DimensionMismatchError,
+    SymbolicShape,
+    infer_dims,
+    inputs_for_dims,
+    pad_feed,
+    separate_labels,
+)
+from optimum_ipu_backend.runtime.padding_decisions import EXACT_PREFIX, PaddingDecisions, cut_output
+from optimum_ipu_backend.runtime.roles import InputRole, input_role, is_batch_dim, is_past_dim, text_dims
 
 
 class ExecutableLimitError(DeviceError):
@@ -83,6 +93,16 @@ class StaticShapeRunner:
             and not self._past_inputs
             else None
         )
+        if not self._table.branch_inputs:
+            # Verdicts now, where every dimension has compiled sizes: an axis compiled per length is
+            # reported (at WARNING) when the session is created, not at its first call. Text dimensions
+            # wait for the first call: proving them here would cost a text model's session most of a
+            # second on a cold cache (tiny BERT 1.4 s, all-MiniLM-L6-v2 0.7 s).
+            generated = dict(config.generated_masks)  # masks the runtime makes carry no text
+            text = text_dims(
+                {name: shape for name, shape in self._input_shapes.items() if name not in generated}
+            )
+            self._decisions.settle(dims=[dim for dim in config.plan.dims if dim not in text])
 
     @property
     def plan(self) -> BucketPlan:
@@ -119,14 +139,10 @@ class StaticShapeRunner:
         feed = {name: array for name, array in feed.items() if name not in branches}
         if branches and not all(branches.values()):
             feed = self._placeholder_past(feed)  # a merged decoder called without its cache
-        actual = infer_dims(feed, self._input_shapes)
+        shapes, actual = self._call_dims(feed)
         self._with_generated_masks(feed, actual)
         samples = next((size for dim, size in actual.items() if is_batch_dim(dim)), None)
-        wanted = {
-            dim: self.plan.choose(dim, size, self._carriers.get(dim))
-            for dim, size in actual.items()
-            if dim in self.plan.sizes and not is_batch_dim(dim) and not self._decisions.is_exact(dim)
-        }
+        wanted = self._compiled_sizes(actual, branches)
         proof_actual = dict(actual)
         micro = None
         if samples is not None:
@@ -135,13 +151,13 @@ class StaticShapeRunner:
                 # The micro-batch with the fewest real samples is the one whose padding matters.
                 proof_actual[dim] = samples if samples < micro else (samples % micro or micro)
                 wanted[dim] = micro
-        call = self._decisions.decide(proof_actual, wanted, feed, branches)
+        call = self._decisions.decide(proof_actual, wanted, feed, branches, shapes)
         if samples is not None and not call.batch_paddable:
             micro = samples  # the graph mixes samples: run them all in one micro-batch, no repeats
         targets = {dim: size for dim, size in call.dims.items() if not is_batch_dim(dim)}
         padded = pad_feed(
             feed,
-            self._input_shapes,
+            shapes,
             targets,
             actual_dims=actual,
             fill_values=config.fills,
@@ -156,6 +172,34 @@ class StaticShapeRunner:
             )
             for name in output_names
         ]
+
+    def _call_dims(self, feed: Mapping[str, np.ndarray]) -> tuple[dict[str, SymbolicShape], dict[str, int]]:
+        """The inputs' shapes for this call and the size of every dimension. Inputs that share a
+        dimension name but disagree in size are served with those axes as dimensions of their own,
+        compiled at their sizes (``padding.separate_labels``): names are labels, only dataflow ties sizes."""
+        try:
+            return self._input_shapes, infer_dims(feed, self._input_shapes)
+        except DimensionMismatchError:
+            laid_out = (*self._config.left_padded_dims, *(dim for _, dim in self._config.generated_masks))
+            shapes = separate_labels(feed, self._input_shapes, keep=laid_out)
+            if shapes is None:
+                raise
+            return dict(shapes), infer_dims(feed, shapes)
+
+    def _compiled_sizes(self, actual: Mapping[str, int], branches: Mapping[str, bool]) -> dict[str, int]:
+        """The compiled size of every planned dimension this call pads. A dimension whose verdict is
+        exact is limited only by the model's own limit; a padded one past its plan is refused naming the
+        option that raises it. Verdicts depend on the graph alone (``padding_decisions``), so the same
+        call gets the same answer whatever ran before."""
+        wanted = {}
+        for dim, size in actual.items():
+            if dim not in self.plan.sizes or is_batch_dim(dim):
+                continue
+            if self._decisions.is_exact(dim, actual, branches):
+                self.plan.check_exact(dim, size, self._carriers.get(dim))
+            else:
+                wanted[dim] = self.plan.choose(dim, size, self._carriers.get(dim))
+        return wanted
 
     def _micro_batch(self, samples: int) -> int:
         per_step = self._config.device_iterations * self._config.replicas
@@ -212,11 +256,13 @@ class StaticShapeRunner:
         if cap is None or self._table.has(shapes, branches) or self._table.count < cap:
             return
         exact = {
-            dim: verdict for dim, verdict in self._decisions.verdicts().items() if verdict.startswith("exact")
+            dim: verdict
+            for dim, verdict in self._decisions.verdicts().items()
+            if verdict.startswith(EXACT_PREFIX)
         }
         why = (
             "; ".join(
-                f"{dim} is compiled at the size it comes in because {verdict.removeprefix('exact sizes: ')}"
+                f"{dim} is compiled at the size it comes in because {verdict.removeprefix(EXACT_PREFIX)}"
                 for dim, verdict in exact.items()
             )
             if exact
@@ -339,28 +385,33 @@ class StaticShapeRunner:
         def evaluate(dim: int | str, values: Mapping[str, int]) -> int:
             return dim if isinstance(dim, int) else DimExpression.parse(dim).evaluate(values)
 
-        padded = [d for d in self.plan.sizes if not self._decisions.is_exact(d)]
-        # a size given for a padded dimension means "calls of that size": its bucket is what compiles
-        fixed = {
-            dim: self.plan.choose(dim, size) if dim in padded else size
-            for dim, size in (fixed_dims or {}).items()
-        }
-        planned = [d for d in padded if d not in fixed]
         symbols: set[str] = set()
         for shape in self._input_shapes.values():
             for dim in shape:
                 if isinstance(dim, str):
                     symbols |= DimExpression.parse(dim).symbols
-        missing = sorted(symbols - set(planned) - set(fixed))
-        if missing:
-            raise ValueError(
-                f"dimension(s) {', '.join(missing)} have no compiled sizes (they are compiled at the size "
-                "they come in); give each one a size to compile for"
-            )
+        given = dict(fixed_dims or {})
         branch_names = sorted(self._table.branch_inputs)
         branch_sets = [dict.fromkeys(branch_names, flag) for flag in (True, False)] if branch_names else [{}]
         signatures: dict[tuple, tuple[dict[str, tuple[int, ...]], dict[str, bool]]] = {}
         for branches in branch_sets:
+            unsized = symbols - set(self.plan.sizes) - set(given)
+            padded = (
+                []
+                if unsized
+                else [d for d in self.plan.sizes if not self._decisions.is_exact(d, given, branches)]
+            )
+            # a size given for a padded dimension means "calls of that size": its bucket is what compiles
+            fixed = {
+                dim: self.plan.choose(dim, size) if dim in padded else size for dim, size in given.items()
+            }
+            planned = [d for d in padded if d not in fixed]
+            missing = sorted(symbols - set(planned) - set(fixed))
+            if missing:
+                raise ValueError(
+                    f"dimension(s) {', '.join(missing)} have no compiled sizes (they are compiled at the "
+                    "size they come in); give each one a size to compile for"
+                )
             uncached = bool(branches) and not all(branches.values())
             for sizes in itertools.product(*(self.plan.sizes[dim] for dim in planned)):
                 values = {**fixed, **dict(zip(planned, sizes, strict=True))}

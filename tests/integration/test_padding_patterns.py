@@ -2,11 +2,12 @@
 provider="ipu" on the host emulator against CPUExecutionProvider: outputs within atol 1e-5, generated
 tokens identical, and the padding verdict of each dimension is the one the graph calls for.
 
-One model per pattern (``PATTERN_TASKS``): a convolution along the sequence (ConvBERT, wav2vec2's
-feature encoder), positions from a cumulative sum with a cache (M2M100), local attention built with
-Pad and written with Einsum (LongT5), rotary embeddings written with Einsum (ESM) and top-k experts
-selected by NonZero (Qwen3-MoE). Like test_ortmodels.py, the checks run in a fresh interpreter of the
-installed environment (ortmodel_checks.py); this process builds the models and applies the tolerances.
+One model per pattern (``PATTERN_TASKS``): a convolution along the sequence (ConvBERT; wav2vec2's
+feature encoder, padded through a generated frame mask), positions from a cumulative sum with a cache
+(M2M100), local attention built with Pad and written with Einsum (LongT5), rotary embeddings written
+with Einsum (ESM) and top-k experts selected by NonZero (Qwen3-MoE). Like test_ortmodels.py, the checks
+run in a fresh interpreter of the installed environment (ortmodel_checks.py); this process builds the
+models and applies the tolerances.
 """
 
 from __future__ import annotations
@@ -109,13 +110,15 @@ def test_einsum_rotary_encoder_is_padded_with_proof(results):
 
 def test_audio_frames_are_cut_by_dataflow(results):
     """wav2vec2 names the frame axis of its logits like the sample axis of its input; the two are unrelated
-    sizes, and its convolutions see the padding, so the sample axis is compiled exactly."""
+    sizes. Its feature encoder normalises per frame (feat_extract_norm="layer"), so with the generated
+    frame mask (compiler/graph_rewrites/audio_frame_mask.py) the samples are padded to the audio plan's
+    first size, one second, and the logits are cut to the frames the caller's samples yield."""
     result = _case(results, "wav2vec2")
     _matches_cpu(result)
     (verdict,) = _verdicts(result, "sequence_length")
-    assert verdict.startswith("exact sizes:"), verdict
-    # 3 waveforms of 11 frames' worth of samples (11 x the feature encoder's total stride of 20)
-    assert [shapes["input_values"] for shapes in result["sessions"][0]["compiled_shapes"]] == [[4, 220]]
+    assert verdict == PADDED, verdict
+    # 3 waveforms of 220 samples run as one micro-batch of 4 at 16,000 samples (1 s at 16 kHz)
+    assert [shapes["input_values"] for shapes in result["sessions"][0]["compiled_shapes"]] == [[4, 16000]]
 
 
 def test_top_k_experts_run_densely(results):

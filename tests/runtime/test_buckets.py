@@ -284,3 +284,68 @@ def test_default_plan_reaches_the_padding_efficiency_target_on_a_docstring_like_
     powers_of_two = BucketPlan({"sequence_length": (16, 32, 64, 128, 256, 512)})
     assert _efficiency(lengths, default) >= 0.85
     assert _efficiency(lengths, powers_of_two) < 0.75
+
+
+# -- audio samples (issue 19) ----------------------------------------------------------------------------
+
+
+def test_the_audio_plan_spans_1_to_30_seconds_and_clips_of_1_to_10_seconds_use_at_most_8_sizes() -> None:
+    from optimum_ipu_backend.runtime.buckets import audio_sample_sizes
+
+    sizes = audio_sample_sizes(16000)
+    assert sizes == (16000, 23360, 34080, 49760, 72640, 105920, 154560, 225440, 328960, 480000)
+    plan = BucketPlan({"sequence_length": sizes})
+    used = {plan.choose("sequence_length", samples) for samples in range(16000, 160001, 50)}
+    assert len(used) <= 8
+    assert audio_sample_sizes(8000) == tuple(size // 2 for size in sizes)
+
+
+def test_audio_samples_get_the_audio_plan_and_no_text_limit_and_user_sizes_still_override() -> None:
+    from optimum_ipu_backend.runtime.buckets import audio_sample_sizes
+
+    config = {"model_type": "wav2vec2", "max_position_embeddings": 512}  # a text limit that must not apply
+    plan = BucketPlan.for_dims(
+        config, ["batch_size", "sequence_length"], audio_dims={"sequence_length": 16000}
+    )
+    assert plan.sizes["sequence_length"] == audio_sample_sizes(16000)
+    assert plan.limits["sequence_length"] is None
+    plan.check_exact("sequence_length", 10 * 480000)  # an exact samples axis has no limit at all
+    given = BucketPlan.for_dims(
+        config,
+        ["batch_size", "sequence_length"],
+        user_sizes={"sequence_lengths": "32000,64000,960000"},
+        audio_dims={"sequence_length": 16000},
+    )
+    assert given.sizes["sequence_length"] == (32000, 64000, 960000)
+
+
+def test_audio_sample_dims_are_the_samples_of_rank_2_float_audio_inputs_only() -> None:
+    from onnx import TensorProto
+
+    from optimum_ipu_backend.runtime.roles import audio_sample_dims
+
+    shapes = {
+        "input_values": ("batch_size", "sequence_length"),
+        "input_features": ("batch_size", "feature_size", "encoder_sequence_length"),
+        "input_ids": ("batch_size", "decoder_sequence_length"),
+    }
+    types = {
+        "input_values": TensorProto.FLOAT,
+        "input_features": TensorProto.FLOAT,
+        "input_ids": TensorProto.INT64,
+    }
+    assert audio_sample_dims(shapes, types) == {"sequence_length"}
+    assert audio_sample_dims(shapes, {**types, "input_values": TensorProto.INT64}) == frozenset()
+
+
+def test_an_exact_dimension_past_the_model_limit_names_the_limit_and_proposes_no_sizes() -> None:
+    plan = BucketPlan(
+        {"sequence_length": (8, 16)}, {"sequence_length": 512}, {"sequence_length": "n_positions"}
+    )
+    plan.check_exact("sequence_length", 512)  # up to the model's limit, whatever the plan's largest size
+    with pytest.raises(InputTooLargeError) as info:
+        plan.check_exact("sequence_length", 600, "input_ids")
+    message = str(info.value)
+    assert "'input_ids' has sequence_length 600" in message
+    assert "allows at most 512 (n_positions in the model config)" in message
+    assert "raise it with" not in message and "largest compiled" not in message

@@ -28,7 +28,8 @@ def _copy(source_dir, target_dir, name):
 def test_a_warm_start_parses_nothing(t5_dir, tmp_path, monkeypatch):
     path = _copy(t5_dir, tmp_path / "model", "decoder_with_past_model.onnx")
     cold = GraphSource(path, tmp_path / "cache").description
-    assert cold.past_mask_input and cold.past_dim == "past_decoder_sequence_length"
+    (past_mask,) = cold.masks()
+    assert past_mask.dim == "past_decoder_sequence_length" and past_mask.side == "left"
 
     def refuse(*args, **kwargs):
         raise AssertionError("the graph was parsed on a warm start")
@@ -64,4 +65,4 @@ def test_a_corrupt_description_is_not_served(t5_dir, tmp_path, caplog):
 def test_without_a_cache_the_graph_is_parsed(t5_dir):
     source = GraphSource(t5_dir / "encoder_model.onnx", None)
     assert isinstance(source.model(), onnx.ModelProto)
-    assert source.description.past_mask_input is None
+    assert source.description.masks() == []

@@ -101,14 +101,13 @@ def test_padded_calls_return_the_unpadded_outputs(tmp_path_factory, cls_name, mo
         shapes = {name: tuple(dims) for name, dims in description.served_inputs.items()}
         plan = BucketPlan.for_dims(config, dynamic_dims(shapes), step_dims=generation_step_dims(shapes))
         fills = {name: fill_value(name, config.get("pad_token_id")) for name in shapes}
-        generated = (
-            ((description.past_mask_input, description.past_dim),) if description.past_mask_input else ()
-        )
+        generated = tuple((mask.input, mask.dim) for mask in description.masks())
+        left_padded = tuple(mask.dim for mask in description.masks() if mask.side == "left")
         decisions = PaddingDecisions(
             source.served_model,
             shapes,
             fills,
-            left_padded_dims=tuple(d for _, d in generated),
+            left_padded_dims=left_padded,
             generated_masks=generated,
         )
         original = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -125,9 +124,8 @@ def test_padded_calls_return_the_unpadded_outputs(tmp_path_factory, cls_name, mo
             branches = {name: bool(feed[name].reshape(-1)[0]) for name in description.branch_inputs}
             call_feed = {name: value for name, value in feed.items() if name not in branches}
             actual = infer_dims(call_feed, shapes)
-            if generated:
-                mask, dim = generated[0]
-                batch = next((size for d, size in actual.items() if is_batch_dim(d)), 1)
+            batch = next((size for d, size in actual.items() if is_batch_dim(d)), 1)
+            for mask, dim in generated:
                 call_feed[mask] = np.ones((batch, actual[dim]), np.int64)
             wanted = {dim: plan.choose(dim, size) for dim, size in actual.items() if dim in plan.sizes}
             call = decisions.decide(actual, wanted, call_feed, branches)
@@ -137,7 +135,7 @@ def test_padded_calls_return_the_unpadded_outputs(tmp_path_factory, cls_name, mo
                 call.dims,
                 actual_dims=actual,
                 fill_values=fills,
-                left_padded_dims=tuple(d for _, d in generated),
+                left_padded_dims=left_padded,
             )
             run_feed = {**padded.feed, **{name: feed[name] for name in branches}}
             got = dict(zip([o.name for o in served.get_outputs()], served.run(None, run_feed), strict=True))

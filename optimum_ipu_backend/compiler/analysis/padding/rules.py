@@ -404,7 +404,7 @@ def rule_squeeze(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None])
     ]
 
 
-def _reshape_groups(
+def reshape_groups(
     in_p: Sequence[int], in_u: Sequence[int], out_p: Sequence[int], out_u: Sequence[int]
 ) -> list[tuple[list[int], list[int]]] | None:
     """Axes of the input and of the output that hold the same elements, in both runs at once."""
@@ -498,7 +498,8 @@ def rule_reshape(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None])
 
 
 def reshape_data(data: Data, out_p: tuple[int, ...], out_u: tuple[int, ...], node: onnx.NodeProto) -> Data:
-    groups = _reshape_groups(data.shape, data.real_shape, out_p, out_u)
+    data = _compacted(data)
+    groups = reshape_groups(data.shape, data.real_shape, out_p, out_u)
     if groups is None:
         return _opaque(
             data, out_p, out_u, describe(node, "reshapes the padded axis in a way the proof cannot follow")
@@ -539,6 +540,24 @@ def reshape_data(data: Data, out_p: tuple[int, ...], out_u: tuple[int, ...], nod
         )
         classes = data.classes.reshape([_group_size(data.classes, groups, o) for o in range(len(out_p))])
     return Data(out_p, out_u, tuple(maps), exact, classes, data.elem_type, data.sources, data.blame)
+
+
+def _compacted(data: Data) -> Data:
+    """``data`` with its facts cut to size 1 along every axis where they do not vary, padding elements'
+    exactness (which means nothing) taken as true: a large tensor computed from sizes (a relative
+    position bias over frames x frames) then reshapes by its groups instead of element by element."""
+    if data.exact.size <= 1 and data.classes.size <= 1:
+        return data
+    exact = data.exact | ~data.real_grid()
+    arrays = []
+    for facts in (exact, data.classes):
+        for axis in range(facts.ndim):
+            if facts.shape[axis] > 1 and np.all(facts == np.take(facts, [0], axis=axis)):
+                facts = np.take(facts, [0], axis=axis)
+        arrays.append(facts)
+    return Data(
+        data.shape, data.real_shape, data.maps, arrays[0], arrays[1], data.elem_type, data.sources, data.blame
+    )
 
 
 def _group_size(facts: np.ndarray, groups: list[tuple[list[int], list[int]]], out_axis: int) -> int:
@@ -1406,8 +1425,9 @@ def rule_cumsum(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) 
 def rule_window(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
     """Conv, ConvTranspose and pooling: a window over the spatial axes (2 and up)."""
     data = as_data(inputs[0], ctx)  # type: ignore[arg-type]
-    out_p, out_u = _shapes_by_zeros(ctx, node, inputs)
     attrs = attributes(node)
+    shapes = _window_shapes(node, data, inputs, attrs)
+    out_p, out_u = shapes if shapes is not None else _shapes_by_zeros(ctx, node, inputs)
     spatial = list(range(2, data.rank))
     kernel = attrs.get("kernel_shape")
     if (
@@ -1430,15 +1450,32 @@ def rule_window(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) 
     mixed = [axis for axis in _remapped_axes(data, spatial) if axis not in pointwise]
     if node.op_type.startswith("Global"):
         mixed = _remapped_axes(data, spatial)
-    maps = [data.maps[0], None] + [
-        data.maps[a] if a in pointwise else ctx.layouts.lookup(out_p[a], out_u[a]) for a in spatial
-    ]
-    folded = tuple([1] + [a for a in spatial if a not in pointwise])
-    exact = np.all(data.exact | ~data.real_grid(), axis=folded, keepdims=True)
+    blame = _first_blame(*[v for v in inputs if v is not None])
+    window = _right_padded_window(node, data, mixed, kernel, strides, pads, attrs, out_p, out_u)
+    if window is not None:
+        # One spatial axis is right-padded and every real output reads real elements or padding the
+        # unpadded run sees too (its own zero padding): exact there, by the window's arithmetic.
+        axis, out_map, window_exact = window
+        maps = [data.maps[0], None] + [
+            out_map if a == axis else data.maps[a] if a in pointwise else None for a in spatial
+        ]
+        exact = window_exact  # channels and the other spatial axes are folded already
+        if blame is None and not np.all(exact | ~real_grid(maps[: len(out_p)], out_p)):
+            blame = describe(
+                node,
+                f"reads padding along axis {axis} that is not zero where the unpadded run reads its own "
+                "zero padding",
+            )
+        mixed = []
+    else:
+        maps = [data.maps[0], None] + [
+            data.maps[a] if a in pointwise else ctx.layouts.lookup(out_p[a], out_u[a]) for a in spatial
+        ]
+        folded = tuple([1] + [a for a in spatial if a not in pointwise])
+        exact = np.all(data.exact | ~data.real_grid(), axis=folded, keepdims=True)
     for other in inputs[1:]:
         if isinstance(other, Data) and not other.is_exact():
             exact = exact & False
-    blame = _first_blame(*[v for v in inputs if v is not None])
     if mixed:
         exact = exact & False
         blame = blame or describe(
@@ -1458,6 +1495,128 @@ def rule_window(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) 
             blame,
         )
     ]
+
+
+def _window_shapes(
+    node: onnx.NodeProto, data: Data, inputs: list[Value | None], attrs: dict[str, Any]
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Output shapes of a Conv or MaxPool with explicit pads, by the window arithmetic (running the node
+    on zeros of 30 s of audio takes seconds); None where the arithmetic is not this simple."""
+    if node.op_type not in ("Conv", "MaxPool") or data.rank < 3 or len(node.output) > 1:
+        return None
+    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or attrs.get("ceil_mode", 0):
+        return None
+    spatial = data.rank - 2
+    if node.op_type == "Conv":
+        weight = inputs[1]
+        if weight is None:
+            return None
+        weight_shape = _shape(weight, "p")
+        if len(weight_shape) != data.rank or weight_shape != _shape(weight, "u"):
+            return None
+        kernel = list(attrs.get("kernel_shape", weight_shape[2:]))
+        channels = weight_shape[0]
+        group = attrs.get("group", 1)
+        if weight_shape[1] * group != data.shape[1] or list(weight_shape[2:]) != kernel:
+            return None
+    else:
+        kernel = list(attrs["kernel_shape"])
+        channels = data.shape[1]
+    strides = attrs.get("strides", [1] * spatial)
+    dilations = attrs.get("dilations", [1] * spatial)
+    pads = attrs.get("pads", [0] * 2 * spatial)
+    if not (len(kernel) == len(strides) == len(dilations) == spatial and len(pads) == 2 * spatial):
+        return None
+    results = []
+    for shape in (data.shape, data.real_shape):
+        out = [shape[0], channels]
+        for i in range(spatial):
+            span = dilations[i] * (kernel[i] - 1) + 1
+            room = shape[2 + i] + pads[i] + pads[i + spatial] - span
+            if room < 0:
+                return None  # the node fails at this size: let running it say so
+            out.append(room // strides[i] + 1)
+        results.append(tuple(out))
+    return results[0], results[1]
+
+
+def _right_padded_window(
+    node: onnx.NodeProto,
+    data: Data,
+    mixed: Sequence[int],
+    kernel: Sequence[int] | None,
+    strides: Sequence[int],
+    pads: Sequence[int],
+    attrs: dict[str, Any],
+    out_p: Sequence[int],
+    out_u: Sequence[int],
+) -> tuple[int, AxisMap, np.ndarray] | None:
+    """For a Conv or MaxPool whose only mixed spatial axis is right-padded (its real coordinates are the
+    prefix ``0..n-1`` in order, padding after): that axis, the output's map along it, and per output
+    element (broadcastable to the output, the window axis full length) whether it is exact.
+
+    Output ``j`` reads input ``j*stride - pad_begin + t*dilation`` for ``t < kernel``, in both runs, so it
+    stands for output ``j`` of the unpadded run, which exists for ``j < out_u``. Where the unpadded run
+    reads outside ``[0, n)`` it sees its own padding: the padded run must see the same there, i.e. its
+    own padding too (before 0 or past its end), or, for a Conv (zero padding), a padding element known
+    to be exactly 0. None when any of this does not apply: the caller keeps the general verdict.
+    """
+    if node.op_type not in ("Conv", "MaxPool") or len(mixed) != 1 or kernel is None:
+        return None
+    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
+        return None
+    if node.op_type == "MaxPool" and (attrs.get("ceil_mode", 0) or len(node.output) > 1):
+        return None
+    axis = mixed[0]
+    if data.rank != len(out_p) or any(data.maps[a] is not None for a in range(2, data.rank) if a != axis):
+        return None
+    axis_map = data.maps[axis]
+    size_p, n = data.shape[axis], data.real_shape[axis]
+    if axis_map is None or not np.array_equal(
+        axis_map, np.where(np.arange(size_p) < n, np.arange(size_p), -1)
+    ):
+        return None  # left or interior padding, or reordered positions
+    i = axis - 2
+    spatial = data.rank - 2
+    dilations = attrs.get("dilations", [1] * spatial)
+    k, stride, dilation, begin = int(kernel[i]), int(strides[i]), int(dilations[i]), int(pads[i])
+    count_p, count_u = int(out_p[axis]), int(out_u[axis])
+    if count_u > count_p:
+        return None
+    # Whether each input position may be read by a real output: a real exact element, or (Conv only)
+    # padding that holds exactly 0, as the unpadded run's zero padding does. Other axes of the window
+    # (channels, other spatial axes) are folded: any inexact element there spoils the output.
+    others = tuple(a for a in range(1, data.rank) if a != axis)
+    exact_full = expand_axis(data.exact | ~data.real_grid(), axis, size_p)
+    real_exact = np.all(exact_full, axis=others, keepdims=True) if others else exact_full
+    if node.op_type == "Conv":
+        classes_full = expand_axis(data.classes, axis, size_p)
+        zero = classes_full == C.ZERO
+        padding_zero = np.all(zero, axis=others, keepdims=True) if others else zero
+    else:
+        padding_zero = np.zeros((1,) * data.rank, bool)
+    real = (np.arange(size_p) < n).reshape([size_p if a == axis else 1 for a in range(data.rank)])
+    readable = np.where(real, real_exact, padding_zero)
+    # Reads before 0 or past the padded end hit the padded run's own padding: always fine.
+    low = max(0, begin)
+    high = max(0, (count_p - 1) * stride - begin + (k - 1) * dilation - size_p + 1)
+    widths = [(low, high) if a == axis else (0, 0) for a in range(data.rank)]
+    readable = np.pad(
+        np.broadcast_to(readable, [size_p if a == axis else s for a, s in enumerate(readable.shape)]),
+        widths,
+        constant_values=True,
+    )
+    reads = (
+        np.arange(count_p)[:, None] * stride - begin + np.arange(k)[None, :] * dilation + low
+    )  # [count_p, k], shifted into the padded array
+    if reads.size and (reads.min() < 0 or reads.max() >= readable.shape[axis]):
+        return None
+    picked = np.take(readable, reads.reshape(-1), axis=axis)
+    shape = list(picked.shape)
+    shape[axis : axis + 1] = [count_p, k]
+    window_exact = np.all(picked.reshape(shape), axis=axis + 1)
+    out_map = identity_or(np.where(np.arange(count_p) < count_u, np.arange(count_p), -1))
+    return axis, out_map, window_exact
 
 
 def _shapes_by_zeros(
