@@ -255,3 +255,74 @@ class TensorIndex:
         """Whether ``name`` is read, and only read, by the given operand slots (and is no graph output)."""
         slots = self.slots(name)
         return bool(slots) and name not in self.graph_outputs and all(slot in allowed for slot in slots)
+
+
+class GraphFacts:
+    """Producers, consumers, ranks and element types of the top-level graph's tensors."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        graph = model.graph
+        self.graph = graph
+        self.initializers = {init.name: init for init in graph.initializer}
+        self.graph_inputs = {vi.name for vi in graph.input} - set(self.initializers)
+        self.graph_outputs = {vi.name for vi in graph.output}
+        # One list of node objects, so every lookup hands out the same objects and their positions hold.
+        self.nodes = list(graph.node)
+        self.position = {id(node): index for index, node in enumerate(self.nodes)}
+        index = TensorIndex(graph, subgraphs=False)
+        self.producer = index.producer
+        self.consumers = index.consumers
+        self.subgraph_reads = index.read_in_subgraphs
+        inferred = onnx.shape_inference.infer_shapes(shape_view(model), strict_mode=False)
+        self.types: dict[str, onnx.TypeProto] = {}
+        for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+            self.types[vi.name] = vi.type
+        for init in graph.initializer:
+            self.types.setdefault(init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+        self._constant: dict[str, bool] = {}
+
+    def rank(self, name: str) -> int | None:
+        tensor_type = self.types.get(name)
+        if tensor_type is None or not tensor_type.tensor_type.HasField("shape"):
+            return None
+        return len(tensor_type.tensor_type.shape.dim)
+
+    def elem_type(self, name: str) -> int | None:
+        tensor_type = self.types.get(name)
+        return tensor_type.tensor_type.elem_type if tensor_type is not None else None
+
+    def is_constant(self, name: str) -> bool:
+        """Whether ``name`` is computed from initializers and Constant nodes only."""
+        if name in self._constant:
+            return self._constant[name]
+        stack = [name]
+        while stack:  # iterative: exported graphs have long constant chains
+            current = stack[-1]
+            if current in self._constant:
+                stack.pop()
+                continue
+            if current in self.initializers:
+                self._constant[current] = True
+                stack.pop()
+                continue
+            node = self.producer.get(current)
+            if node is None or current in self.graph_inputs:
+                self._constant[current] = False
+                stack.pop()
+                continue
+            pending = [i for i in node.input if i and i not in self._constant]
+            if pending:
+                stack.extend(pending)
+                continue
+            self._constant[current] = all(self._constant[i] for i in node.input if i)
+            stack.pop()
+        return self._constant[name]
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The value of an initializer or a Constant node's output; None for anything computed."""
+        if name in self.initializers:
+            return numpy_helper.to_array(self.initializers[name])
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant":
+            return constant_node_value(node)
+        return None

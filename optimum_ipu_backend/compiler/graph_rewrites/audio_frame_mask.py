@@ -37,8 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from optimum_ipu_backend.compiler.analysis.padding.evaluate import EvaluationError, Evaluator
 from optimum_ipu_backend.compiler.analysis.padding.rules import reshape_groups
-from optimum_ipu_backend.compiler.graph_rewrites.past_padding_mask import _GraphFacts
-from optimum_ipu_backend.compiler.graphs import NameAllocator, shape_view
+from optimum_ipu_backend.compiler.graphs import GraphFacts, NameAllocator, shape_view
 
 MASK_INPUT = "ipu_sample_mask"
 PADDING_SIDE = "right"
@@ -119,7 +118,7 @@ def add_audio_frame_mask(model: onnx.ModelProto) -> AudioFrameMaskRewrite | None
     graph = model.graph
     if any(vi.name == MASK_INPUT for vi in graph.input):
         return None
-    facts = _GraphFacts(model)
+    facts = GraphFacts(model)
     audio = _audio_input(facts)
     if audio is None:
         return None
@@ -155,7 +154,7 @@ def add_audio_frame_mask(model: onnx.ModelProto) -> AudioFrameMaskRewrite | None
 # ----------------------------------------------------------------------------------------------------
 
 
-def _audio_input(facts: _GraphFacts) -> onnx.ValueInfoProto | None:
+def _audio_input(facts: GraphFacts) -> onnx.ValueInfoProto | None:
     """The rank-2 float graph input that reaches, through Unsqueeze and elementwise ops with constants, a
     Conv as its spatial axis (axis 1 of the input, the batch on axis 0)."""
     found = []
@@ -172,7 +171,7 @@ def _audio_input(facts: _GraphFacts) -> onnx.ValueInfoProto | None:
     return found[0] if found else None
 
 
-def _reaches_conv_as_samples(facts: _GraphFacts, name: str) -> bool:
+def _reaches_conv_as_samples(facts: GraphFacts, name: str) -> bool:
     frontier = [(name, (0, 1))]  # (tensor, (batch axis, samples axis))
     while frontier:
         current, (batch, samples) = frontier.pop()
@@ -212,7 +211,7 @@ def _has_mask_over_samples(graph: onnx.GraphProto, audio: str, samples_dim: str)
     return False
 
 
-def _constant_axes(facts: _GraphFacts, node: onnx.NodeProto) -> list[int] | None:
+def _constant_axes(facts: GraphFacts, node: onnx.NodeProto) -> list[int] | None:
     for attribute in node.attribute:
         if attribute.name == "axes":
             return list(helper.get_attribute_value(attribute))
@@ -260,7 +259,7 @@ class _Plan:
 class _Tracker:
     """Walks the graph in order and labels, per tensor computed from the audio, its batch and frame axes."""
 
-    def __init__(self, model: onnx.ModelProto, facts: _GraphFacts, audio: str) -> None:
+    def __init__(self, model: onnx.ModelProto, facts: GraphFacts, audio: str) -> None:
         self.facts = facts
         self.audio = audio
         probes = [_probe_shapes(model, audio, probe) for probe in _PROBES]
@@ -780,7 +779,7 @@ def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
 class _Rewriter:
     """Adds the mask input, the frame masks and the masked sites to ``model`` (a copy the caller owns)."""
 
-    def __init__(self, model: onnx.ModelProto, facts: _GraphFacts, batch_dim: str, samples_dim: str) -> None:
+    def __init__(self, model: onnx.ModelProto, facts: GraphFacts, batch_dim: str, samples_dim: str) -> None:
         self.model = model
         self.graph = model.graph
         self.facts = facts

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.graphs import NameAllocator, TensorIndex, constant_node_value, shape_view
+from optimum_ipu_backend.compiler.graphs import GraphFacts, NameAllocator
 
 MASK_INPUT = "ipu_past_mask"
 PADDING_SIDE = "left"
@@ -83,7 +83,7 @@ def add_past_padding_mask(model: onnx.ModelProto) -> PastPaddingRewrite | None:
     if _has_mask_over_past(graph, past_dim):
         return None
 
-    facts = _GraphFacts(model)
+    facts = GraphFacts(model)
     keys = [vi.name for vi in past_inputs if vi.name.endswith(".key")]
     masked = [_find_masked_softmax(facts, key) for key in keys]
     if len({id(site.softmax) for site in masked}) != len(masked):
@@ -149,77 +149,6 @@ def _has_mask_over_past(graph: onnx.GraphProto, past_dim: str) -> bool:
     return False
 
 
-class _GraphFacts:
-    """Producers, consumers, ranks and element types of the top-level graph's tensors."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        graph = model.graph
-        self.graph = graph
-        self.initializers = {init.name: init for init in graph.initializer}
-        self.graph_inputs = {vi.name for vi in graph.input} - set(self.initializers)
-        self.graph_outputs = {vi.name for vi in graph.output}
-        # One list of node objects, so every lookup hands out the same objects and their positions hold.
-        self.nodes = list(graph.node)
-        self.position = {id(node): index for index, node in enumerate(self.nodes)}
-        index = TensorIndex(graph, subgraphs=False)
-        self.producer = index.producer
-        self.consumers = index.consumers
-        self.subgraph_reads = index.read_in_subgraphs
-        inferred = onnx.shape_inference.infer_shapes(shape_view(model), strict_mode=False)
-        self.types: dict[str, onnx.TypeProto] = {}
-        for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-            self.types[vi.name] = vi.type
-        for init in graph.initializer:
-            self.types.setdefault(init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims)))
-        self._constant: dict[str, bool] = {}
-
-    def rank(self, name: str) -> int | None:
-        tensor_type = self.types.get(name)
-        if tensor_type is None or not tensor_type.tensor_type.HasField("shape"):
-            return None
-        return len(tensor_type.tensor_type.shape.dim)
-
-    def elem_type(self, name: str) -> int | None:
-        tensor_type = self.types.get(name)
-        return tensor_type.tensor_type.elem_type if tensor_type is not None else None
-
-    def is_constant(self, name: str) -> bool:
-        """Whether ``name`` is computed from initializers and Constant nodes only."""
-        if name in self._constant:
-            return self._constant[name]
-        stack = [name]
-        while stack:  # iterative: exported graphs have long constant chains
-            current = stack[-1]
-            if current in self._constant:
-                stack.pop()
-                continue
-            if current in self.initializers:
-                self._constant[current] = True
-                stack.pop()
-                continue
-            node = self.producer.get(current)
-            if node is None or current in self.graph_inputs:
-                self._constant[current] = False
-                stack.pop()
-                continue
-            pending = [i for i in node.input if i and i not in self._constant]
-            if pending:
-                stack.extend(pending)
-                continue
-            self._constant[current] = all(self._constant[i] for i in node.input if i)
-            stack.pop()
-        return self._constant[name]
-
-    def constant_value(self, name: str) -> np.ndarray | None:
-        """The value of an initializer or a Constant node's output; None for anything computed."""
-        if name in self.initializers:
-            return numpy_helper.to_array(self.initializers[name])
-        node = self.producer.get(name)
-        if node is not None and node.op_type == "Constant":
-            return constant_node_value(node)
-        return None
-
-
 # ----------------------------------------------------------------------------------------------------
 # Finding the self-attention Softmax over each past key
 # ----------------------------------------------------------------------------------------------------
@@ -243,7 +172,7 @@ class _Tracked:
     key_axis: int
 
 
-def _find_masked_softmax(facts: _GraphFacts, past_key: str) -> _MaskSite:
+def _find_masked_softmax(facts: GraphFacts, past_key: str) -> _MaskSite:
     """Walk the values computed from ``past_key`` to the one Softmax that normalizes over its positions.
 
     Every op on the way must be one whose effect on the batch and key-position axes is known, so the
@@ -293,7 +222,7 @@ def _find_masked_softmax(facts: _GraphFacts, past_key: str) -> _MaskSite:
 
 
 def _key_concat(
-    facts: _GraphFacts, node: onnx.NodeProto, index: int, tracked: _Tracked, past_key: str
+    facts: GraphFacts, node: onnx.NodeProto, index: int, tracked: _Tracked, past_key: str
 ) -> tuple[onnx.NodeProto, str, int]:
     rank = facts.rank(tracked.name)
     axis = helper.get_attribute_value(next(a for a in node.attribute if a.name == "axis"))
@@ -308,7 +237,7 @@ def _key_concat(
 
 
 def _track_through(
-    facts: _GraphFacts, node: onnx.NodeProto, index: int, tracked: _Tracked, past_key: str
+    facts: GraphFacts, node: onnx.NodeProto, index: int, tracked: _Tracked, past_key: str
 ) -> _Tracked:
     """Where the batch and key-position axes of ``node``'s input ``index`` end up in its output."""
 
@@ -345,7 +274,7 @@ def _track_through(
     return _Tracked(node.output[0], moved[0], moved[1])
 
 
-def _check_softmax(facts: _GraphFacts, softmax: onnx.NodeProto, scores: _Tracked, past_key: str) -> None:
+def _check_softmax(facts: GraphFacts, softmax: onnx.NodeProto, scores: _Tracked, past_key: str) -> None:
     rank = facts.rank(scores.name)
     axis_attribute = next((a for a in softmax.attribute if a.name == "axis"), None)
     axis = helper.get_attribute_value(axis_attribute) if axis_attribute is not None else -1
@@ -368,7 +297,7 @@ def _check_softmax(facts: _GraphFacts, softmax: onnx.NodeProto, scores: _Tracked
 # ----------------------------------------------------------------------------------------------------
 
 
-def _find_position_lookups(facts: _GraphFacts, past_inputs: set[str]) -> list[onnx.NodeProto]:
+def _find_position_lookups(facts: GraphFacts, past_inputs: set[str]) -> list[onnx.NodeProto]:
     """The Gathers that read a constant table at ``Range(past_len, ...)`` through index-preserving ops.
 
     Shapes of the cache flow elsewhere too (causal masks, T5's relative positions): those stay as they
@@ -402,7 +331,7 @@ def _find_position_lookups(facts: _GraphFacts, past_inputs: set[str]) -> list[on
     return lookups
 
 
-def _preserves_index(facts: _GraphFacts, node: onnx.NodeProto, index: int) -> bool:
+def _preserves_index(facts: GraphFacts, node: onnx.NodeProto, index: int) -> bool:
     if node.op_type in _INDEX_PRESERVING:
         return index == 0  # the other inputs are axes / shapes / repeats
     if node.op_type == "Add":
@@ -412,7 +341,7 @@ def _preserves_index(facts: _GraphFacts, node: onnx.NodeProto, index: int) -> bo
     return False
 
 
-def _past_length_scalars(facts: _GraphFacts, past_inputs: set[str]) -> set[str]:
+def _past_length_scalars(facts: GraphFacts, past_inputs: set[str]) -> set[str]:
     """Tensors holding the past length: ``Gather(Shape(past), 2)`` or ``Shape(past, start=2, end=3)``."""
     lengths: set[str] = set()
     for past in past_inputs:
@@ -441,7 +370,7 @@ def _past_length_scalars(facts: _GraphFacts, past_inputs: set[str]) -> set[str]:
     return lengths
 
 
-def _ranges_starting_at(facts: _GraphFacts, past_lengths: set[str]) -> Iterator[onnx.NodeProto]:
+def _ranges_starting_at(facts: GraphFacts, past_lengths: set[str]) -> Iterator[onnx.NodeProto]:
     for node in facts.nodes:
         if node.op_type != "Range":
             continue
@@ -456,7 +385,7 @@ def _ranges_starting_at(facts: _GraphFacts, past_lengths: set[str]) -> Iterator[
 
 
 def _refuse_unrecognised_position_tables(
-    facts: _GraphFacts, past_lengths: set[str], shifted: set[str]
+    facts: GraphFacts, past_lengths: set[str], shifted: set[str]
 ) -> None:
     """Fail on a position table indexed from the past length in a way this pass does not rewrite."""
     dependent = _dependents(facts, past_lengths)
@@ -472,7 +401,7 @@ def _refuse_unrecognised_position_tables(
             )
 
 
-def _dependents(facts: _GraphFacts, sources: Iterable[str]) -> set[str]:
+def _dependents(facts: GraphFacts, sources: Iterable[str]) -> set[str]:
     reached = set(sources)
     queue = deque(reached)
     while queue:
@@ -493,7 +422,7 @@ def _dependents(facts: _GraphFacts, sources: Iterable[str]) -> set[str]:
 class _Rewriter:
     """Adds the mask input and the nodes that use it to ``model`` (a copy owned by the caller)."""
 
-    def __init__(self, model: onnx.ModelProto, facts: _GraphFacts, batch_dim: str, past_dim: str) -> None:
+    def __init__(self, model: onnx.ModelProto, facts: GraphFacts, batch_dim: str, past_dim: str) -> None:
         self.graph = model.graph
         self.facts = facts
         self.batch_dim = batch_dim
