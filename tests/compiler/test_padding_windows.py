@@ -182,3 +182,27 @@ def test_maxpool_reading_zero_padding_is_not_exact():
     assert not proof.exact
     assert "the_maxpool" in proof.problems[0], proof.problems
     assert _largest_real_difference(model, 1, 40, 29, 0.0, axis_map, _right_map(40, 29)) > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "pads"),
+    [(10, 5, [0, 0]), (3, 2, [0, 0]), (4, 1, [2, 2]), (5, 3, [1, 3]), (16, 1, [8, 8]), (2, 2, [0, 1])],
+)
+def test_the_proofs_numpy_max_pool_computes_what_onnxruntime_does(kernel, stride, pads) -> None:
+    """The frame masks' MaxPool is evaluated by a numpy path of the proof's evaluator (the reference one
+    loops in Python); it must agree with onnxruntime exactly, pads included."""
+    from optimum_ipu_backend.compiler.analysis.padding.evaluate import Evaluator
+
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[kernel], strides=[stride], pads=pads)
+    graph = helper.make_graph(
+        [node],
+        "pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 101])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(kernel).standard_normal((2, 3, 101)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
+    np.testing.assert_array_equal(Evaluator(model).run(node, [x])[0], expected)
