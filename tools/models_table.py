@@ -51,6 +51,28 @@ OPTIMUM_IPU_TEST_ZOO=/tmp/zoo python -m pytest tests/integration/test_ortmodels.
 python tools/models_table.py --junit /tmp/models.xml --output docs/models.md
 ```
 """
+# The sizes users feed, each tried at least once (tests/integration/test_real_sizes.py, where each case
+# names its model); with the table above, which runs the same classes at small sizes.
+_REAL_SIZES = """
+## Input sizes
+
+The table above runs small inputs. `tests/integration/test_real_sizes.py` runs every modality at least
+once at the sizes users feed, with default provider options, against `CPUExecutionProvider`:
+
+| modality | sizes | models |
+|---|---|---|
+| audio | 16,000 and 480,000 samples (1 s and 30 s at 16 kHz); 12,345 samples; 20 clips of 1 to 10 s in one session | CTC and audio classification with a feature encoder normalised over time (wav2vec2, `feat_extract_norm="group"`) and per frame (WavLM, `"layer"`); x-vector and frame classification at 16,000 |
+| speech seq2seq | Whisper's 3,000 log-mel frames (a 30 s window) | Whisper, 16 generated tokens |
+| text | 512 tokens | the real all-MiniLM-L6-v2, batch 2 |
+| text generation | a 1,024-token context (1,008-token prompt, 16 new tokens) | GPT-2 with its key/value cache |
+| images | 224x224 and 384x384 | ViT image classification |
+
+Audio samples are served in one of two ways, by the padding proof's verdict: encoders that normalise per
+frame are padded to the audio sizes (ten lengths from 1 s to 30 s; clips of 1 to 10 s use at most 8
+executables, `benchmarks/bench_audio_lengths.py`), and the outputs are cut to the frames the clip yields;
+encoders that normalise over time, and x-vector heads, are compiled at each length a clip comes in
+(docs/user-guide.md, "Audio sizes").
+"""  # noqa: E501 (Markdown table rows)
 _COLUMNS = ("ORTModel class", "architecture", "export task", "compared", "tolerance", "result", "test")
 
 
@@ -169,7 +191,7 @@ def render(rows: list[Row], results: Mapping[str, str]) -> str:
     classes = sorted({row.ort_class for row in rows})
     lines.append("")
     lines.append(f"{len(rows)} rows, {len(classes)} classes; {counts['passed']} passed in the run above.")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + _REAL_SIZES
 
 
 def documented_results(text: str) -> dict[str, str]:
