@@ -118,6 +118,14 @@ def add_audio_frame_mask(model: onnx.ModelProto) -> AudioFrameMaskRewrite | None
     graph = model.graph
     if any(vi.name == MASK_INPUT for vi in graph.input):
         return None
+    initializers = {init.name for init in graph.initializer}
+    if not any(
+        vi.name not in initializers
+        and vi.type.tensor_type.elem_type in _FLOAT_TYPES
+        and len(vi.type.tensor_type.shape.dim) == 2
+        for vi in graph.input
+    ):
+        return None  # no rank-2 float input: no raw audio, and no shape inference spent to find out
     facts = GraphFacts(model)
     audio = _audio_input(facts)
     if audio is None:
