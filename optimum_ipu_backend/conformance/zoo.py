@@ -729,11 +729,12 @@ def _qwen3_moe(out_dir: Path) -> transformers.PretrainedConfig:
     )
 
 
-def wav2vec2_config(out_dir: Path) -> transformers.PretrainedConfig:
+def save_audio_feature_extractor(out_dir: Path) -> None:
+    """A raw-audio feature extractor at 16 kHz, saved in ``out_dir``: no attention mask (the wav2vec2
+    family's exports take ``input_values`` alone, so padding is part of the signal) and no normalisation
+    (padding stays exact zeros)."""
     import transformers
 
-    # No attention mask: the audio-frame export takes input_values alone, so padding is part of the signal
-    # (and, not normalised, it stays exact zeros).
     transformers.Wav2Vec2FeatureExtractor(
         feature_size=1,
         sampling_rate=16000,
@@ -741,6 +742,12 @@ def wav2vec2_config(out_dir: Path) -> transformers.PretrainedConfig:
         do_normalize=False,
         return_attention_mask=False,
     ).save_pretrained(out_dir)
+
+
+def wav2vec2_config(out_dir: Path) -> transformers.PretrainedConfig:
+    import transformers
+
+    save_audio_feature_extractor(out_dir)
     return transformers.Wav2Vec2Config(
         vocab_size=32,
         **TINY_ENCODER_SIZES,

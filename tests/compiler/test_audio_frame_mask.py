@@ -26,6 +26,7 @@ from optimum_ipu_backend.compiler.graph_rewrites.audio_frame_mask import (
     AudioFrameMaskRewrite,
     add_audio_frame_mask,
 )
+from optimum_ipu_backend.conformance.zoo import save_audio_feature_extractor
 from optimum_ipu_backend.runtime.padding_decisions import cut_output, output_cuts, padded_inputs
 
 UNCHANGED_ATOL = 1e-5
@@ -76,13 +77,7 @@ def _export(root: Path, name: str) -> onnx.ModelProto:
     model_class, config_class, norm, task, extra = MODELS[name]
     out = root / name
     (out / "pt").mkdir(parents=True, exist_ok=True)
-    transformers.Wav2Vec2FeatureExtractor(
-        feature_size=1,
-        sampling_rate=16000,
-        padding_value=0.0,
-        do_normalize=False,
-        return_attention_mask=False,
-    ).save_pretrained(out / "pt")
+    save_audio_feature_extractor(out / "pt")
     config = getattr(transformers, config_class)(
         vocab_size=32,
         hidden_size=32,

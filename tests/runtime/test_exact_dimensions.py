@@ -20,7 +20,7 @@ import pytest
 from model_zoo import session_zoo
 from onnx import TensorProto, helper
 
-from optimum_ipu_backend.conformance.zoo import export_onnx, preprocessed_inputs
+from optimum_ipu_backend.conformance.zoo import export_onnx, preprocessed_inputs, save_audio_feature_extractor
 from optimum_ipu_backend.runtime.buckets import InputTooLargeError
 from optimum_ipu_backend.session import IPUInferenceSession, create_session
 from optimum_ipu_backend.session.options import IPUProviderOptions
@@ -39,13 +39,7 @@ def build_group_norm_wav2vec2_ctc(root: Path) -> Path:
     model_dir = root / "w2v-group"
     if not (model_dir / "config.json").is_file():
         model_dir.mkdir(parents=True, exist_ok=True)
-        transformers.Wav2Vec2FeatureExtractor(
-            feature_size=1,
-            sampling_rate=16000,
-            padding_value=0.0,
-            do_normalize=False,
-            return_attention_mask=False,
-        ).save_pretrained(model_dir)
+        save_audio_feature_extractor(model_dir)
         config = transformers.Wav2Vec2Config(
             vocab_size=32,
             hidden_size=16,
