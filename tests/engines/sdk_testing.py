@@ -69,6 +69,11 @@ def use_sdk_double(directory: Path, sdk_dir: Path = DOUBLE_DIR, **config) -> Ite
     finally:
         shutdown_workers()
         sys.path.remove(str(sdk_dir))
+        # Modules of the double a test imported here stay in sys.modules, where find_spec (the engine
+        # probe) would still find them: a later test in this process would see an SDK that is not there.
+        for name, module in list(sys.modules.items()):
+            if str(getattr(module, "__file__", None) or "").startswith(str(sdk_dir)):
+                del sys.modules[name]
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
