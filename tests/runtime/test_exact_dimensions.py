@@ -15,56 +15,25 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
+from audio_zoo import audio_inputs, real_size_zoo
+from emulator_sessions import cpu_outputs, emulator_session
 from model_zoo import session_zoo
 from onnx import TensorProto, helper
 
-from optimum_ipu_backend.conformance.zoo import export_onnx, preprocessed_inputs, save_audio_feature_extractor
+from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 from optimum_ipu_backend.runtime.buckets import InputTooLargeError
-from optimum_ipu_backend.session import IPUInferenceSession, create_session
-from optimum_ipu_backend.session.options import IPUProviderOptions
+from optimum_ipu_backend.session import create_session
 
 ATOL = 1e-5
 DECISIONS_LOGGER = "optimum_ipu_backend.runtime.padding_decisions"
 
 
-def build_group_norm_wav2vec2_ctc(root: Path) -> Path:
-    """A tiny wav2vec2-base-like CTC model (``feat_extract_norm="group"``: the first convolution's output is
-    normalised over time, so padding the samples changes every frame and the axis stays exact whatever
-    rewrite a mask allows), exported by optimum with ``input_values`` alone. Returns the ONNX directory."""
-    import torch
-    import transformers
-
-    model_dir = root / "w2v-group"
-    if not (model_dir / "config.json").is_file():
-        model_dir.mkdir(parents=True, exist_ok=True)
-        save_audio_feature_extractor(model_dir)
-        config = transformers.Wav2Vec2Config(
-            vocab_size=32,
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=24,
-            # wav2vec2-base's total stride of 320 samples per frame: 30 s make 1,500 frames, so the
-            # attention over them stays small
-            conv_dim=(8, 8, 8),
-            conv_stride=(5, 8, 8),
-            conv_kernel=(10, 8, 8),
-            num_conv_pos_embeddings=16,
-            num_conv_pos_embedding_groups=2,
-            feat_extract_norm="group",
-            do_stable_layer_norm=False,
-            pad_token_id=0,
-        )
-        torch.manual_seed(0)
-        transformers.Wav2Vec2ForCTC(config).eval().save_pretrained(model_dir)
-    return export_onnx(model_dir, "automatic-speech-recognition", root / "w2v-group-onnx")
-
-
 @pytest.fixture(scope="module")
 def w2v_group(tmp_path_factory) -> Path:
-    return build_group_norm_wav2vec2_ctc(tmp_path_factory.mktemp("w2v"))
+    """wav2vec2-base's convolution stack with its group norm (tests/audio_zoo.py): the first
+    convolution's output is normalised over time, so the samples axis stays exact."""
+    return real_size_zoo(session_zoo(tmp_path_factory)).onnx("wav2vec2-group-ctc")
 
 
 @pytest.fixture(scope="module")
@@ -73,33 +42,15 @@ def bert(tmp_path_factory):
     return zoo.model("bert", "token-classification"), zoo.onnx("bert", "token-classification")
 
 
-def _session(onnx_dir: Path, cache_dir: Path, **options) -> IPUInferenceSession:
-    options = {"device": "emulator", "executable_cache_dir": str(cache_dir), **options}
-    return IPUInferenceSession(
-        str(onnx_dir / "model.onnx"), options=IPUProviderOptions.parse(options, onnx_dir)
-    )
-
-
-def _cpu(onnx_dir: Path, feed):
-    return ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"]).run(
-        None, feed
-    )
-
-
-def _audio(samples: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(samples)
-    return {"input_values": (0.1 * rng.standard_normal((1, samples))).astype(np.float32)}
-
-
 @pytest.mark.parametrize("samples", [16_000, 480_000])
 def test_an_exact_samples_axis_past_the_old_text_limit_is_served_and_matches_cpu(
     w2v_group, tmp_path, samples
 ):
     """1 s and 30 s of 16 kHz audio with default provider options (main refused anything over 512)."""
-    session = _session(w2v_group, tmp_path)
-    feed = _audio(samples)
+    session = emulator_session(w2v_group, tmp_path)
+    feed = audio_inputs(samples, seed=samples)
     (got,) = session.run(None, feed)
-    (expected,) = _cpu(w2v_group, feed)
+    (expected,) = cpu_outputs(w2v_group, feed)
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, atol=ATOL)
     assert session.padding_verdicts()["sequence_length"].startswith("exact sizes:")
@@ -111,7 +62,7 @@ def test_an_exact_samples_axis_past_the_old_text_limit_is_served_and_matches_cpu
 
 def test_a_padded_dimension_past_its_plan_is_refused_naming_the_option(bert, tmp_path):
     model_dir, onnx_dir = bert
-    session = _session(onnx_dir, tmp_path, sequence_lengths="8,16")
+    session = emulator_session(onnx_dir, tmp_path, sequence_lengths="8,16")
     with pytest.raises(InputTooLargeError) as info:
         session.run(None, preprocessed_inputs(model_dir, batch=1, seq=40))
     message = str(info.value)
@@ -150,21 +101,21 @@ def _exact_warnings(caplog) -> list[str]:
 
 def test_an_exact_audio_axis_is_reported_once_at_session_creation(w2v_group, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger=DECISIONS_LOGGER)
-    session = _session(w2v_group, tmp_path)
+    session = emulator_session(w2v_group, tmp_path)
     (warning,) = _exact_warnings(caplog)  # at creation, before any call
     assert "input 'input_values' axis 1 (sequence_length)" in warning
     assert "InstanceNormalization" in warning  # the node that forces it
     assert "every distinct length compiles its own executable" in warning
     assert "chunk_length_s" in warning and "max_executables" in warning
     for samples in (1_600, 2_000):
-        session.run(None, _audio(samples))
+        session.run(None, audio_inputs(samples, seed=samples))
     assert len(_exact_warnings(caplog)) == 1  # once per session
 
 
 def test_a_padded_text_model_logs_no_exact_warning(bert, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger=DECISIONS_LOGGER)
     model_dir, onnx_dir = bert
-    session = _session(onnx_dir, tmp_path, sequence_lengths="8,16")
+    session = emulator_session(onnx_dir, tmp_path, sequence_lengths="8,16")
     session.run(None, preprocessed_inputs(model_dir, batch=1, seq=5))
     assert _exact_warnings(caplog) == []
 
@@ -192,7 +143,7 @@ def test_the_samples_axis_gets_the_audio_plan_at_the_feature_extractors_rate(w2v
     from optimum_ipu_backend.runtime.buckets import audio_sample_sizes
     from optimum_ipu_backend.runtime.factory import sampling_rate
 
-    session = _session(w2v_group, tmp_path)
+    session = emulator_session(w2v_group, tmp_path)
     assert session._runner.plan.sizes["sequence_length"] == audio_sample_sizes(16000)
     assert session._runner.plan.limits["sequence_length"] is None
     (tmp_path / "preprocessor_config.json").write_text('{"sampling_rate": 8000}')

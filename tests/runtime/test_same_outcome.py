@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from emulator_sessions import cpu_outputs, emulator_session
 from model_zoo import session_zoo
 from onnx import TensorProto, helper
 
@@ -21,7 +22,6 @@ from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 from optimum_ipu_backend.errors import InvalidFeedError
 from optimum_ipu_backend.runtime.buckets import InputTooLargeError
 from optimum_ipu_backend.session import IPUInferenceSession, create_session
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 ATOL = 1e-5
 
@@ -29,19 +29,6 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
     return session_zoo(tmp_path_factory)
-
-
-def _session(onnx_dir: Path, cache_dir: Path, **options) -> IPUInferenceSession:
-    options = {"device": "emulator", "executable_cache_dir": str(cache_dir), **options}
-    return IPUInferenceSession(
-        str(onnx_dir / "model.onnx"), options=IPUProviderOptions.parse(options, onnx_dir)
-    )
-
-
-def _cpu(onnx_dir: Path, feed):
-    return ort.InferenceSession(str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"]).run(
-        None, feed
-    )
 
 
 def _outcome(session: IPUInferenceSession, feed) -> tuple[str, object]:
@@ -54,12 +41,12 @@ def _outcome(session: IPUInferenceSession, feed) -> tuple[str, object]:
 def _fresh_and_stored(onnx_dir: Path, tmp_path: Path, earlier, call, **options):
     """The outcome of ``call`` in a session over a fresh cache, and in a new session over a cache where
     an earlier session ran ``earlier`` (storing its proofs and verdicts)."""
-    fresh = _outcome(_session(onnx_dir, tmp_path / "fresh", **options), call)
-    first = _session(onnx_dir, tmp_path / "stored", **options)
+    fresh = _outcome(emulator_session(onnx_dir, tmp_path / "fresh", **options), call)
+    first = emulator_session(onnx_dir, tmp_path / "stored", **options)
     _outcome(first, earlier)
     first.close()
     assert any((tmp_path / "stored").rglob("padding-proofs/*/*.json")), "the earlier session stored proofs"
-    stored = _outcome(_session(onnx_dir, tmp_path / "stored", **options), call)
+    stored = _outcome(emulator_session(onnx_dir, tmp_path / "stored", **options), call)
     return fresh, stored
 
 
@@ -72,7 +59,7 @@ def test_an_audio_call_is_served_alike_with_a_fresh_cache_and_with_stored_verdic
     call = {"input_values": (0.1 * rng.standard_normal((1, 1_600))).astype(np.float32)}
     fresh, stored = _fresh_and_stored(onnx_dir, tmp_path, earlier, call)
     assert fresh[0] == stored[0] == "served", (fresh, stored)
-    (expected,) = _cpu(onnx_dir, call)
+    (expected,) = cpu_outputs(onnx_dir, call)
     for outcome in (fresh, stored):
         (got,) = outcome[1]
         np.testing.assert_allclose(got, expected, atol=ATOL)
@@ -88,7 +75,7 @@ def test_a_convolution_text_model_past_its_plan_is_served_alike_in_both_cache_st
     call = preprocessed_inputs(model_dir, batch=1, seq=40, seed=1)
     fresh, stored = _fresh_and_stored(onnx_dir, tmp_path, earlier, call, sequence_lengths="8,16")
     assert fresh[0] == stored[0] == "served", (fresh, stored)
-    expected = _cpu(onnx_dir, call)
+    expected = cpu_outputs(onnx_dir, call)
     for outcome in (fresh, stored):
         np.testing.assert_allclose(outcome[1][0], expected[0], atol=ATOL)
 
