@@ -154,8 +154,8 @@ class ProviderUnderTest:
         return {"provider": self.name, "provider_options": dict(self.options)}
 
     def create_session(self, model_path: str | Path) -> Any:
-        """An operator-level InferenceSession (or the plugin's look-alike) on this provider alone, with the
-        operator-level options it declares under the run's own."""
+        """An operator-level InferenceSession on this provider alone, with the operator-level options it
+        declares under the run's own."""
         options = {**self.operator_support.provider_options, **self.options}
         if self._registration is not None:
             return self._registration.create_session(str(model_path), None, [self.name], [options])

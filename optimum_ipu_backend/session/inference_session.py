@@ -1,8 +1,10 @@
 """``IPUInferenceSession``: what optimum-onnx gets back from ``InferenceSession(...)`` for ipu.
 
-It has the surface optimum-onnx uses (the calls ORTModel makes on its sessions) and owns the
-lifecycle of one ONNX file: checks at creation, per-call validation of the feed, and delegation to
-the runtime, which compiles one executable per shape and runs it on the chosen engine.
+It is an ``onnxruntime.InferenceSession`` (a subclass of onnxruntime's Python class, so ``isinstance``
+checks pass) that never creates onnxruntime's native session: it owns the lifecycle of one ONNX file,
+with checks at creation, per-call validation of the feed, and delegation to the runtime, which compiles
+one executable per shape and runs it on the chosen engine. Each public method of onnxruntime's class is
+implemented here or refused by name (``session/ort_surface.py``).
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
+import onnxruntime
 
 from optimum_ipu_backend.compiler.analysis.index_ranges import IndexRanges
 from optimum_ipu_backend.engines import Engine, EngineClosedError, load_engine
@@ -33,8 +36,10 @@ from optimum_ipu_backend.session.feeds import FeedValidator
 from optimum_ipu_backend.session.io_binding import HostIOBinding
 from optimum_ipu_backend.session.node_arg import NodeArg, node_arg
 from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
+from optimum_ipu_backend.session.ort_surface import NoNativeSessionError, refuse_unimplemented
 
 PROVIDER_NAME = "IPUExecutionProvider"
+_NO_MODEL_VERSION = 2**63 - 1
 
 _logger = logging.getLogger(__name__)
 _emulation_announced = threading.Event()
@@ -69,10 +74,17 @@ class ModelMetadata:
     custom_metadata_map: dict[str, str] = field(default_factory=dict)
 
 
-class IPUInferenceSession:
-    """An ``onnxruntime.InferenceSession`` look-alike that runs on an IPU engine."""
+class IPUInferenceSession(onnxruntime.InferenceSession):
+    """An ``onnxruntime.InferenceSession`` that runs on an IPU engine.
+
+    Its ``__init__`` does not call onnxruntime's, so no native onnxruntime session exists; the public
+    methods of onnxruntime's class that are not implemented here raise ``UnsupportedSessionMethodError``
+    naming what to use instead (``ort_surface.REFUSED``)."""
 
     is_provider_plugin_session = True
+    # onnxruntime's private state that its own code and optimum read, mirrored where it holds here.
+    _enable_fallback = False  # the provider never falls back while running (fallbacks apply at creation)
+    _from_model_package = False
 
     def __init__(
         self,
@@ -80,8 +92,10 @@ class IPUInferenceSession:
         sess_options: Any = None,
         options: IPUProviderOptions | None = None,
     ) -> None:
+        # onnxruntime.InferenceSession.__init__ is not called: it would create a native session.
         is_path = not isinstance(path_or_bytes, (bytes, bytearray))
         self._model_path = str(path_or_bytes) if is_path else None
+        self._model_bytes = None if is_path else path_or_bytes
         model_dir = Path(path_or_bytes).parent if is_path else None
         self._options = options or IPUProviderOptions.parse(None, model_dir)
         self._resolution = resolve_device(
@@ -103,10 +117,12 @@ class IPUInferenceSession:
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_engine, self._engine)
         description = self._source.description
-        self._inputs = [node_arg(*spec) for spec in description.inputs]
-        self._outputs = [node_arg(*spec) for spec in description.outputs]
-        self._validate_feed = FeedValidator(self._inputs, IndexRanges.from_json(description.index_ranges))
-        self._output_names = [arg.name for arg in self._outputs]
+        self._inputs_meta = [node_arg(*spec) for spec in description.inputs]
+        self._outputs_meta = [node_arg(*spec) for spec in description.outputs]
+        self._validate_feed = FeedValidator(
+            self._inputs_meta, IndexRanges.from_json(description.index_ranges)
+        )
+        self._output_names = [arg.name for arg in self._outputs_meta]
         self._runner = build_runner(
             self._source,
             cache,
@@ -118,7 +134,7 @@ class IPUInferenceSession:
             progress=self._options.progress,
             trim_padding=self._options.trim_padding,
             config=_read_config(model_dir),
-            output_dtypes={arg.name: arg.dtype for arg in self._outputs},
+            output_dtypes={arg.name: arg.dtype for arg in self._outputs_meta},
             compile_settings=compile_settings,
         )
         if self._options.compile == "eager":
@@ -197,10 +213,10 @@ class IPUInferenceSession:
     # -- the InferenceSession surface -------------------------------------------------------------
 
     def get_inputs(self) -> list[NodeArg]:
-        return list(self._inputs)
+        return list(self._inputs_meta)
 
     def get_outputs(self) -> list[NodeArg]:
-        return list(self._outputs)
+        return list(self._outputs_meta)
 
     def get_overridable_initializers(self) -> list[NodeArg]:
         return []
@@ -232,9 +248,7 @@ class IPUInferenceSession:
 
     def get_session_options(self) -> Any:
         if self._sess_options is None:
-            import onnxruntime as ort
-
-            self._sess_options = ort.SessionOptions()
+            self._sess_options = onnxruntime.SessionOptions()
         return self._sess_options
 
     def get_modelmeta(self) -> ModelMetadata:
@@ -245,15 +259,13 @@ class IPUInferenceSession:
             domain=model.domain,
             description=model.doc_string,
             graph_description=model.graph.doc_string,
-            version=model.model_version,
+            # onnxruntime reports a model without a version as the largest int64
+            version=model.model_version if model.HasField("model_version") else _NO_MODEL_VERSION,
             custom_metadata_map={entry.key: entry.value for entry in model.metadata_props},
         )
 
-    def set_providers(self, providers: Sequence[Any] | None = None, provider_options: Any = None) -> None:
-        raise NotImplementedError(
-            "an IPUExecutionProvider session cannot switch providers in place; load the model again with "
-            "the provider you want, e.g. ORTModel.from_pretrained(path, provider='CPUExecutionProvider')"
-        )
+    def disable_fallback(self) -> None:
+        """Nothing to disable: the IPU provider never falls back to another provider while running."""
 
     def run(
         self,
@@ -261,21 +273,57 @@ class IPUInferenceSession:
         input_feed: Mapping[str, Any],
         run_options: Any = None,
     ) -> list[np.ndarray]:
-        if self._closed:
-            raise EngineClosedError(
-                "this IPUInferenceSession was closed, which released its IPUs; create a new session "
-                "(load the "
-                "model again) to run"
-            )
-        names = list(output_names) if output_names else self._output_names
-        unknown = [name for name in names if name not in self._output_names]
-        if unknown:
-            raise InvalidFeedError(
-                f"unknown output(s) {unknown}; the model's outputs are {self._output_names}"
-            )
-        feed = self._validate_feed(input_feed)
-        with failures_name_the_call(feed, self._resolution.engine):
-            return self._runner.run(feed, names)
+        names, feed = self._checked_call(output_names, input_feed)
+        return self._execute(names, feed)
+
+    def run_async(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        callback: Callable[[list[np.ndarray], Any, str], None],
+        user_data: Any,
+        run_options: Any = None,
+    ) -> None:
+        """Run on a thread of its own and call ``callback(results, user_data, error)``, as onnxruntime does:
+        ``error`` is ``""`` on success; on failure ``results`` is empty and ``error`` says what failed. A
+        bad feed or output name raises here, before the thread starts."""
+        names, feed = self._checked_call(output_names, input_feed)
+
+        def work() -> None:
+            try:
+                results = self._execute(names, feed)
+            except Exception as exc:  # handed to the callback, as onnxruntime hands over its status
+                callback([], user_data, f"{type(exc).__name__}: {exc}")
+                return
+            callback(results, user_data, "")
+
+        # Not a daemon: the interpreter waits for the call (and its callback) before it closes the engine.
+        threading.Thread(target=work, name="IPUInferenceSession.run_async").start()
+
+    def run_with_ort_values(
+        self,
+        output_names: Sequence[str] | None,
+        input_dict_ort_values: Mapping[str, Any],
+        run_options: Any = None,
+    ) -> list[onnxruntime.OrtValue]:
+        """``run`` on ``OrtValue`` inputs held in CPU memory; the results come back as CPU ``OrtValue``s."""
+        feed = {}
+        for name, value in input_dict_ort_values.items():
+            device = value.device_name() if callable(getattr(value, "device_name", None)) else None
+            if device is None:
+                raise InvalidFeedError(
+                    f"input {name!r} is a {type(value).__name__}; run_with_ort_values takes "
+                    "onnxruntime.OrtValue inputs (run() takes numpy arrays)"
+                )
+            if device.lower() != "cpu":
+                raise InvalidFeedError(
+                    f"input {name!r} is an OrtValue on device {device!r}; the IPU provider is fed from host "
+                    "memory, so pass CPU values (onnxruntime.OrtValue.ortvalue_from_numpy(array))"
+                )
+            feed[name] = value.numpy()
+        results = self.run(output_names, feed, run_options)
+        # A result trimmed from a padded executable can be a strided view; OrtValues wrap contiguous data.
+        return [onnxruntime.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(r)) for r in results]
 
     def io_binding(self) -> HostIOBinding:
         return HostIOBinding(self.run, self._output_names)
@@ -284,7 +332,49 @@ class IPUInferenceSession:
         iobinding.run()
 
     def end_profiling(self) -> str:
+        """No onnxruntime profile is kept, so there is no file: ``""``, as onnxruntime returns when
+        profiling is off."""
         return ""
+
+    @property
+    def _sess(self) -> NoReturn:
+        """onnxruntime's native session, which this session never creates (``onnxruntime.IOBinding(session)``
+        and onnxruntime's own methods read it)."""
+        raise NoNativeSessionError(
+            type(self).__name__,
+            "_sess",
+            "the IPU session runs its graph on an IPU engine and has no native onnxruntime session; "
+            "session.io_binding() gives its IO binding (onnxruntime.IOBinding(session) cannot)",
+        )
+
+    @property
+    def _providers(self) -> list[str]:
+        return self.get_providers()
+
+    @property
+    def _provider_options(self) -> dict[str, dict[str, str]]:
+        return self.get_provider_options()
+
+    def _checked_call(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]
+    ) -> tuple[list[str], dict[str, np.ndarray]]:
+        """The output names and the validated feed of one call, or the error that refuses it."""
+        if self._closed:
+            raise EngineClosedError(
+                "this IPUInferenceSession was closed, which released its IPUs; create a new session "
+                "(load the model again) to run"
+            )
+        names = list(output_names) if output_names else self._output_names
+        unknown = [name for name in names if name not in self._output_names]
+        if unknown:
+            raise InvalidFeedError(
+                f"unknown output(s) {unknown}; the model's outputs are {self._output_names}"
+            )
+        return names, self._validate_feed(input_feed)
+
+    def _execute(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        with failures_name_the_call(feed, self._resolution.engine):
+            return self._runner.run(feed, names)
 
     # -- beyond onnxruntime -----------------------------------------------------------------------
 
@@ -348,6 +438,11 @@ class IPUInferenceSession:
     def bucket_sizes(self) -> dict[str, list[int]]:
         """The compiled sizes of every padded dimension."""
         return self._runner.plan.to_dict()
+
+
+# Each public name of onnxruntime's class not defined above raises, naming what to use instead; none is
+# left to onnxruntime's code, which would reach for the native session this class never creates.
+refuse_unimplemented(IPUInferenceSession, onnxruntime.InferenceSession)
 
 
 def _close_engine(engine: Engine) -> None:

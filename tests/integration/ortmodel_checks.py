@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import onnxruntime
 import optimum.onnxruntime as ort_models
 import torch
 
@@ -69,6 +70,8 @@ def _session_facts(model) -> dict:
         facts.append(
             {
                 "type": type(session).__name__,
+                # what optimum-onnx's own tests and user code check
+                "is_inference_session": isinstance(session, onnxruntime.InferenceSession),
                 "providers": [str(p) for p in session.get_providers()],
                 "options": session.get_provider_options().get("IPUExecutionProvider", {}),
                 "padding": session.padding_verdicts(),

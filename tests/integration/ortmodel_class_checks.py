@@ -12,12 +12,29 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnxruntime
 import optimum.onnxruntime as ort_models
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ortmodel_checks as checks  # noqa: E402
 from ortmodel_checks import _flatten, _max_abs, _max_diff, _session_facts, main  # noqa: E402
+
+
+def _held_sessions(model) -> dict[str, dict]:
+    """Every session the model holds, by attribute (``model``, ``session``, ``encoder.session``,
+    ``unet.session``, ...): its class, identity, and whether it is an ``onnxruntime.InferenceSession``, as
+    optimum-onnx's own tests and user code check."""
+    held = {}
+    for name, value in vars(model).items():
+        for path, candidate in ((name, value), (f"{name}.session", getattr(value, "session", None))):
+            if callable(getattr(candidate, "run", None)) and callable(getattr(candidate, "get_inputs", None)):
+                held[path] = {
+                    "class": type(candidate).__name__,
+                    "id": id(candidate),
+                    "is_inference_session": isinstance(candidate, onnxruntime.InferenceSession),
+                }
+    return held
 
 
 def _inputs(case: dict) -> dict[str, torch.Tensor]:
@@ -40,6 +57,7 @@ def forward_case(case: dict) -> dict:
         "output_spread": min(float(t.float().max() - t.float().min()) for t in tensors),
         "output_shapes": [list(t.shape) for t in tensors],
         **_session_facts(ipu),
+        "held_sessions": _held_sessions(ipu),
     }
 
 
@@ -58,6 +76,7 @@ def generate_case(case: dict) -> dict:
         "expected_tokens": expected.tolist(),
         "distinct_tokens": len(set(expected.flatten().tolist())),
         **_session_facts(ipu),
+        "held_sessions": _held_sessions(ipu),
     }
 
 
@@ -78,6 +97,7 @@ def diffusion_case(case: dict) -> dict:
         "image_shape": list(expected.shape),
         "image_std": float(expected.std()),
         **_session_facts(ipu),
+        "held_sessions": _held_sessions(ipu),
     }
 
 

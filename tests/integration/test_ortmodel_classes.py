@@ -69,7 +69,19 @@ def _case(results: dict, name: str) -> dict:
     result = results[name]
     assert "error" not in result, result.get("error")
     _assert_on_ipu_emulator(result)
+    _assert_sessions_are_inference_sessions(result)
     return result
+
+
+def _assert_sessions_are_inference_sessions(result: dict) -> None:
+    """Every session the model holds (model.model, model.session, the encoder, decoder and decoder with
+    past of a seq2seq model, a pipeline's components) is an onnxruntime.InferenceSession, as optimum-onnx's
+    own tests check before they compare outputs; and the walk found each session the model ran on."""
+    held = result["held_sessions"]
+    assert held and all(entry["is_inference_session"] for entry in held.values()), held
+    # the same session can sit in two parts (a seq2seq model's `model` is its encoder): count each once
+    ran_on = {json.dumps(facts, sort_keys=True) for facts in result["sessions"]}
+    assert len({entry["id"] for entry in held.values()}) == len(ran_on), (held, result["sessions"])
 
 
 def test_every_class_optimum_onnx_exports_has_a_model() -> None:

@@ -122,7 +122,7 @@ def _assert_on_ipu_emulator(result: dict) -> None:
     assert result["provider"] == "IPUExecutionProvider"
     assert result["sessions"], "no session found on the model"
     for session in result["sessions"]:
-        assert session["type"] == "IPUInferenceSession"
+        assert session["type"] == "IPUInferenceSession" and session["is_inference_session"]
         assert session["options"]["device"] == "emulator" and session["options"]["emulated"] == "1"
     assert result["fallback_warnings"] == []
 

@@ -224,7 +224,8 @@ def test_cpu_listed_after_ipu_is_a_warned_fallback(model_path, monkeypatch):
     monkeypatch.delenv("OPTIMUM_IPU_DEVICE", raising=False)
     with pytest.warns(RuntimeWarning, match="(?s)Poplar SDK.*Falling back to \\[.CPUExecutionProvider.\\]"):
         fallback = create_session(model_path, providers=["ipu", "CPUExecutionProvider"])
-    assert isinstance(fallback, ort.InferenceSession)
+    # onnxruntime's own session: the IPU session is an ort.InferenceSession too, so check the class
+    assert isinstance(fallback, ort.InferenceSession) and not isinstance(fallback, IPUInferenceSession)
     assert fallback.get_providers() == ["CPUExecutionProvider"]
 
 
