@@ -2,15 +2,16 @@
 the host emulator against CPU onnxruntime, with what is compared, the tolerance, and the result of a test
 run.
 
-The rows come from the matrix's own definition, the case tables of the three test modules that run
+The rows come from the matrix's own definition, the case tables of the four test modules that run
 ORTModel classes end to end (``test_ortmodels.py``: the main matrix; ``test_padding_patterns.py``: the
 padding patterns; ``test_ortmodel_classes.py``: one model per remaining class and the diffusion
-pipeline), so a case added there is a row here. The results come from a JUnit XML report of a run of
+pipeline; ``test_bart_classification.py``: BART-family sequence classification and the zero-shot
+pipeline on it), so a case added there is a row here. The results come from a JUnit XML report of a run of
 those modules::
 
     OPTIMUM_IPU_TEST_ZOO=/tmp/zoo python -m pytest tests/integration/test_ortmodels.py \\
         tests/integration/test_padding_patterns.py tests/integration/test_ortmodel_classes.py \\
-        --junitxml=/tmp/models.xml
+        tests/integration/test_bart_classification.py --junitxml=/tmp/models.xml
     python tools/models_table.py --junit /tmp/models.xml --output docs/models.md
 
 ``tests/test_models_doc.py`` checks that the committed file lists exactly the rows the matrix defines.
@@ -29,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "models.md"
-MODULES = ("test_ortmodels", "test_padding_patterns", "test_ortmodel_classes")
+MODULES = ("test_ortmodels", "test_padding_patterns", "test_ortmodel_classes", "test_bart_classification")
 NOT_RUN = "not run"
 
 _HEADER = """# Models tried on the IPU provider
@@ -47,7 +48,7 @@ Regenerate after changing the matrix:
 ```bash
 OPTIMUM_IPU_TEST_ZOO=/tmp/zoo python -m pytest tests/integration/test_ortmodels.py \\
     tests/integration/test_padding_patterns.py tests/integration/test_ortmodel_classes.py \\
-    --junitxml=/tmp/models.xml
+    tests/integration/test_bart_classification.py --junitxml=/tmp/models.xml
 python tools/models_table.py --junit /tmp/models.xml --output docs/models.md
 ```
 """
@@ -126,7 +127,7 @@ def _pattern_tests(module) -> dict[str, str]:
 
 def matrix_rows() -> list[Row]:
     """Every row the test matrix defines, in the order of its modules and their case tables."""
-    main, patterns, classes = (_load(name) for name in MODULES)
+    main, patterns, classes, eos = (_load(name) for name in MODULES)
     rows = []
     for case, (ort_class, model, task) in main.FORWARD.items():
         rows.append(
@@ -163,6 +164,12 @@ def matrix_rows() -> list[Row]:
         rows.append(
             Row(case.ort_class, case.architecture, case.export_task, *compared, _node(classes, test, name))
         )
+    for model in eos.MODELS:
+        forward = _node(eos, "test_a_padded_batch_of_mixed_lengths_up_to_the_longest_matches_cpu", model)
+        rows.append(Row(eos.ORT_CLASS, model, eos.TASK, *_outputs(eos.ATOL), forward))
+        pipeline = _node(eos, "test_zero_shot_classification_matches_cpu", model)
+        scores = ("zero-shot-classification pipeline scores", _atol(eos.ATOL))
+        rows.append(Row(eos.ORT_CLASS, model, eos.TASK, *scores, pipeline))
     return rows
 
 

@@ -22,6 +22,7 @@ from optimum_ipu_backend.cli.check_parser import DESCRIPTION, add_arguments
 from optimum_ipu_backend.cli.check_sizes import GraphSizes, graph_sizes, resolve_input_shapes
 from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
 from optimum_ipu_backend.compiler.graph_rewrites.dense_experts import densify_experts
+from optimum_ipu_backend.compiler.graph_rewrites.eos_selection import select_last_eos
 from optimum_ipu_backend.compiler.memory import MemoryEstimate, estimate_memory, estimate_memory_per_ipu
 from optimum_ipu_backend.compiler.op_table import branch_inputs
 from optimum_ipu_backend.compiler.passes.base import PassReport
@@ -246,7 +247,11 @@ def check_file(
     if sizes.over_limit:
         result.error = "sizes over the model's limit: " + "; ".join(sizes.over_limit)
         return result
-    try:  # as the runtime serves it (runtime.graph_source): top-k experts computed densely
+    try:  # as the runtime serves it (runtime.graph_source): selections computed densely
+        eos = select_last_eos(model)
+        if eos is not None:
+            model = eos.model
+            result.notes.append(eos.note)
         dense = densify_experts(model)
     except ValueError as error:
         result.error = str(error)

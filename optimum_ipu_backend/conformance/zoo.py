@@ -62,6 +62,9 @@ MODEL_NAMES: tuple[str, ...] = (
     "qwen3_moe",
     "wav2vec2",
 )
+#: Built for tests of one head outside the conformance matrix (MBart's sequence classification, whose
+#: end-of-sentence selection ``compiler.graph_rewrites.eos_selection`` serves densely).
+EXTRA_NAMES: tuple[str, ...] = ("mbart",)
 
 
 class ZooCase(NamedTuple):
@@ -283,6 +286,7 @@ def unigram_tokenizer(
     templates: tuple[str, str],
     model_input_names: list[str],
     token_roles: Mapping[str, str],
+    model_max_length: int = TINY_MAX_POSITIONS,
 ) -> transformers.PreTrainedTokenizerFast:
     """A SentencePiece-style (Metaspace + Unigram) tokenizer for transformers, saved to ``out_dir``.
 
@@ -309,7 +313,7 @@ def unigram_tokenizer(
         tokenizer_object=tokenizer,
         unk_token=unk_token,
         model_input_names=model_input_names,
-        model_max_length=TINY_MAX_POSITIONS,
+        model_max_length=model_max_length,
     )
     wrapped.add_special_tokens(dict(token_roles))
     wrapped.save_pretrained(out_dir)
@@ -490,6 +494,35 @@ def _bart(out_dir: Path) -> transformers.PretrainedConfig:
         max_position_embeddings=TINY_MAX_POSITIONS,
         decoder_start_token_id=tokenizer.eos_token_id,
         forced_bos_token_id=None,
+        forced_eos_token_id=tokenizer.eos_token_id,
+        init_std=0.1,
+        **_ids(tokenizer),
+    )
+
+
+#: MBart's stand-in takes texts of the length users feed a zero-shot classifier (512 tokens), which the
+#: other tiny models' 128 positions do not allow.
+MBART_MAX_POSITIONS = 512
+
+
+def _mbart(out_dir: Path) -> transformers.PretrainedConfig:
+    """MBart's layout: fairseq's special ids (<s>=0, <pad>=1, </s>=2, <unk>=3), SentencePiece pieces, and a
+    source-language code after the closing </s> (so a row holds one </s>, not BART's three for a pair)."""
+    import transformers
+
+    tokenizer = unigram_tokenizer(
+        out_dir,
+        special_tokens=["<s>", "<pad>", "</s>", "<unk>", "en_XX", "<mask>"],
+        templates=("$A </s> en_XX", "$A $B </s> en_XX"),
+        model_input_names=["input_ids", "attention_mask"],
+        token_roles={"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "mask_token": "<mask>"},
+        model_max_length=MBART_MAX_POSITIONS,
+    )
+    return transformers.MBartConfig(
+        vocab_size=len(tokenizer),
+        **_ENCODER_DECODER_SIZES,
+        max_position_embeddings=MBART_MAX_POSITIONS,
+        decoder_start_token_id=tokenizer.eos_token_id,
         forced_eos_token_id=tokenizer.eos_token_id,
         init_std=0.1,
         **_ids(tokenizer),
@@ -784,6 +817,7 @@ _BUILDERS: Mapping[str, Callable[[Path], transformers.PretrainedConfig]] = {
     "longt5": _longt5,
     "qwen3_moe": _qwen3_moe,
     "wav2vec2": wav2vec2_config,
+    "mbart": _mbart,
 }
 
 
@@ -816,7 +850,7 @@ def build_model(name: str, root: Path, task: str | None = None) -> Path:
             raise ValueError(f"minilm is a sentence-embedding model; it has no head for task {task!r}")
         return minilm_dir()
     if name not in _BUILDERS:
-        raise ValueError(f"unknown zoo model {name!r}; expected one of {MODEL_NAMES}")
+        raise ValueError(f"unknown zoo model {name!r}; expected one of {MODEL_NAMES + EXTRA_NAMES}")
     build_task = _build_task(task)
 
     root = Path(root)

@@ -162,6 +162,7 @@ def build_runner(
         generated_masks=generated,
         trim_padding=trim_padding,
         max_executables=runtime.max_executables,
+        token_counts=tuple(description.token_count_checks()),
     )
     _logger.info("compiled sizes: %s", plan.describe())
     return StaticShapeRunner(table, input_shapes, output_dtypes, serving, decisions)

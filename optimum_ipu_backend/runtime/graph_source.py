@@ -2,7 +2,8 @@
 
 Creating a session needs only a description of the graph: its inputs and outputs, the operators the
 compiler cannot take, the inputs that pick a merged decoder's branch, the masks the runtime generates
-for the rewrites it gets, and a content hash for the executable cache. Parsing a large export is the
+for the rewrites it gets, what the rewrites need of each call's feed, and a content hash for the
+executable cache. Parsing a large export is the
 slowest part of a warm load, so the description is kept beside the executable cache, keyed by the
 files' sizes and modification times, and checked with a hash of its own: a warm load reads it and
 parses nothing. The graph itself is parsed on the first cache miss.
@@ -17,18 +18,21 @@ import os
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from optimum_ipu_backend import __version__
+
+if TYPE_CHECKING:
+    from optimum_ipu_backend.compiler.graph_rewrites.eos_selection import SameTokenCount
 
 _logger = logging.getLogger(__name__)
 
 DESCRIPTIONS_DIR = "graphs"
 # Part of every stored description's key: a description written by code that knew fewer fields is
 # never read back with those fields left at their defaults.
-DESCRIPTION_FORMAT = 3
+DESCRIPTION_FORMAT = 4
 _HASH_CHUNK = 1 << 20
 
 # (name, symbolic shape, ONNX elem type)
@@ -61,10 +65,19 @@ class GraphDescription:
     notes: list[str] = field(default_factory=list)
     # inputs that index a table on the device, and their allowed values (compiler.analysis.index_ranges)
     index_ranges: dict[str, Any] = field(default_factory=dict)
+    #: What each call's feed must hold for the served graph to equal the export
+    #: (``SameTokenCount.to_json``: an end-of-sentence selection computed densely).
+    token_counts: list[list[Any]] = field(default_factory=list)
 
     def masks(self) -> list[GeneratedMask]:
         """The generated masks, one record each."""
         return [GeneratedMask(*entry) for entry in self.generated_masks]
+
+    def token_count_checks(self) -> list[SameTokenCount]:
+        """The token counts every call must satisfy, one record each."""
+        from optimum_ipu_backend.compiler.graph_rewrites.eos_selection import SameTokenCount
+
+        return [SameTokenCount.from_json(entry) for entry in self.token_counts]
 
 
 def _io(values, initializers: set[str]) -> list[IOSpec]:
@@ -116,18 +129,29 @@ class ServedGraph:
     generated_masks: list[GeneratedMask] = field(default_factory=list)
     #: Nodes no rewrite can make static: [name, op_type, domain, reason].
     unsupported: list[list[str]] = field(default_factory=list)
+    #: What each call's feed must hold for the rewritten graph to equal the export.
+    token_counts: list[SameTokenCount] = field(default_factory=list)
 
 
 def served_graph(model: onnx.ModelProto) -> ServedGraph:
-    """Mixture-of-experts selections made dense (or reported), then the generated masks."""
+    """Data-dependent selections made static: end-of-sentence selections (``eos_selection``) and
+    mixture-of-experts selections (``dense_experts``) computed densely, or reported; then the generated
+    masks."""
     from optimum_ipu_backend.compiler.graph_rewrites.dense_experts import (
         data_dependent_selections,
         densify_experts,
     )
+    from optimum_ipu_backend.compiler.graph_rewrites.eos_selection import select_last_eos
 
     notes: list[str] = []
     unsupported: list[list[str]] = []
+    token_counts: list[SameTokenCount] = []
     try:
+        eos = select_last_eos(model)
+        if eos is not None:
+            model = eos.model
+            notes.append(eos.note)
+            token_counts = eos.preconditions
         dense = densify_experts(model)
     except ValueError as exc:
         dense = None
@@ -136,7 +160,7 @@ def served_graph(model: onnx.ModelProto) -> ServedGraph:
         model = dense.model
         notes.append(dense.cost)
     model, masks = _mask_rewrites(model)
-    return ServedGraph(model, notes, masks, unsupported)
+    return ServedGraph(model, notes, masks, unsupported, token_counts)
 
 
 def _describe(model: onnx.ModelProto, served: ServedGraph, digest: str) -> GraphDescription:
@@ -161,6 +185,7 @@ def _describe(model: onnx.ModelProto, served: ServedGraph, digest: str) -> Graph
         generated_masks=[[mask.input, mask.dim, mask.side] for mask in served.generated_masks],
         notes=served.notes,
         index_ranges=analyze_index_ranges(model).to_json(),
+        token_counts=[check.to_json() for check in served.token_counts],
     )
 
 

@@ -46,7 +46,7 @@ from optimum_ipu_backend.runtime.roles import CONTINUE, InputRole, input_role, i
 _logger = logging.getLogger(__name__)
 
 PROOFS_DIR = "padding-proofs"
-_FORMAT = 1
+_FORMAT = 2  # 2: comparisons with constants and reverse CumSum in the proof
 
 #: A dimension's verdict once it has been tried: padded (proven) or compiled exactly, with the reason.
 PADDED = "padded (proven)"

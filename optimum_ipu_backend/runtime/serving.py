@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from optimum_ipu_backend.runtime.boundary import to_host_dtype
 from optimum_ipu_backend.runtime.buckets import BucketPlan
 from optimum_ipu_backend.runtime.device_steps import merge_outputs, plan_steps, split_feed
 from optimum_ipu_backend.runtime.executables import ExecutableTable
+from optimum_ipu_backend.runtime.feed_preconditions import check_token_counts
 from optimum_ipu_backend.runtime.padding import (
     DimensionMismatchError,
     SymbolicShape,
@@ -33,6 +35,9 @@ from optimum_ipu_backend.runtime.padding import (
 )
 from optimum_ipu_backend.runtime.padding_decisions import EXACT_PREFIX, PaddingDecisions, cut_output
 from optimum_ipu_backend.runtime.roles import InputRole, input_role, is_batch_dim, is_past_dim, text_dims
+
+if TYPE_CHECKING:
+    from optimum_ipu_backend.compiler.graph_rewrites.eos_selection import SameTokenCount
 
 
 class ExecutableLimitError(DeviceError):
@@ -55,6 +60,9 @@ class ServingConfig:
     trim_padding: bool = False
     #: How many executables the session may compile; None: no cap.
     max_executables: int | None = None
+    #: Token counts the served graph needs of every call (``feed_preconditions``; a dense end-of-sentence
+    #: selection).
+    token_counts: tuple[SameTokenCount, ...] = ()
 
 
 def _batch_axis(shape: SymbolicShape) -> int | None:
@@ -126,6 +134,7 @@ class StaticShapeRunner:
         return self._decisions.verdicts()
 
     def run(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        check_token_counts(self._config.token_counts, feed)  # the caller's own rows, before anything
         lengths = self._row_lengths(feed) if self._config.trim_padding else None
         if lengths is not None:
             return self._run_regrouped(feed, output_names, lengths)
@@ -135,6 +144,7 @@ class StaticShapeRunner:
 
     def _run_exact(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         config = self._config
+        check_token_counts(config.token_counts, feed)  # again for the row groups of trim_padding
         branches = {name: bool(np.asarray(feed[name]).reshape(-1)[0]) for name in self._table.branch_inputs}
         feed = {name: array for name, array in feed.items() if name not in branches}
         if branches and not all(branches.values()):

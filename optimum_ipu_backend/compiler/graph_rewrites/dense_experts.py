@@ -119,7 +119,9 @@ def densify_experts(model: onnx.ModelProto) -> DenseExperts | None:
         if isinstance(match, str):
             raise ValueError(
                 f"{selection.reason}. It is not the top-k mixture-of-experts selection that can be computed "
-                f"densely ({match}); export the model with static routing or serve it on another provider"
+                f"densely ({match}), nor the end-of-sentence selection of a classification head (a NonZero "
+                "over input tokens equal to a constant id); export the model with static routing or serve it "
+                "on another provider"
             )
         weight_gather, experts, top_k = match
         result.num_experts = experts if experts is not None else result.num_experts

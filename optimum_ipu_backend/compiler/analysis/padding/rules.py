@@ -232,10 +232,57 @@ def _unary_combine(table: np.ndarray) -> Callable[[list[np.ndarray]], np.ndarray
 def rule_binary(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
     table = C.BINARY[node.op_type]
     elem_type = onnx.TensorProto.BOOL if node.op_type in _COMPARISONS else None
-    return [elementwise(ctx, node, [v for v in inputs if v is not None], _table_combine(table), elem_type)]
+    operands = [v for v in inputs if v is not None]
+    result = elementwise(ctx, node, operands, _table_combine(table), elem_type)
+    if node.op_type in _NUMERIC_COMPARISONS and len(operands) == 2:
+        result = _compared_with_constant(result, node.op_type, operands[0], operands[1])
+    return [result]
 
 
 _COMPARISONS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"})
+_NUMERIC_COMPARISONS = {
+    "Equal": np.equal,
+    "Less": np.less,
+    "Greater": np.greater,
+    "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal,
+}
+
+
+def _compared_with_constant(result: Data, op_type: str, left: Value, right: Value) -> Data:
+    """A comparison of Data with a Concrete tensor: where a Data element's class says its value exactly
+    (ZERO is 0, ONE is 1), the comparison's outcome is known from the constant's value at that element
+    (a padded token id 1 is not the end-of-sentence id 2), where the class table alone knows only that
+    1 and some other ordinary value compare either way."""
+    if isinstance(left, Data) == isinstance(right, Data):
+        return result
+    data, constant = (left, right) if isinstance(left, Data) else (right, left)
+    values = np.asarray(constant.padded)
+    if values.dtype == np.bool_ or data.elem_type == onnx.TensorProto.BOOL or values.size > ELEMENT_LIMIT:
+        return result
+    rank = result.rank
+    data_classes = _with_rank(data.classes, rank)
+    known = (data_classes == C.ZERO) | (data_classes == C.ONE)
+    if not np.any(known):
+        return result
+    data_values = np.where(data_classes == C.ONE, 1, 0).astype(values.dtype)
+    values = _with_rank(values, rank)
+    outcome = (
+        _NUMERIC_COMPARISONS[op_type](data_values, values)
+        if data is left
+        else _NUMERIC_COMPARISONS[op_type](values, data_values)
+    )
+    classes = np.where(known, np.where(outcome, C.TRUE, C.FALSE), _with_rank(result.classes, rank))
+    return Data(
+        result.shape,
+        result.real_shape,
+        result.maps,
+        result.exact,
+        classes.astype(np.int8),
+        result.elem_type,
+        result.sources,
+        result.blame,
+    )
 
 
 def rule_variadic(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
@@ -859,6 +906,9 @@ def _gather_at(ctx: Context, node: onnx.NodeProto, data: Data, axis: int, indice
     )
 
 
+_GATHERS = frozenset({"GatherElements", "GatherND"})
+
+
 def rule_moved_elements(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
     """Index-moving operators with data-independent indices (GatherElements, GatherND, ScatterND,
     ScatterElements, Trilu, Pad, ...): each element's source is found by running the operator on
@@ -872,12 +922,15 @@ def rule_moved_elements(ctx: Context, node: onnx.NodeProto, inputs: list[Value |
             datas[slot] = as_data(value, ctx)
         elif isinstance(value, Data):
             template = as_data(inputs[carrying[0]], ctx)  # type: ignore[arg-type]
+            # A gather's result has its indices' shape (GatherND: their leading axes and the data's
+            # trailing ones), a scatter's its data's.
+            if node.op_type in _GATHERS:
+                out_p, out_u = _shapes_by_zeros(ctx, node, inputs)
+            else:
+                out_p, out_u = template.shape, template.real_shape
             return [
                 _opaque(
-                    template,
-                    template.shape,
-                    template.real_shape,
-                    describe(node, "moves elements to positions computed from data"),
+                    template, out_p, out_u, describe(node, "moves elements to positions computed from data")
                 )
             ]
     total = sum(int(np.prod(d.shape)) for d in datas.values())
@@ -1405,7 +1458,12 @@ def rule_cumsum(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) 
         order = order[::-1]
     own = order if axis_map is None else axis_map[order]
     real_in_order = own[own >= 0]
-    increasing = bool(np.all(np.diff(real_in_order) > 0)) and complete(axis_map, data.real_shape[axis])
+    # The caller's run sums its coordinates in increasing order, or decreasing with reverse=1: the real
+    # coordinates must meet the padded run's summation in that same order, so that every real element's
+    # prefix holds the same real elements (plus padding, which must hold zero).
+    steps = np.diff(real_in_order)
+    in_order = bool(np.all(steps < 0) if reverse else np.all(steps > 0))
+    in_order = in_order and complete(axis_map, data.real_shape[axis])
     moved_exact = np.moveaxis(exact_full, axis, -1)[..., order]
     moved_classes = np.moveaxis(classes_full, axis, -1)[..., order]
     real = own >= 0
@@ -1414,7 +1472,7 @@ def rule_cumsum(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) 
     contribution_ok = np.where(real, moved_exact, moved_classes == C.ZERO)
     prefix_ok = np.logical_and.accumulate(contribution_ok, axis=-1)
     exact = np.moveaxis(prefix_ok[..., np.argsort(order)], -1, axis)
-    if not increasing:
+    if not in_order:
         exact = exact & False
     if blame is None and not np.all(exact | ~_axis_real(data, axis)):
         blame = describe(node, f"accumulates along axis {axis} across padding that is not zero")
