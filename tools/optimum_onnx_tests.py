@@ -417,6 +417,13 @@ def _print_counts(label: str, totals: Mapping[str, int], seconds: float | None) 
     )
 
 
+def _print_by_cause(failures: Mapping[str, Outcome]) -> None:
+    for cause, tests in group_by_cause(failures).items():
+        print(f"  [{len(tests)}] {cause}")
+        for test_id in tests:
+            print(f"      {test_id}")
+
+
 def report(
     provider_label: str,
     cpu: Mapping[str, Outcome],
@@ -438,10 +445,7 @@ def report(
     comparison = compare(cpu, provider)
     if comparison.cpu_not_passing:
         print(f"\n{len(comparison.cpu_not_passing)} tests fail on CPU (a stand-in problem; not counted):")
-        for cause, tests in group_by_cause(comparison.cpu_not_passing).items():
-            print(f"  [{len(tests)}] {cause}")
-            for test_id in tests:
-                print(f"      {test_id}")
+        _print_by_cause(comparison.cpu_not_passing)
     print(
         f"\nPass on CPU, fail on {provider_label}: {len(comparison.regressions) + len(comparison.expected)}"
     )
@@ -451,10 +455,7 @@ def report(
             print(f"      {test_id}  [names CPUExecutionProvider]")
     if comparison.regressions:
         print(f"  regressions ({len(comparison.regressions)}), by cause:")
-        for cause, tests in group_by_cause(comparison.regressions).items():
-            print(f"  [{len(tests)}] {cause}")
-            for test_id in tests:
-                print(f"      {test_id}")
+        _print_by_cause(comparison.regressions)
     return 1 if comparison.regressions else 0
 
 

@@ -19,8 +19,9 @@ would (the task inferred from the config, ``--task`` to choose another).
 Sizes not given with ``--dim``/``--shape`` are those the runtime compiles by default: one sample, the
 bucket plan's largest size of each other dimension, one new token for a decoder that takes a past, and
 a past that leaves room for that token within the model's positions. A size over the model's limit is
-reported as such. Graphs are checked as the runtime serves them: a top-k mixture-of-experts selection is
-computed densely, and its cost is printed.
+reported as such. Graphs are checked as the runtime serves them: a classification head's end-of-sentence
+selection (BART, MBart) and a top-k mixture-of-experts selection are computed densely, with a note on
+what each needs of a call or costs.
 
 ``--verify-padding`` also runs each graph on the host emulator, padded and at exact sizes, and compares
 the real outputs; it prints each dimension's padding verdict (padded because the padding proof holds, or

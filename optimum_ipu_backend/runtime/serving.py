@@ -144,7 +144,6 @@ class StaticShapeRunner:
 
     def _run_exact(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         config = self._config
-        check_token_counts(config.token_counts, feed)  # again for the row groups of trim_padding
         branches = {name: bool(np.asarray(feed[name]).reshape(-1)[0]) for name in self._table.branch_inputs}
         feed = {name: array for name, array in feed.items() if name not in branches}
         if branches and not all(branches.values()):
@@ -341,7 +340,7 @@ class StaticShapeRunner:
         sequence_axes = self._decisions.output_axes(sequence_dim, infer_dims(feed, self._input_shapes), {})
         if not sequence_axes:  # padding this sequence is not proven invisible: trimming it is not either
             return self._run_exact(feed, output_names)
-        results: list[np.ndarray | None] = [None] * len(output_names)
+        parts = []
         for rows in groups.values():
             width = int(lengths[rows].max())
             sub_feed = {}
@@ -354,6 +353,11 @@ class StaticShapeRunner:
                     if dim == sequence_dim:
                         part = np.take(part, np.arange(width), axis=axis)
                 sub_feed[name] = part
+            # cut rows must still meet what the served graph needs of a feed, checked before any group runs
+            check_token_counts(self._config.token_counts, sub_feed)
+            parts.append((rows, width, sub_feed))
+        results: list[np.ndarray | None] = [None] * len(output_names)
+        for rows, width, sub_feed in parts:
             for index, (name, output) in enumerate(
                 zip(output_names, self._run_exact(sub_feed, output_names), strict=True)
             ):
