@@ -18,6 +18,12 @@ from typing import Any
 
 _logger = logging.getLogger(__name__)
 
+# The stores of records under the cache root, beside the executable entries; cache maintenance
+# (``optimum-ipu cache list/info/prune/clear``) covers each of them.
+DESCRIPTIONS_DIR = "graphs"  # graph descriptions, keyed by the graph's content
+PROOFS_DIR = "padding-proofs"  # padding proofs, under the digest of the graph they prove
+CONFORMANCE_DIR = "conformance"  # conformance results
+
 
 def _body_hash(body: Any) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
