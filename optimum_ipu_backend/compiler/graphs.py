@@ -6,15 +6,25 @@
   serialize the whole model, and no pass needs a weight's values, so initializers of ``WEIGHT_MIN_BYTES``
   or more travel as typed graph inputs. One threshold for every such copy.
 * Fresh names that clash with nothing in the model (``NameAllocator``).
-* Who produces and who reads each tensor (``TensorIndex``).
+* Who produces and who reads each tensor (``TensorIndex``), and which tensors feed a table's indices
+  (``index_operand_sources``).
+* One shape inference (``infer_shapes``), always on a weight-free copy, so a model above protobuf's 2 GiB
+  limit is inferred like any other; a node's attributes (``attribute``); a tensor's bytes
+  (``value_bytes``).
+* ``GraphView``: what one graph scope sees (types, shapes, constants, producers and consumers), and
+  through its parent what the enclosing scopes hold; every pass, rewrite and analysis reads a graph
+  through it.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 import numpy as np
 import onnx
@@ -26,6 +36,22 @@ from onnx import helper, numpy_helper
 WEIGHT_MIN_BYTES = 64 * 1024
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+
+_logger = logging.getLogger(__name__)
+
+#: op_type -> the input slot holding indices into a table (the table is input 0, except for OneHot).
+INDEX_OPERANDS: Mapping[str, int] = {
+    "Gather": 1,
+    "GatherElements": 1,
+    "GatherND": 1,
+    "ScatterND": 1,
+    "ScatterElements": 1,
+    "Scatter": 1,
+    "OneHot": 0,
+}
+
+#: Operators whose outputs depend on the shape of their input, not on its values.
+SHAPE_ONLY = frozenset({"Shape", "Size", "ConstantOfShape", "EyeLike"})
 
 
 # -- walking -------------------------------------------------------------------------------------------
@@ -120,6 +146,14 @@ def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
+def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """The Python value of a node attribute, or ``default`` when absent."""
+    for attr in node.attribute:
+        if attr.name == name:
+            return helper.get_attribute_value(attr)
+    return default
+
+
 # -- weight-free copies --------------------------------------------------------------------------------
 
 
@@ -134,6 +168,13 @@ def element_bytes(elem_type: int) -> int:
 def tensor_bytes(tensor: onnx.TensorProto) -> int:
     """Bytes a tensor's values take on the device."""
     return int(math.prod(tensor.dims)) * element_bytes(tensor.data_type)
+
+
+def value_bytes(value: onnx.ValueInfoProto) -> int:
+    """Bytes a typed tensor takes, an unknown dimension counted as 1."""
+    tensor_type = value.type.tensor_type
+    dims = [dim.dim_value if dim.HasField("dim_value") else 1 for dim in tensor_type.shape.dim]
+    return int(math.prod(dims)) * element_bytes(tensor_type.elem_type)
 
 
 def is_weight(tensor: onnx.TensorProto) -> bool:
@@ -191,6 +232,34 @@ def weight_free_copy(model: onnx.ModelProto) -> WeightFreeCopy:
 def shape_view(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model to hand to shape inference: the same graph, its weights typed inputs instead of data."""
     return weight_free_copy(model).model
+
+
+def infer_shapes(
+    model: onnx.ModelProto, *, strict: bool = False, propagate_data: bool = False, with_weights: bool = True
+) -> onnx.ModelProto:
+    """``model`` with the types and shapes ONNX shape inference finds, its initializers as they were (or,
+    without ``with_weights``, for reading types only, its weights as typed graph inputs).
+
+    Inference runs on a weight-free copy: serializing the weights would only cost time, and fails above
+    protobuf's 2 GiB. ``strict`` makes a type error or a failed inference raise. ``propagate_data``
+    propagates values (so Shape->Gather->Reshape chains get sizes) where the graph has no subgraphs: onnx
+    keys the propagated values by tensor name across all scopes, and the two branches of an optimum merged
+    decoder reuse names, so one branch's values would leak into the other ("Incompatible dimensions").
+    """
+    light = weight_free_copy(model) if any(is_weight(init) for init in model.graph.initializer) else None
+    inferred = onnx.shape_inference.infer_shapes(
+        model if light is None else light.model,
+        check_type=strict,
+        strict_mode=strict,
+        data_prop=propagate_data and not has_subgraphs(model.graph),
+    )
+    if (
+        light is not None and with_weights
+    ):  # the weights go back in their places: initializers, and no added inputs
+        del inferred.graph.input[len(model.graph.input) :]
+        del inferred.graph.initializer[:]
+        inferred.graph.initializer.extend(model.graph.initializer)
+    return inferred
 
 
 # -- names ---------------------------------------------------------------------------------------------
@@ -257,72 +326,278 @@ class TensorIndex:
         return bool(slots) and name not in self.graph_outputs and all(slot in allowed for slot in slots)
 
 
-class GraphFacts:
-    """Producers, consumers, ranks and element types of the top-level graph's tensors."""
+def reach(starts: Iterable[str], step: Callable[[str], Iterable[str]]) -> set[str]:
+    """Every name reached from ``starts`` by following ``step`` (the names one name leads to), each
+    visited once, depth first; empty names (absent optional inputs) are skipped."""
+    pending = list(starts)
+    seen: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        pending.extend(step(name))
+    return seen
 
-    def __init__(self, model: onnx.ModelProto) -> None:
-        graph = model.graph
+
+def index_operand_sources(view: GraphView) -> set[str]:
+    """Every tensor some index operand's values depend on (``INDEX_OPERANDS``), in every scope the view
+    covers: through producers (but not shape-only ones) and, for a control-flow node, the names its
+    subgraphs read."""
+
+    def sources(name: str) -> list[str]:
+        producer = view.producer.get(name)
+        if producer is None or producer.op_type in SHAPE_ONLY:
+            return []
+        return [*producer.input, *(read for sub in subgraphs_of(producer) for read in names_read(sub))]
+
+    return reach(
+        (
+            node.input[slot]
+            for graph in iter_graphs(view.graph)
+            for node in graph.node
+            if (slot := INDEX_OPERANDS.get(node.op_type)) is not None and len(node.input) > slot
+        ),
+        sources,
+    )
+
+
+def declared_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+    """The types one graph states: of its initializers, and of its inputs, value_info and outputs."""
+    types = {
+        init.name: helper.make_tensor_type_proto(init.data_type, list(init.dims))
+        for init in graph.initializer
+    }
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        if value.type.WhichOneof("value") is not None:
+            types[value.name] = value.type
+    return types
+
+
+def has_shape(found: onnx.TypeProto | None) -> bool:
+    """Whether a type is a tensor type with a shape (of known rank)."""
+    return found is not None and found.HasField("tensor_type") and found.tensor_type.HasField("shape")
+
+
+def _is_plain_constant(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and len(node.output) == 1
+
+
+class GraphView:
+    """The tensors one graph scope sees: types and shapes, constants, producers and consumers.
+
+    ``types`` are the scope's known types (a lowering passes what inference found per graph, since the
+    branches of a merged decoder reuse names); without them (``of_model``) the declared types are read
+    first and shape inference on a weight-free copy runs once, when a type is asked for that no
+    declaration holds. Names the scope does not know are looked up in ``parent``, the enclosing scope.
+    ``subgraphs`` makes one flat view of a graph and all its subgraphs (ONNX names are unique across
+    nested scopes in graphs that are not merged decoders). From IR 4 on, an initializer that is also a
+    graph input is only a default the caller may override: ``initializer_inputs_are_constant`` says
+    whether such an initializer still counts as a constant.
+    """
+
+    def __init__(
+        self,
+        graph: onnx.GraphProto,
+        *,
+        types: dict[str, onnx.TypeProto] | None = None,
+        parent: GraphView | None = None,
+        model: onnx.ModelProto | None = None,
+        subgraphs: bool = False,
+        initializer_inputs_are_constant: bool = True,
+    ) -> None:
         self.graph = graph
-        self.initializers = {init.name: init for init in graph.initializer}
-        self.graph_inputs = {vi.name for vi in graph.input} - set(self.initializers)
-        self.graph_outputs = {vi.name for vi in graph.output}
-        # One list of node objects, so every lookup hands out the same objects and their positions hold.
-        self.nodes = list(graph.node)
-        self.position = {id(node): index for index, node in enumerate(self.nodes)}
-        index = TensorIndex(graph, subgraphs=False)
-        self.producer = index.producer
-        self.consumers = index.consumers
-        self.subgraph_reads = index.read_in_subgraphs
-        inferred = onnx.shape_inference.infer_shapes(shape_view(model), strict_mode=False)
-        self.types: dict[str, onnx.TypeProto] = {}
-        for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-            self.types[vi.name] = vi.type
-        for init in graph.initializer:
-            self.types.setdefault(init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims)))
-        self._constant: dict[str, bool] = {}
+        self.parent = parent
+        self.is_subgraph = parent is not None
+        self._model = model
+        self._subgraphs = subgraphs
+        scopes = list(iter_graphs(graph)) if subgraphs else [graph]
+        initializers = {init.name: init for scope in scopes for init in scope.initializer}
+        inputs = {vi.name for scope in scopes for vi in scope.input}
+        self.graph_inputs = inputs - set(initializers) if initializer_inputs_are_constant else inputs
+        self.initializers = {
+            name: init for name, init in initializers.items() if name not in self.graph_inputs
+        }
+        self._constant_nodes = {
+            node.output[0]: node for scope in scopes for node in scope.node if _is_plain_constant(node)
+        }
+        if types is None:
+            types = {}
+            for scope in scopes:
+                for name, found in declared_types(scope).items():
+                    types.setdefault(name, found)
+        self._types = types
+        self._inferred: dict[str, onnx.TypeProto] | None = None if model is not None else {}
+        self._constants: dict[str, np.ndarray] = {}
+        self._computed_from_constants: dict[str, bool] = {}
 
-    def rank(self, name: str) -> int | None:
-        tensor_type = self.types.get(name)
-        if tensor_type is None or not tensor_type.tensor_type.HasField("shape"):
-            return None
-        return len(tensor_type.tensor_type.shape.dim)
+    @classmethod
+    def of_model(cls, model: onnx.ModelProto, *, subgraphs: bool = False) -> GraphView:
+        """The view of the model's main graph (and with ``subgraphs``, of every subgraph in it)."""
+        return cls(model.graph, model=model, subgraphs=subgraphs)
+
+    # -- producers and consumers ---------------------------------------------------------------------
+
+    @cached_property
+    def nodes(self) -> list[onnx.NodeProto]:
+        """The graph's own nodes, in order: one list of node objects, so every lookup hands out the same
+        objects and their positions hold."""
+        return list(self.graph.node)
+
+    @cached_property
+    def position(self) -> dict[int, int]:
+        """The index in ``nodes`` of each node, by ``id``."""
+        return {id(node): index for index, node in enumerate(self.nodes)}
+
+    @cached_property
+    def _index(self) -> TensorIndex:
+        _ = self.nodes  # holds the node objects the index hands out
+        return TensorIndex(self.graph, subgraphs=self._subgraphs)
+
+    @property
+    def producer(self) -> dict[str, onnx.NodeProto]:
+        return self._index.producer
+
+    @property
+    def consumers(self) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+        return self._index.consumers
+
+    @property
+    def graph_outputs(self) -> set[str]:
+        return self._index.graph_outputs
+
+    @property
+    def subgraph_reads(self) -> set[str]:
+        """The names the nodes of nested subgraphs read (outer-scope values an If branch captures)."""
+        return self._index.read_in_subgraphs
+
+    # -- types and shapes ----------------------------------------------------------------------------
+
+    def type_of(self, name: str) -> onnx.TypeProto | None:
+        """The tensor's type as the nearest scope that knows it has it, or None."""
+        view: GraphView | None = self
+        while view is not None:
+            found = view._types.get(name)
+            if not has_shape(found):
+                found = view._inferred_types().get(name) or found
+            if found is not None:
+                return found
+            view = view.parent
+        return None
+
+    def learn_type(self, name: str, found: onnx.TypeProto) -> None:
+        """Record a type found after shape inference (e.g. node by node inside a subgraph)."""
+        self._types[name] = found
+
+    def _inferred_types(self) -> dict[str, onnx.TypeProto]:
+        if self._inferred is None:
+            self._inferred = {}
+            assert self._model is not None
+            try:
+                inferred = infer_shapes(self._model, with_weights=False)
+            except Exception as exc:  # noqa: BLE001 - a graph onnx cannot infer leaves types unknown
+                _logger.info("shape inference failed: %s", exc)
+                return self._inferred
+            scopes = iter_graphs(inferred.graph) if self._subgraphs else (inferred.graph,)
+            for scope in scopes:
+                for value in (*scope.input, *scope.value_info, *scope.output):
+                    self._inferred.setdefault(value.name, value.type)
+        return self._inferred
 
     def elem_type(self, name: str) -> int | None:
-        tensor_type = self.types.get(name)
-        return tensor_type.tensor_type.elem_type if tensor_type is not None else None
+        """The ONNX element type of a tensor, or None when unknown."""
+        found = self.type_of(name)
+        if found is not None and found.HasField("tensor_type") and found.tensor_type.elem_type:
+            return found.tensor_type.elem_type
+        value = self.constant(name)
+        return None if value is None else helper.np_dtype_to_tensor_dtype(value.dtype)
+
+    def shape(self, name: str) -> tuple[int | None, ...] | None:
+        """The tensor's dims (None where unknown), or None when even the rank is unknown."""
+        found = self.type_of(name)
+        inferred: tuple[int | None, ...] | None = None
+        if has_shape(found):
+            inferred = tuple(
+                dim.dim_value if dim.HasField("dim_value") else None for dim in found.tensor_type.shape.dim
+            )
+            if None not in inferred:
+                return inferred
+        value = self.constant(name)
+        return inferred if value is None else tuple(int(d) for d in value.shape)
+
+    def rank(self, name: str) -> int | None:
+        dims = self.shape(name)
+        return None if dims is None else len(dims)
+
+    def static_shape(self, name: str) -> tuple[int, ...] | None:
+        """The tensor's dims when every one is known, else None."""
+        dims = self.shape(name)
+        if dims is None or any(d is None for d in dims):
+            return None
+        return tuple(int(d) for d in dims)  # type: ignore[arg-type]
+
+    # -- constants -----------------------------------------------------------------------------------
+
+    def constant(self, name: str, max_elements: int | None = None) -> np.ndarray | None:
+        """The value of a tensor fixed at build time (initializer or Constant node), else None; None too
+        for one of more than ``max_elements`` elements or whose data lies outside the model."""
+        if not name:
+            return None
+        view: GraphView | None = self
+        while view is not None:
+            value = view._own_constant(name, max_elements)
+            if value is not None:
+                return value
+            if name in view.graph_inputs:
+                return None  # a subgraph input (a Loop/Scan iteration value) is never a constant
+            view = view.parent
+        return None
+
+    def _own_constant(self, name: str, max_elements: int | None) -> np.ndarray | None:
+        if name in self._constants:
+            value: np.ndarray | None = self._constants[name]
+        elif name in self.initializers:
+            tensor = self.initializers[name]
+            if tensor.data_location == onnx.TensorProto.EXTERNAL or (
+                max_elements is not None and math.prod(tensor.dims) > max_elements
+            ):
+                return None
+            value = self._constants[name] = numpy_helper.to_array(tensor)
+        elif name in self._constant_nodes:
+            value = constant_node_value(self._constant_nodes[name])
+            if value is None:
+                return None
+            self._constants[name] = value
+        else:
+            return None
+        return None if max_elements is not None and value.size > max_elements else value
+
+    def add_constant_value(self, name: str, value: np.ndarray) -> None:
+        """Record the value of a constant a rewrite adds under ``name``."""
+        self._constants[name] = value
 
     def is_constant(self, name: str) -> bool:
         """Whether ``name`` is computed from initializers and Constant nodes only."""
-        if name in self._constant:
-            return self._constant[name]
+        known = self._computed_from_constants
         stack = [name]
         while stack:  # iterative: exported graphs have long constant chains
             current = stack[-1]
-            if current in self._constant:
+            if current in known:
                 stack.pop()
                 continue
             if current in self.initializers:
-                self._constant[current] = True
+                known[current] = True
                 stack.pop()
                 continue
             node = self.producer.get(current)
             if node is None or current in self.graph_inputs:
-                self._constant[current] = False
+                known[current] = False
                 stack.pop()
                 continue
-            pending = [i for i in node.input if i and i not in self._constant]
+            pending = [i for i in node.input if i and i not in known]
             if pending:
                 stack.extend(pending)
                 continue
-            self._constant[current] = all(self._constant[i] for i in node.input if i)
+            known[current] = all(known[i] for i in node.input if i)
             stack.pop()
-        return self._constant[name]
-
-    def constant_value(self, name: str) -> np.ndarray | None:
-        """The value of an initializer or a Constant node's output; None for anything computed."""
-        if name in self.initializers:
-            return numpy_helper.to_array(self.initializers[name])
-        node = self.producer.get(name)
-        if node is not None and node.op_type == "Constant":
-            return constant_node_value(node)
-        return None
+        return known[name]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from .graphs import element_bytes, iter_graphs, names_read, subgraphs_of, tensor_bytes
+from .graphs import attribute, infer_shapes, iter_graphs, names_read, subgraphs_of, tensor_bytes, value_bytes
 from .passes.shard_over_ipus import VIRTUAL_GRAPH_ATTRIBUTE
 
 IPU_MEMORY_BYTES = 900_000_000  # in-processor memory of one Mk2/Bow IPU
@@ -39,12 +39,6 @@ class MemoryEstimate:
             ipu_memory_bytes=ipu_memory_bytes,
             tiles_per_ipu=tiles_per_ipu,
         )
-
-
-def _value_bytes(value_info: onnx.ValueInfoProto) -> int:
-    tensor_type = value_info.type.tensor_type
-    dims = [d.dim_value if d.HasField("dim_value") else 1 for d in tensor_type.shape.dim]
-    return int(math.prod(dims)) * element_bytes(tensor_type.elem_type)
 
 
 def _constant_bytes(graph: onnx.GraphProto) -> int:
@@ -78,10 +72,8 @@ def _peak_activations(
     peak = sum(live.values())
     for index, node in enumerate(graph.node):
         subgraph_peak = 0
-        for attr in node.attribute:
-            branches = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-            for branch in branches:
-                subgraph_peak = max(subgraph_peak, _peak_activations(branch, sizes, constants, counted))
+        for branch in subgraphs_of(node):
+            subgraph_peak = max(subgraph_peak, _peak_activations(branch, sizes, constants, counted))
         for name in node.output:
             if name and name not in constants:
                 live[name] = sizes.get(name, 0)
@@ -94,15 +86,8 @@ def _peak_activations(
 
 def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     if not any(graph.value_info for graph in iter_graphs(model.graph)):
-        model = onnx.shape_inference.infer_shapes(model)
+        model = infer_shapes(model)
     return model
-
-
-def _ipu_of(node: onnx.NodeProto) -> int | None:
-    for attr in node.attribute:
-        if attr.name == VIRTUAL_GRAPH_ATTRIBUTE and attr.type == onnx.AttributeProto.INT:
-            return attr.i
-    return None
 
 
 def estimate_memory_per_ipu(
@@ -114,11 +99,11 @@ def estimate_memory_per_ipu(
     that IPU overflows."""
     model = _with_shapes(model)
     graph = model.graph
-    placed = [(node, _ipu_of(node)) for node in graph.node]
+    placed = [(node, attribute(node, VIRTUAL_GRAPH_ATTRIBUTE)) for node in graph.node]
     if all(ipu is None for _, ipu in placed):
         return [estimate_memory(model, ipu_memory_bytes, tiles_per_ipu)]
     initializers = {init.name: tensor_bytes(init) for init in graph.initializer}
-    sizes = {vi.name: _value_bytes(vi) for vi in (*graph.input, *graph.value_info, *graph.output)}
+    sizes = {vi.name: value_bytes(vi) for vi in (*graph.input, *graph.value_info, *graph.output)}
     estimates = []
     for ipu in range(max(ipu or 0 for _, ipu in placed) + 1):
         nodes = [node for node, node_ipu in placed if (node_ipu or 0) == ipu]
@@ -152,6 +137,6 @@ def estimate_memory(
         weights += _constant_bytes(graph)
         constants.update(init.name for init in graph.initializer)
         for value_info in list(graph.input) + list(graph.value_info) + list(graph.output):
-            sizes[value_info.name] = _value_bytes(value_info)
+            sizes[value_info.name] = value_bytes(value_info)
     peak = _peak_activations(model.graph, sizes, constants)
     return MemoryEstimate.of(weights, peak, ipu_memory_bytes, tiles_per_ipu)

@@ -186,6 +186,30 @@ def test_gathers_inside_a_branch_are_found():
     assert (bound.input, bound.node, bound.high) == ("ids", "in_branch", TABLE_ROWS - 1)
 
 
+def test_a_table_sized_by_inference_is_checked_whatever_the_weights_weigh(monkeypatch):
+    # Shape inference runs on a weight-free copy: above protobuf's 2 GiB a model serialized with its
+    # weights cannot be inferred at all. Too large to build here, that limit is stood in for by an
+    # inference that refuses any model carrying a weight-sized (64 KiB) initializer.
+    rows = 256
+    weight = numpy_helper.from_array(np.zeros((rows, 64), np.float32), "weight")
+    infer_shapes = onnx.shape_inference.infer_shapes
+
+    def refusing_weights(model, *args, **kwargs):
+        if any(init.ByteSize() >= 64 * 1024 for init in model.graph.initializer):
+            raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB")
+        return infer_shapes(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", refusing_weights)
+    nodes = [
+        helper.make_node("Identity", ["weight"], ["viewed"]),
+        helper.make_node("Gather", ["viewed", "ids"], ["out"], name="g"),
+    ]
+    ranges = analyze_index_ranges(_model(nodes, [_ids()], [_out()], [weight]))
+    assert ranges.unchecked == ()
+    (bound,) = ranges.bounds
+    assert (bound.table, bound.size, bound.low, bound.high) == ("viewed", rows, 0, rows - 1)
+
+
 def test_float_and_non_index_inputs_are_left_alone():
     mask = _ids("mask")
     nodes = [

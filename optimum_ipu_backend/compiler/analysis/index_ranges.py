@@ -34,27 +34,22 @@ its log when it is created.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
-_logger = logging.getLogger(__name__)
-
-# op_type -> input slot holding indices into a table (the table is input 0, except for OneHot).
-INDEX_OPERANDS: Mapping[str, int] = {
-    "Gather": 1,
-    "GatherElements": 1,
-    "GatherND": 1,
-    "ScatterND": 1,
-    "ScatterElements": 1,
-    "Scatter": 1,
-    "OneHot": 0,
-}
+from optimum_ipu_backend.compiler.graphs import (
+    INDEX_OPERANDS,
+    SHAPE_ONLY,
+    GraphView,
+    attribute,
+    index_operand_sources,
+    reach,
+    subgraphs_of,
+)
 
 # op_type -> input slot whose values the outputs are copies of (every output value is one of them).
 VALUE_PRESERVING: Mapping[str, int] = {
@@ -73,9 +68,6 @@ VALUE_PRESERVING: Mapping[str, int] = {
     "GatherElements": 0,
     "GatherND": 0,
 }
-
-# Operators whose outputs depend on the shape of the tracked tensor, not on its values.
-_SHAPE_ONLY = frozenset({"Shape", "Size", "ConstantOfShape", "EyeLike"})
 
 _INTEGER_TYPES = {
     onnx.TensorProto.INT8: np.int8,
@@ -170,95 +162,26 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 class _Graph:
-    """Lookups over a model and all its subgraphs (ONNX names are unique across nested scopes)."""
+    """The model's view over all its subgraphs, and what this analysis asks of it."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        # imported here: the per-call check imports this module for its result types at every session
-        # start, and the graph utilities are only needed when a graph is analysed
-        from optimum_ipu_backend.compiler.graphs import iter_graphs
-
-        self.model = model
-        self._iter_graphs = iter_graphs
-        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-        self.producers: dict[str, onnx.NodeProto] = {}
-        self.initializers: dict[str, onnx.TensorProto] = {}
-        self.constant_nodes: dict[str, onnx.NodeProto] = {}
-        self.value_types: dict[str, onnx.TypeProto] = {}
+        self.view = GraphView.of_model(model, subgraphs=True)
+        self.consumers = self.view.consumers
         # subgraph output name -> the node whose subgraph it leaves
-        self.leaves_subgraph: dict[str, onnx.NodeProto] = {}
-        # names read inside each control-flow node's subgraphs (outer-scope captures among them)
-        self.captured: dict[str, set[str]] = {}  # keyed by the node's first output
-        for graph in iter_graphs(model.graph):
-            self.initializers.update((init.name, init) for init in graph.initializer)
-            for value in (*graph.input, *graph.output, *graph.value_info):
-                self.value_types.setdefault(value.name, value.type)
-            for node in graph.node:
-                for slot, name in enumerate(node.input):
-                    if name:
-                        self.consumers.setdefault(name, []).append((node, slot))
-                for name in node.output:
-                    self.producers[name] = node
-                if node.op_type == "Constant":
-                    self.constant_nodes[node.output[0]] = node
-                for attribute in node.attribute:
-                    subgraphs = (
-                        [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs
-                    )
-                    for sub in subgraphs:
-                        for output in sub.output:
-                            self.leaves_subgraph[output.name] = node
-                        for inner in iter_graphs(sub):
-                            names = self.captured.setdefault(node.output[0], set())
-                            names.update(
-                                name for inner_node in inner.node for name in inner_node.input if name
-                            )
-                            names.update(output.name for output in inner.output)
-        self._inferred: dict[str, onnx.TypeProto] | None = None
-        self._feeds_index = self._upstream_of_indices()
-
-    def _upstream_of_indices(self) -> set[str]:
-        """Every tensor some index operand's values depend on."""
-        pending = [
-            node.input[slot]
-            for graph in self._iter_graphs(self.model.graph)
-            for node in graph.node
-            if (slot := INDEX_OPERANDS.get(node.op_type)) is not None and len(node.input) > slot
-        ]
-        seen: set[str] = set()
-        while pending:
-            name = pending.pop()
-            if not name or name in seen:
-                continue
-            seen.add(name)
-            producer = self.producers.get(name)
-            if producer is not None and producer.op_type not in _SHAPE_ONLY:
-                pending.extend(producer.input)
-                pending.extend(self.captured.get(producer.output[0], ()))
-        return seen
+        self.leaves_subgraph = {
+            output.name: node
+            for node in self.view.producer.values()
+            for sub in subgraphs_of(node)
+            for output in sub.output
+        }
+        self._feeds_index = index_operand_sources(self.view)
 
     def feeds_an_index(self, name: str) -> bool:
         return name in self._feeds_index
 
     def constant(self, name: str) -> np.ndarray | None:
-        """The value of a small constant tensor, or None."""
-        if name in self.initializers:
-            tensor = self.initializers[name]
-            if int(np.prod(tensor.dims, dtype=np.int64)) > _MAX_CONSTANT_ELEMENTS or tensor.data_location:
-                return None
-            return numpy_helper.to_array(tensor)
-        node = self.constant_nodes.get(name)
-        if node is None:
-            return None
-        for attribute in node.attribute:
-            if attribute.name == "value":
-                if int(np.prod(attribute.t.dims, dtype=np.int64)) > _MAX_CONSTANT_ELEMENTS:
-                    return None
-                return numpy_helper.to_array(attribute.t)
-            if attribute.name == "value_int":
-                return np.array(attribute.i)
-            if attribute.name == "value_ints":
-                return np.array(list(attribute.ints))
-        return None
+        """The value of a small constant tensor (an embedding table is no offset), or None."""
+        return self.view.constant(name, max_elements=_MAX_CONSTANT_ELEMENTS)
 
     def single_integer(self, name: str) -> int | None:
         """The one value of an integer constant whose elements are all equal, or None."""
@@ -270,40 +193,9 @@ class _Graph:
 
     def dims(self, name: str) -> list[int | None] | None:
         """Static dims of a tensor (None per unknown axis), or None when its rank is unknown."""
-        if name in self.initializers:
-            return list(self.initializers[name].dims)
-        node = self.constant_nodes.get(name)
-        if node is not None:
-            value = self.constant(name)
-            if value is not None:
-                return list(value.shape)
-        value_type = self.value_types.get(name) or self._inferred_types().get(name)
-        if value_type is None or not value_type.tensor_type.HasField("shape"):
-            return None
-        return [
-            dim.dim_value if dim.HasField("dim_value") else None for dim in value_type.tensor_type.shape.dim
-        ]
-
-    def _inferred_types(self) -> dict[str, onnx.TypeProto]:
-        """Shape inference, run only when a table is neither a constant nor typed in the graph."""
-        if self._inferred is None:
-            self._inferred = {}
-            try:
-                inferred = onnx.shape_inference.infer_shapes(self.model)
-            except Exception as exc:  # a graph onnx cannot infer leaves the sizes unknown, never fails
-                _logger.info("shape inference failed while sizing index tables: %s", exc)
-                return self._inferred
-            for graph in self._iter_graphs(inferred.graph):
-                for value in (*graph.input, *graph.output, *graph.value_info):
-                    self._inferred.setdefault(value.name, value.type)
-        return self._inferred
-
-
-def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return int(attribute.i)
-    return default
+        value = self.constant(name)
+        dims = value.shape if value is not None else self.view.shape(name)
+        return None if dims is None else list(dims)
 
 
 def _table_size(graph: _Graph, node: onnx.NodeProto) -> tuple[str, int | None, str]:
@@ -320,14 +212,14 @@ def _table_size(graph: _Graph, node: onnx.NodeProto) -> tuple[str, int | None, s
     if dims is None:
         return table, None, f"the shape of {table!r} is unknown"
     if node.op_type in ("Gather", "GatherElements", "ScatterElements", "Scatter"):
-        axis = _attribute(node, "axis", 0)
+        axis = attribute(node, "axis", 0)
         axis = axis + len(dims) if axis < 0 else axis
         if not 0 <= axis < len(dims) or dims[axis] is None:
             return table, None, f"{table!r} has no static size on axis {axis}"
         return table, dims[axis], ""
     # GatherND / ScatterND: the last axis of the indices addresses the data's dims after batch_dims; the
     # smallest of them bounds every column (exact when they are equal, as for square tables).
-    batch_dims = _attribute(node, "batch_dims", 0)
+    batch_dims = attribute(node, "batch_dims", 0)
     index_dims = graph.dims(node.input[1])
     depth = index_dims[-1] if index_dims else None
     addressed = dims[batch_dims:] if depth is None else dims[batch_dims : batch_dims + depth]
@@ -371,7 +263,7 @@ class _Walk:
             for output in node.output:
                 self._visit(output, relation.then(op), seen)
             return
-        if INDEX_OPERANDS.get(op) == slot or op in _SHAPE_ONLY or (op in VALUE_PRESERVING and slot > 0):
+        if INDEX_OPERANDS.get(op) == slot or op in SHAPE_ONLY or (op in VALUE_PRESERVING and slot > 0):
             return  # an index use (checked above), a shape use, or a shape/axes operand: no value flows on
         follow = self._affine(node, slot, relation)
         if follow is not None:
@@ -384,7 +276,7 @@ class _Walk:
         if op == "Neg":
             return relation.then("Neg", scale=-1)
         if op == "Cast":
-            target = _attribute(node, "to", 0)
+            target = attribute(node, "to", 0)
             if target not in _INTEGER_TYPES:
                 return None
             info = np.iinfo(_INTEGER_TYPES[target])
@@ -432,19 +324,19 @@ class _Walk:
     def _index_nodes_downstream(self, tensor: str) -> list[onnx.NodeProto]:
         """The indexing nodes whose index operand depends on ``tensor``."""
         found: dict[str, onnx.NodeProto] = {}
-        pending, seen = [tensor], set()
-        while pending:
-            name = pending.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            if name in self.graph.leaves_subgraph:
-                pending.extend(self.graph.leaves_subgraph[name].output)
+
+        def downstream(name: str) -> list[str]:
+            after = (
+                list(self.graph.leaves_subgraph[name].output) if name in self.graph.leaves_subgraph else []
+            )
             for node, slot in self.graph.consumers.get(name, ()):
                 if INDEX_OPERANDS.get(node.op_type) == slot:
                     found.setdefault(node.name or node.output[0], node)
-                if node.op_type not in _SHAPE_ONLY:
-                    pending.extend(node.output)
+                if node.op_type not in SHAPE_ONLY:
+                    after.extend(node.output)
+            return after
+
+        reach([tensor], downstream)
         return list(found.values())
 
 

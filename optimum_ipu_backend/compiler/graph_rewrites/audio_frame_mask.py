@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx
@@ -37,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from optimum_ipu_backend.compiler.analysis.padding.evaluate import EvaluationError, Evaluator
 from optimum_ipu_backend.compiler.analysis.padding.rules import reshape_groups
-from optimum_ipu_backend.compiler.graphs import GraphFacts, NameAllocator, shape_view
+from optimum_ipu_backend.compiler.graphs import GraphView, NameAllocator, attribute, infer_shapes, shape_view
 
 MASK_INPUT = "ipu_sample_mask"
 PADDING_SIDE = "right"
@@ -126,7 +125,7 @@ def add_audio_frame_mask(model: onnx.ModelProto) -> AudioFrameMaskRewrite | None
         for vi in graph.input
     ):
         return None  # no rank-2 float input: no raw audio, and no shape inference spent to find out
-    facts = GraphFacts(model)
+    facts = GraphView.of_model(model)
     audio = _audio_input(facts)
     if audio is None:
         return None
@@ -162,7 +161,7 @@ def add_audio_frame_mask(model: onnx.ModelProto) -> AudioFrameMaskRewrite | None
 # ----------------------------------------------------------------------------------------------------
 
 
-def _audio_input(facts: GraphFacts) -> onnx.ValueInfoProto | None:
+def _audio_input(facts: GraphView) -> onnx.ValueInfoProto | None:
     """The rank-2 float graph input that reaches, through Unsqueeze and elementwise ops with constants, a
     Conv as its spatial axis (axis 1 of the input, the batch on axis 0)."""
     found = []
@@ -179,7 +178,7 @@ def _audio_input(facts: GraphFacts) -> onnx.ValueInfoProto | None:
     return found[0] if found else None
 
 
-def _reaches_conv_as_samples(facts: GraphFacts, name: str) -> bool:
+def _reaches_conv_as_samples(facts: GraphView, name: str) -> bool:
     frontier = [(name, (0, 1))]  # (tensor, (batch axis, samples axis))
     while frontier:
         current, (batch, samples) = frontier.pop()
@@ -219,12 +218,12 @@ def _has_mask_over_samples(graph: onnx.GraphProto, audio: str, samples_dim: str)
     return False
 
 
-def _constant_axes(facts: GraphFacts, node: onnx.NodeProto) -> list[int] | None:
-    for attribute in node.attribute:
-        if attribute.name == "axes":
-            return list(helper.get_attribute_value(attribute))
+def _constant_axes(facts: GraphView, node: onnx.NodeProto) -> list[int] | None:
+    axes = attribute(node, "axes")
+    if axes is not None:
+        return list(axes)
     if len(node.input) > 1 and node.input[1]:
-        value = facts.constant_value(node.input[1])
+        value = facts.constant(node.input[1])
         return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
     return None
 
@@ -267,7 +266,7 @@ class _Plan:
 class _Tracker:
     """Walks the graph in order and labels, per tensor computed from the audio, its batch and frame axes."""
 
-    def __init__(self, model: onnx.ModelProto, facts: GraphFacts, audio: str) -> None:
+    def __init__(self, model: onnx.ModelProto, facts: GraphView, audio: str) -> None:
         self.facts = facts
         self.audio = audio
         probes = [_probe_shapes(model, audio, probe) for probe in _PROBES]
@@ -339,7 +338,7 @@ class _Tracker:
             labels = self.labels.get(data)
             if labels is None:
                 return None
-            perm = _attribute(node, "perm", list(range(len(labels)))[::-1])
+            perm = attribute(node, "perm", list(range(len(labels)))[::-1])
             return [[labels[p] for p in perm]]
         if op in ("Unsqueeze", "Squeeze"):
             return self._unsqueeze(node)
@@ -439,7 +438,7 @@ class _Tracker:
         if labels is None or not all(self._usable(i) for i in node.input[1:] if i):
             return None
         if node.op_type == "LayerNormalization":
-            first = _attribute(node, "axis", -1) % len(labels)
+            first = attribute(node, "axis", -1) % len(labels)
             if any(labels[a] for a in range(first, len(labels))):
                 return None
         # Instance/GroupNormalization normalise over the spatial (frame) axis: the layout is kept, and
@@ -475,7 +474,7 @@ class _Tracker:
         labels = self.labels.get(node.input[0])
         if labels is None or any(i in self.tainted for i in node.input[1:] if i):
             return None
-        if _attribute(node, "transA", 0):
+        if attribute(node, "transA", 0):
             return None
         if labels[1]:
             return None
@@ -581,7 +580,7 @@ class _Tracker:
 
     def _control(self, name: str) -> tuple[np.ndarray | None, np.ndarray | None]:
         """A small integer operand's value at the two probes (a constant, or computed from sizes)."""
-        constant = self.facts.constant_value(name)
+        constant = self.facts.constant(name)
         if constant is not None:
             return constant, constant
         if name in self.tainted:
@@ -592,7 +591,7 @@ class _Tracker:
         labels = self.labels.get(node.input[0])
         if labels is None or any(i in self.tainted for i in node.input[1:] if i):
             return None
-        axis = _attribute(node, "axis", 0) % len(labels)
+        axis = attribute(node, "axis", 0) % len(labels)
         if labels[axis]:
             return None
         return [labels for _ in node.output]
@@ -605,7 +604,7 @@ class _Tracker:
         labels = self.labels.get(node.input[0])
         if labels is None:
             return None
-        axis = _attribute(node, "axis", -1) % len(labels)
+        axis = attribute(node, "axis", -1) % len(labels)
         label = labels[axis]
         if not label:
             return [labels]
@@ -626,7 +625,7 @@ class _Tracker:
             return None
         axes = sorted({a % rank for a in axes})
         labelled = [a for a in axes if labels[a]]
-        keepdims = _attribute(node, "keepdims", 1)
+        keepdims = attribute(node, "keepdims", 1)
         remaining = [() if a in axes else labels[a] for a in range(rank)]
         if not keepdims:
             remaining = [labels[a] for a in range(rank) if a not in axes]
@@ -655,20 +654,16 @@ class _Tracker:
         if len(label) != 1 or not str(label[0]).startswith("T"):
             return None
         sizes = self._sizes(node.output[0], 2)
-        weight = self.facts.types.get(node.input[1])
-        kernel = _attribute(node, "kernel_shape", None)
+        weight = self.facts.type_of(node.input[1])
+        kernel = attribute(node, "kernel_shape", None)
         if kernel is None and weight is not None and weight.tensor_type.HasField("shape"):
             kernel = [d.dim_value for d in weight.tensor_type.shape.dim[2:]]
-        if (
-            sizes is None
-            or not kernel
-            or _attribute(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")
-        ):
+        if sizes is None or not kernel or attribute(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
             return None
         k = int(kernel[0])
-        stride = int(_attribute(node, "strides", [1])[0])
-        dilation = int(_attribute(node, "dilations", [1])[0])
-        begin, end = (int(p) for p in _attribute(node, "pads", [0, 0]))
+        stride = int(attribute(node, "strides", [1])[0])
+        dilation = int(attribute(node, "dilations", [1])[0])
+        begin, end = (int(p) for p in attribute(node, "pads", [0, 0]))
         parent = int(str(label[0])[1:])
         if begin == end == 0 and dilation == 1:
             # A frame is kept when every position its window reads is kept.
@@ -700,7 +695,7 @@ def _probe_shapes(
             for dim, size in zip(vi.type.tensor_type.shape.dim, probe, strict=True):
                 dim.Clear()
                 dim.dim_value = size
-    inferred = onnx.shape_inference.infer_shapes(view, strict_mode=False, data_prop=True)
+    inferred = infer_shapes(view, propagate_data=True)
     shapes: dict[str, tuple[int, ...]] = {}
     types: dict[str, int] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -719,8 +714,8 @@ def _probe_shapes(
     for node in model.graph.node:
         inputs = [i for i in node.input if i]
         if node.op_type == "Shape" and node.input[0] in shapes:
-            start = _attribute(node, "start", 0)
-            end = _attribute(node, "end", None)
+            start = attribute(node, "start", 0)
+            end = attribute(node, "end", None)
             values[node.output[0]] = np.array(shapes[node.input[0]][start:end], np.int64)
         elif node.op_type == "Constant" or (inputs and all(i in values for i in inputs)):
             try:
@@ -758,9 +753,7 @@ def _infer_node(
     outputs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in node.output if o]
     graph = helper.make_graph([node], "probe", inputs, outputs, initializers)
     try:
-        inferred = onnx.shape_inference.infer_shapes(
-            helper.make_model(graph, opset_imports=opsets), strict_mode=False, data_prop=True
-        )
+        inferred = infer_shapes(helper.make_model(graph, opset_imports=opsets), propagate_data=True)
     except Exception:  # a node onnx cannot infer alone: its outputs stay unknown, and are not followed
         return {}
     found = {}
@@ -772,13 +765,6 @@ def _infer_node(
     return found
 
 
-def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return default
-
-
 # ----------------------------------------------------------------------------------------------------
 # The rewrite
 # ----------------------------------------------------------------------------------------------------
@@ -787,7 +773,7 @@ def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
 class _Rewriter:
     """Adds the mask input, the frame masks and the masked sites to ``model`` (a copy the caller owns)."""
 
-    def __init__(self, model: onnx.ModelProto, facts: GraphFacts, batch_dim: str, samples_dim: str) -> None:
+    def __init__(self, model: onnx.ModelProto, facts: GraphView, batch_dim: str, samples_dim: str) -> None:
         self.model = model
         self.graph = model.graph
         self.facts = facts
@@ -949,7 +935,7 @@ class _Rewriter:
         node = site.node
         before = self._before[index]
         mask = self._broadcast(site, TensorProto.FLOAT)
-        keepdims = _attribute(node, "keepdims", 1)
+        keepdims = attribute(node, "keepdims", 1)
         axes = _constant_axes(self.facts, node) or []
         axes = sorted({a % site.rank for a in axes})
         masked = self._node(before, "Mul", [node.input[0], mask], "masked_frames")

@@ -25,9 +25,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.graphs import shape_view
+from optimum_ipu_backend.compiler.graphs import GraphView, NameAllocator, attribute
 
 _SELECTIONS = frozenset({"NonZero", "Compress", "Unique"})
+# Constants up to this size are read (an expert count, a k); anything larger is no such count.
+_SMALL = 16
 
 
 @dataclass(frozen=True)
@@ -97,25 +99,19 @@ def densify_experts(model: onnx.ModelProto) -> DenseExperts | None:
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     graph = rewritten.graph
-    nodes = list(graph.node)
-    producer = {output: node for node in nodes for output in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for node in nodes:
-        for name in node.input:
-            consumers[name].append(node)
-    constants = _constant_values(graph)
-    names = _Names({n.name for n in nodes} | set(producer) | {i.name for i in graph.initializer})
+    view = GraphView.of_model(rewritten)
+    nodes = view.nodes
+    names = NameAllocator.for_model(rewritten)
     result = DenseExperts(rewritten)
     replace: dict[int, list[onnx.NodeProto]] = {}  # node index -> nodes that take its place
     after: dict[int, list[onnx.NodeProto]] = defaultdict(list)  # node index -> nodes right after it
     position = {node.output[0]: index for index, node in enumerate(nodes)}
-    ranks: dict[str, int] | None = None
     for selection in selections:
         index = next(
             i for i, n in enumerate(nodes) if n.name == selection.node and n.op_type == selection.op_type
         )
         node = nodes[index]
-        match = _match_expert_selection(node, producer, consumers, constants)
+        match = _match_expert_selection(node, view)
         if isinstance(match, str):
             raise ValueError(
                 f"{selection.reason}. It is not the top-k mixture-of-experts selection that can be computed "
@@ -137,9 +133,8 @@ def densify_experts(model: onnx.ModelProto) -> DenseExperts | None:
         nodes[weight_index].output[0] = sparse
         routed_as_weight = names.fresh(f"{node.name}/routed_as_weight")
         # The gathered weights are [tokens, *rest of the table's axes]: the 0/1 factor gets those axes too.
-        if ranks is None:  # the router tables lie upstream of every edit: one inference serves all layers
-            ranks = _inferred_ranks(rewritten)
-        trailing = _rank(ranks, producer, weight_gather.input[0]) - 1
+        # The view infers types once, at the first call: the router tables lie upstream of every edit.
+        trailing = _rank(view, weight_gather.input[0]) - 1
         routed_column = routed
         column = []
         if trailing:
@@ -183,7 +178,7 @@ def densify_experts(model: onnx.ModelProto) -> DenseExperts | None:
     return result
 
 
-def _dense_pairs(nonzero: onnx.NodeProto, names: _Names) -> tuple[list[onnx.NodeProto], str]:
+def _dense_pairs(nonzero: onnx.NodeProto, names: NameAllocator) -> tuple[list[onnx.NodeProto], str]:
     """Nodes computing, in place of ``NonZero(mask)`` over a ``[slots, tokens]`` mask, the pairs
     ``[argmax over slots, token]`` for every token, and the name of a ``[tokens]`` 0/1 tensor saying
     whether the token's mask holds a 1 at all."""
@@ -231,75 +226,70 @@ def _dense_pairs(nonzero: onnx.NodeProto, names: _Names) -> tuple[list[onnx.Node
 
 def _match_expert_selection(
     nonzero: onnx.NodeProto,
-    producer: dict[str, onnx.NodeProto],
-    consumers: dict[str, list[onnx.NodeProto]],
-    constants: dict[str, np.ndarray],
+    view: GraphView,
 ) -> tuple[onnx.NodeProto, int | None, int | None] | str:
     """The router-weight Gather of a top-k expert selection, with the number of experts and k; or why
     ``nonzero`` is not one."""
+    producer = view.producer
     if nonzero.op_type != "NonZero":
         return f"{nonzero.op_type} is not a NonZero"
     mask = _through(producer, nonzero.input[0], ("Cast", "Identity"))
     gather = producer.get(mask)
-    if gather is None or gather.op_type != "Gather" or _attribute(gather, "axis", 0) != 0:
+    if gather is None or gather.op_type != "Gather" or attribute(gather, "axis", 0) != 0:
         return "its mask is not one expert's row of a routing table"
     table = _through(producer, gather.input[0], ("Cast", "Identity"))
     transpose = producer.get(table)
     if (
         transpose is None
         or transpose.op_type != "Transpose"
-        or list(_attribute(transpose, "perm", [])) != [2, 1, 0]
+        or list(attribute(transpose, "perm", [])) != [2, 1, 0]
     ):
         return "its routing table is not a transposed one-hot of the selected experts"
     one_hot = producer.get(_through(producer, transpose.input[0], ("Cast", "Identity")))
     if one_hot is None or one_hot.op_type != "OneHot":
         return "its routing table is not a one-hot of the selected experts"
-    depth = constants.get(one_hot.input[1])
+    depth = view.constant(one_hot.input[1], max_elements=_SMALL)
     experts = int(np.asarray(depth).reshape(-1)[0]) if depth is not None else None
     top_k_node = producer.get(one_hot.input[0])
     top_k = None
-    if top_k_node is not None and top_k_node.op_type == "TopK" and top_k_node.input[1] in constants:
-        top_k = int(np.asarray(constants[top_k_node.input[1]]).reshape(-1)[0])
+    k = None if top_k_node is None else view.constant(top_k_node.input[1], max_elements=_SMALL)
+    if top_k_node is not None and top_k_node.op_type == "TopK" and k is not None:
+        top_k = int(np.asarray(k).reshape(-1)[0])
     # NonZero -> Transpose -> Split -> (slot, token), each perhaps squeezed.
-    pairs = [c for c in consumers.get(nonzero.output[0], []) if c.op_type == "Transpose"]
-    splits = [c for p in pairs for c in consumers.get(p.output[0], []) if c.op_type == "Split"]
+    pairs = [c for c in _readers(view, nonzero.output[0]) if c.op_type == "Transpose"]
+    splits = [c for p in pairs for c in _readers(view, p.output[0]) if c.op_type == "Split"]
     if len(splits) != 1 or len(splits[0].output) != 2:
         return "its (slot, token) pairs are not split into a slot and a token"
-    slot = _squeezed(consumers, splits[0].output[0])
-    token = _squeezed(consumers, splits[0].output[1])
-    for multiply in consumers.get(token, []):
+    slot = _squeezed(view, splits[0].output[0])
+    token = _squeezed(view, splits[0].output[1])
+    for multiply in _readers(view, token):
         if multiply.op_type != "Mul":
             continue
-        for add in consumers.get(multiply.output[0], []):
+        for add in _readers(view, multiply.output[0]):
             if add.op_type == "Add" and set(add.input) == {slot, multiply.output[0]}:
-                for weight in consumers.get(add.output[0], []):
+                for weight in _readers(view, add.output[0]):
                     if weight.op_type == "Gather" and weight.input[1] == add.output[0]:
                         return weight, experts, top_k
     return "no router weight is gathered at token * top_k + slot"
 
 
-def _inferred_ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """The rank of every tensor shape inference finds in ``model`` (weights as typed inputs)."""
-    inferred = onnx.shape_inference.infer_shapes(shape_view(model), strict_mode=False)
-    return {
-        value.name: len(value.type.tensor_type.shape.dim)
-        for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
-        if value.type.tensor_type.HasField("shape")
-    }
-
-
-def _rank(ranks: dict[str, int], producer: dict[str, onnx.NodeProto], name: str) -> int:
-    """The rank of tensor ``name`` (Flatten outputs directly, anything else from ``ranks``)."""
-    node = producer.get(name)
+def _rank(view: GraphView, name: str) -> int:
+    """The rank of tensor ``name`` (Flatten outputs directly, anything else from the view)."""
+    node = view.producer.get(name)
     if node is not None and node.op_type == "Flatten":
         return 2
-    if name not in ranks:
+    rank = view.rank(name)
+    if rank is None:
         raise ValueError(f"the rank of the router weights {name!r} is unknown")
-    return ranks[name]
+    return rank
 
 
-def _squeezed(consumers: dict[str, list[onnx.NodeProto]], name: str) -> str:
-    squeezes = [c for c in consumers.get(name, []) if c.op_type == "Squeeze"]
+def _readers(view: GraphView, name: str) -> list[onnx.NodeProto]:
+    return [node for node, _ in view.consumers.get(name, ())]
+
+
+def _squeezed(view: GraphView, name: str) -> str:
+    squeezes = [c for c in _readers(view, name) if c.op_type == "Squeeze"]
     return squeezes[0].output[0] if len(squeezes) == 1 else name
 
 
@@ -307,37 +297,3 @@ def _through(producer: dict[str, onnx.NodeProto], name: str, op_types: tuple[str
     while (node := producer.get(name)) is not None and node.op_type in op_types:
         name = node.input[0]
     return name
-
-
-def _attribute(node: onnx.NodeProto, name: str, default):
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return default
-
-
-def _constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    values = {
-        init.name: numpy_helper.to_array(init) for init in graph.initializer if int(np.prod(init.dims)) <= 16
-    }
-    for node in graph.node:
-        if node.op_type == "Constant":
-            for attribute in node.attribute:
-                if attribute.name == "value":
-                    values[node.output[0]] = numpy_helper.to_array(attribute.t)
-                elif attribute.name in ("value_int", "value_ints"):
-                    values[node.output[0]] = np.asarray(helper.get_attribute_value(attribute))
-    return values
-
-
-class _Names:
-    def __init__(self, taken: set[str]) -> None:
-        self._taken = set(taken)
-
-    def fresh(self, hint: str) -> str:
-        name, counter = hint, 0
-        while name in self._taken:
-            counter += 1
-            name = f"{hint}_{counter}"
-        self._taken.add(name)
-        return name

@@ -34,11 +34,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.analysis.padding.evaluate import EvaluationError, Evaluator, attributes
+from optimum_ipu_backend.compiler.analysis.padding.evaluate import EvaluationError, Evaluator
 from optimum_ipu_backend.compiler.graphs import (
-    GraphFacts,
+    GraphView,
     NameAllocator,
+    attribute,
     names_read,
+    reach,
     shape_view,
     subgraphs_of,
 )
@@ -113,14 +115,14 @@ class _Match:
     output: str  # the [batch, hidden] features
 
 
-def _eos_mask_of(facts: GraphFacts, nonzero: onnx.NodeProto) -> tuple[str, int] | None:
+def _eos_mask_of(facts: GraphView, nonzero: onnx.NodeProto) -> tuple[str, int] | None:
     """(graph input, token id) when ``nonzero`` reads ``Equal(input, scalar integer constant)``, perhaps
     cast to bool; None for any other NonZero."""
     if nonzero.op_type != "NonZero":
         return None
     source = nonzero.input[0]
     node = facts.producer.get(source)
-    if node is not None and node.op_type == "Cast" and attributes(node).get("to") == TensorProto.BOOL:
+    if node is not None and node.op_type == "Cast" and attribute(node, "to") == TensorProto.BOOL:
         node = facts.producer.get(node.input[0])
     if node is None or node.op_type != "Equal":
         return None
@@ -130,7 +132,7 @@ def _eos_mask_of(facts: GraphFacts, nonzero: onnx.NodeProto) -> tuple[str, int] 
             continue
         if facts.rank(data) != 2:
             continue
-        value = facts.constant_value(other)
+        value = facts.constant(other)
         if value is not None and value.size == 1 and np.issubdtype(value.dtype, np.integer):
             return data, int(value.reshape(-1)[0])
     return None
@@ -145,7 +147,7 @@ def select_last_eos(model: onnx.ModelProto) -> EosSelection | None:
     """
     if not any(node.op_type == "NonZero" for node in model.graph.node):
         return None  # most graphs: no shape inference spent on them
-    facts = GraphFacts(model)
+    facts = GraphView.of_model(model)
     candidates = [node for node in facts.nodes if _eos_mask_of(facts, node) is not None]
     if not candidates:
         return None
@@ -185,7 +187,7 @@ def select_last_eos(model: onnx.ModelProto) -> EosSelection | None:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _only_consumer(facts: GraphFacts, name: str, op_type: str, slot: int, what: str) -> onnx.NodeProto:
+def _only_consumer(facts: GraphView, name: str, op_type: str, slot: int, what: str) -> onnx.NodeProto:
     readers = facts.consumers.get(name, [])
     if (
         len(readers) != 1
@@ -203,16 +205,16 @@ class _NotThePattern(ValueError):
     pass
 
 
-def _match(model: onnx.ModelProto, facts: GraphFacts, nonzero: onnx.NodeProto) -> _Match:
+def _match(model: onnx.ModelProto, facts: GraphView, nonzero: onnx.NodeProto) -> _Match:
     found = _eos_mask_of(facts, nonzero)
     assert found is not None
     name, token_id = found
     try:
         transpose = _only_consumer(facts, nonzero.output[0], "Transpose", 0, "its positions")
-        if list(attributes(transpose).get("perm", [])) != [1, 0]:
+        if list(attribute(transpose, "perm", [])) != [1, 0]:
             raise _NotThePattern("its positions are not transposed to (row, position) pairs")
         gather_nd = _only_consumer(facts, transpose.output[0], "GatherND", 1, "its (row, position) pairs")
-        if attributes(gather_nd).get("batch_dims", 0) != 0:
+        if attribute(gather_nd, "batch_dims", 0) != 0:
             raise _NotThePattern("its GatherND has batch_dims")
         hidden = gather_nd.input[0]
         if facts.rank(hidden) != 3:
@@ -220,8 +222,8 @@ def _match(model: onnx.ModelProto, facts: GraphFacts, nonzero: onnx.NodeProto) -
         reshape = _only_consumer(facts, gather_nd.output[0], "Reshape", 0, "the selected states")
         _check_reshape_target(model, facts, reshape, hidden)
         gather = _only_consumer(facts, reshape.output[0], "Gather", 0, "the states per row")
-        index = facts.constant_value(gather.input[1])
-        if attributes(gather).get("axis", 0) != 1 or index is None or index.shape != () or int(index) != -1:
+        index = facts.constant(gather.input[1])
+        if attribute(gather, "axis", 0) != 1 or index is None or index.shape != () or int(index) != -1:
             raise _NotThePattern(
                 "it does not take the last selected state of each row (Gather axis 1, index -1)"
             )
@@ -243,29 +245,26 @@ def _match(model: onnx.ModelProto, facts: GraphFacts, nonzero: onnx.NodeProto) -
 
 
 def _check_reshape_target(
-    model: onnx.ModelProto, facts: GraphFacts, reshape: onnx.NodeProto, hidden: str
+    model: onnx.ModelProto, facts: GraphView, reshape: onnx.NodeProto, hidden: str
 ) -> None:
     """The Reshape target must be ``[Shape(hidden)[0], -1, Shape(hidden)[-1]]``: shown by evaluating it,
     at sizes no constant can be mistaken for, from shape projections of ``hidden`` alone."""
     cone: list[onnx.NodeProto] = []
-    pending = [reshape.input[1]]
-    seen: set[str] = set()
-    while pending:
-        name = pending.pop()
-        if name in seen or not name:
-            continue
-        seen.add(name)
-        if facts.constant_value(name) is not None:
-            continue
+
+    def computed_from(name: str) -> list[str]:
+        if facts.constant(name) is not None:
+            return []
         node = facts.producer.get(name)
         if node is None or node.op_type not in _SHAPE_PROJECTIONS:
             raise _NotThePattern("its row shape is not computed from the selected tensor's shape alone")
-        if node.op_type == "Shape":
-            if node.input[0] != hidden:
-                raise _NotThePattern("its row shape is computed from another tensor's shape")
-        else:
-            pending.extend(node.input)
         cone.append(node)
+        if node.op_type != "Shape":
+            return list(node.input)
+        if node.input[0] != hidden:
+            raise _NotThePattern("its row shape is computed from another tensor's shape")
+        return []
+
+    reach([reshape.input[1]], computed_from)
     cone.sort(key=lambda node: facts.position[id(node)])
     evaluator = Evaluator(model)
     values: dict[str, np.ndarray] = {}
@@ -281,9 +280,9 @@ def _check_reshape_target(
                 elif name == hidden:
                     inputs.append(probe)
                 else:
-                    inputs.append(facts.constant_value(name))
+                    inputs.append(facts.constant(name))
             values.update(zip(node.output, evaluator.run(node, inputs), strict=False))
-        target = facts.constant_value(reshape.input[1])
+        target = facts.constant(reshape.input[1])
         target = values[reshape.input[1]] if target is None else target
     except (EvaluationError, KeyError) as error:
         raise _NotThePattern(f"its row shape could not be evaluated ({error})") from None
@@ -322,7 +321,7 @@ def _symbolic_dims(model: onnx.ModelProto) -> dict[str, list[Any]] | None:
     return dims
 
 
-def _check_hidden_axes(facts: GraphFacts, symbolic: dict[str, list[Any]] | None, match: _Match) -> None:
+def _check_hidden_axes(facts: GraphView, symbolic: dict[str, list[Any]] | None, match: _Match) -> None:
     """The selected tensor's first two axes are the input's, as shape inference derives them: the one-hot
     MatMul would otherwise broadcast a batch of one where the gather fails."""
     wanted = symbolic.get(match.input) if symbolic is not None else None

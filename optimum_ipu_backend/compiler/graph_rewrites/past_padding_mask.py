@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.graphs import GraphFacts, NameAllocator
+from optimum_ipu_backend.compiler.graphs import GraphView, NameAllocator, attribute, reach
 
 MASK_INPUT = "ipu_past_mask"
 PADDING_SIDE = "left"
@@ -83,7 +83,7 @@ def add_past_padding_mask(model: onnx.ModelProto) -> PastPaddingRewrite | None:
     if _has_mask_over_past(graph, past_dim):
         return None
 
-    facts = GraphFacts(model)
+    facts = GraphView.of_model(model)
     keys = [vi.name for vi in past_inputs if vi.name.endswith(".key")]
     masked = [_find_masked_softmax(facts, key) for key in keys]
     if len({id(site.softmax) for site in masked}) != len(masked):
@@ -172,7 +172,7 @@ class _Tracked:
     key_axis: int
 
 
-def _find_masked_softmax(facts: GraphFacts, past_key: str) -> _MaskSite:
+def _find_masked_softmax(facts: GraphView, past_key: str) -> _MaskSite:
     """Walk the values computed from ``past_key`` to the one Softmax that normalizes over its positions.
 
     Every op on the way must be one whose effect on the batch and key-position axes is known, so the
@@ -222,10 +222,10 @@ def _find_masked_softmax(facts: GraphFacts, past_key: str) -> _MaskSite:
 
 
 def _key_concat(
-    facts: GraphFacts, node: onnx.NodeProto, index: int, tracked: _Tracked, past_key: str
+    facts: GraphView, node: onnx.NodeProto, index: int, tracked: _Tracked, past_key: str
 ) -> tuple[onnx.NodeProto, str, int]:
     rank = facts.rank(tracked.name)
-    axis = helper.get_attribute_value(next(a for a in node.attribute if a.name == "axis"))
+    axis = attribute(node, "axis")
     if rank is not None:
         axis %= rank
     if axis != tracked.key_axis or index != 0 or len(node.input) != 2:
@@ -237,7 +237,7 @@ def _key_concat(
 
 
 def _track_through(
-    facts: GraphFacts, node: onnx.NodeProto, index: int, tracked: _Tracked, past_key: str
+    facts: GraphView, node: onnx.NodeProto, index: int, tracked: _Tracked, past_key: str
 ) -> _Tracked:
     """Where the batch and key-position axes of ``node``'s input ``index`` end up in its output."""
 
@@ -257,10 +257,7 @@ def _track_through(
     elif node.op_type in _ELEMENTWISE:
         moved = tuple(axis + out_rank - in_rank for axis in axes)
     elif node.op_type == "Transpose":
-        perm_attribute = next((a for a in node.attribute if a.name == "perm"), None)
-        perm = (
-            list(helper.get_attribute_value(perm_attribute)) if perm_attribute else list(range(in_rank))[::-1]
-        )
+        perm = list(attribute(node, "perm", range(in_rank - 1, -1, -1)))
         moved = tuple(perm.index(axis) for axis in axes)
     elif node.op_type == "MatMul":
         if in_rank < 2 or in_rank != out_rank:
@@ -274,10 +271,9 @@ def _track_through(
     return _Tracked(node.output[0], moved[0], moved[1])
 
 
-def _check_softmax(facts: GraphFacts, softmax: onnx.NodeProto, scores: _Tracked, past_key: str) -> None:
+def _check_softmax(facts: GraphView, softmax: onnx.NodeProto, scores: _Tracked, past_key: str) -> None:
     rank = facts.rank(scores.name)
-    axis_attribute = next((a for a in softmax.attribute if a.name == "axis"), None)
-    axis = helper.get_attribute_value(axis_attribute) if axis_attribute is not None else -1
+    axis = attribute(softmax, "axis", -1)
     if rank is None:
         raise ValueError(f"the rank of Softmax {softmax.name!r}'s input is unknown")
     if axis % rank != scores.key_axis or scores.key_axis != rank - 1 or scores.batch_axis != 0:
@@ -297,7 +293,7 @@ def _check_softmax(facts: GraphFacts, softmax: onnx.NodeProto, scores: _Tracked,
 # ----------------------------------------------------------------------------------------------------
 
 
-def _find_position_lookups(facts: GraphFacts, past_inputs: set[str]) -> list[onnx.NodeProto]:
+def _find_position_lookups(facts: GraphView, past_inputs: set[str]) -> list[onnx.NodeProto]:
     """The Gathers that read a constant table at ``Range(past_len, ...)`` through index-preserving ops.
 
     Shapes of the cache flow elsewhere too (causal masks, T5's relative positions): those stay as they
@@ -331,7 +327,7 @@ def _find_position_lookups(facts: GraphFacts, past_inputs: set[str]) -> list[onn
     return lookups
 
 
-def _preserves_index(facts: GraphFacts, node: onnx.NodeProto, index: int) -> bool:
+def _preserves_index(facts: GraphView, node: onnx.NodeProto, index: int) -> bool:
     if node.op_type in _INDEX_PRESERVING:
         return index == 0  # the other inputs are axes / shapes / repeats
     if node.op_type == "Add":
@@ -341,7 +337,7 @@ def _preserves_index(facts: GraphFacts, node: onnx.NodeProto, index: int) -> boo
     return False
 
 
-def _past_length_scalars(facts: GraphFacts, past_inputs: set[str]) -> set[str]:
+def _past_length_scalars(facts: GraphView, past_inputs: set[str]) -> set[str]:
     """Tensors holding the past length: ``Gather(Shape(past), 2)`` or ``Shape(past, start=2, end=3)``."""
     lengths: set[str] = set()
     for past in past_inputs:
@@ -349,9 +345,8 @@ def _past_length_scalars(facts: GraphFacts, past_inputs: set[str]) -> set[str]:
         for shape_node, _ in facts.consumers.get(past, []):
             if shape_node.op_type != "Shape":
                 continue
-            attributes = {a.name: helper.get_attribute_value(a) for a in shape_node.attribute}
-            start = attributes.get("start", 0) % rank
-            end = attributes.get("end", rank)
+            start = attribute(shape_node, "start", 0) % rank
+            end = attribute(shape_node, "end", rank)
             end = end % rank if end < 0 else min(end, rank)
             if (start, end) == (2, 3):
                 lengths.add(shape_node.output[0])
@@ -359,7 +354,7 @@ def _past_length_scalars(facts: GraphFacts, past_inputs: set[str]) -> set[str]:
             for gather, index in facts.consumers.get(shape_node.output[0], []):
                 if gather.op_type != "Gather" or index != 0:
                     continue
-                position = facts.constant_value(gather.input[1])
+                position = facts.constant(gather.input[1])
                 if position is None or position.size != 1:
                     continue
                 index_in_shape = int(position.reshape(()))
@@ -370,7 +365,7 @@ def _past_length_scalars(facts: GraphFacts, past_inputs: set[str]) -> set[str]:
     return lengths
 
 
-def _ranges_starting_at(facts: GraphFacts, past_lengths: set[str]) -> Iterator[onnx.NodeProto]:
+def _ranges_starting_at(facts: GraphView, past_lengths: set[str]) -> Iterator[onnx.NodeProto]:
     for node in facts.nodes:
         if node.op_type != "Range":
             continue
@@ -384,9 +379,7 @@ def _ranges_starting_at(facts: GraphFacts, past_lengths: set[str]) -> Iterator[o
             yield node
 
 
-def _refuse_unrecognised_position_tables(
-    facts: GraphFacts, past_lengths: set[str], shifted: set[str]
-) -> None:
+def _refuse_unrecognised_position_tables(facts: GraphView, past_lengths: set[str], shifted: set[str]) -> None:
     """Fail on a position table indexed from the past length in a way this pass does not rewrite."""
     dependent = _dependents(facts, past_lengths)
     for node in facts.nodes:
@@ -401,17 +394,10 @@ def _refuse_unrecognised_position_tables(
             )
 
 
-def _dependents(facts: GraphFacts, sources: Iterable[str]) -> set[str]:
-    reached = set(sources)
-    queue = deque(reached)
-    while queue:
-        name = queue.popleft()
-        for node, _ in facts.consumers.get(name, []):
-            for output in node.output:
-                if output and output not in reached:
-                    reached.add(output)
-                    queue.append(output)
-    return reached
+def _dependents(facts: GraphView, sources: Iterable[str]) -> set[str]:
+    return reach(
+        sources, lambda name: [output for node, _ in facts.consumers.get(name, []) for output in node.output]
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -422,7 +408,7 @@ def _dependents(facts: GraphFacts, sources: Iterable[str]) -> set[str]:
 class _Rewriter:
     """Adds the mask input and the nodes that use it to ``model`` (a copy owned by the caller)."""
 
-    def __init__(self, model: onnx.ModelProto, facts: GraphFacts, batch_dim: str, past_dim: str) -> None:
+    def __init__(self, model: onnx.ModelProto, facts: GraphView, batch_dim: str, past_dim: str) -> None:
         self.graph = model.graph
         self.facts = facts
         self.batch_dim = batch_dim

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from ..errors import PATTERN_INPUT_SIZE, LegalizationError, UnsupportedNode
-from ..graphs import has_subgraphs, iter_graphs
+from ..graphs import infer_shapes, iter_graphs, subgraphs_of
 from .base import GraphPass, PassContext
 
 _SHAPE_HINTS = (
@@ -83,19 +83,6 @@ def _forget_inferred_shapes(model: onnx.ModelProto) -> None:
                     graph_input.type.tensor_type.ClearField("shape")
 
 
-def infer_shapes(model: onnx.ModelProto, *, strict: bool = False) -> onnx.ModelProto:
-    """ONNX shape inference, with data propagation (so Shape->Gather->Reshape chains get sizes).
-
-    Data propagation is skipped when the graph has subgraphs: onnx keys the propagated values by
-    tensor name across all scopes, and the two branches of an optimum merged decoder reuse names, so
-    one branch's values leak into the other and inference fails with "Incompatible dimensions".
-    """
-    data_prop = not has_subgraphs(model.graph)
-    return onnx.shape_inference.infer_shapes(
-        model, check_type=strict, strict_mode=strict, data_prop=data_prop
-    )
-
-
 def _type_passthrough_outputs(model: onnx.ModelProto) -> bool:
     """Give subgraph outputs that are enclosing-scope values (a branch returning an input as is) that
     value's type, which ONNX inference does not carry into the subgraph. Return whether any changed."""
@@ -106,24 +93,22 @@ def _type_passthrough_outputs(model: onnx.ModelProto) -> bool:
         known = dict(outer)
         known.update({vi.name: vi for vi in list(graph.input) + list(graph.value_info) + list(graph.output)})
         for node in graph.node:
-            for attr in node.attribute:
-                subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-                for sub in subgraphs:
-                    for output in sub.output:
-                        source = known.get(output.name)
-                        if source is not None and is_static(source) and not is_static(output):
-                            output.type.CopyFrom(source.type)
-                            changed = True
-                    scopes.append((sub, known))
+            for sub in subgraphs_of(node):
+                for output in sub.output:
+                    source = known.get(output.name)
+                    if source is not None and is_static(source) and not is_static(output):
+                        output.type.CopyFrom(source.type)
+                        changed = True
+                scopes.append((sub, known))
     return changed
 
 
 def refresh_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Drop every inferred shape (keeping graph inputs) and infer them again from the inputs."""
     _forget_inferred_shapes(model)
-    model = infer_shapes(model)
+    model = infer_shapes(model, propagate_data=True)
     if _type_passthrough_outputs(model):
-        model = infer_shapes(model)
+        model = infer_shapes(model, propagate_data=True)
     return model
 
 

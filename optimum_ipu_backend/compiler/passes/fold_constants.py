@@ -20,7 +20,7 @@ import onnx
 from numpy.typing import ArrayLike
 from onnx import numpy_helper
 
-from ..graphs import has_subgraphs, names_defined, names_read
+from ..graphs import GraphView, attribute, has_subgraphs, names_defined, names_read, subgraphs_of
 from .base import GraphPass, PassContext
 from .fix_shapes import refresh_shapes
 
@@ -91,19 +91,8 @@ def fold_control_flow(model: onnx.ModelProto) -> None:
     outer_types = {vi.name: vi for vi in list(graph.input) + list(graph.value_info) + list(graph.output)}
     outer_initializers = {init.name: init for init in graph.initializer}
     for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                attr.g.CopyFrom(_fold_subgraph(attr.g, outer_types, outer_initializers, model))
-
-
-def _constant_value(name: str, graph: onnx.GraphProto) -> np.ndarray | None:
-    for init in graph.initializer:
-        if init.name == name:
-            return numpy_helper.to_array(init)
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output[0] == name and node.attribute[0].name == "value":
-            return numpy_helper.to_array(node.attribute[0].t)
-    return None
+        for sub in subgraphs_of(node):
+            sub.CopyFrom(_fold_subgraph(sub, outer_types, outer_initializers, model))
 
 
 def inline_constant_ifs(graph: onnx.GraphProto) -> int:
@@ -115,12 +104,13 @@ def inline_constant_ifs(graph: onnx.GraphProto) -> int:
     inlined = 0
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
-        condition = _constant_value(node.input[0], graph) if node.op_type == "If" else None
+        # a fresh view each time: an inlined branch's initializers may hold the next If's condition
+        condition = GraphView(graph).constant(node.input[0]) if node.op_type == "If" else None
         if condition is None or condition.size != 1:
             nodes.append(node)
             continue
         taken = "then_branch" if bool(condition.reshape(())) else "else_branch"
-        branch = next(attr.g for attr in node.attribute if attr.name == taken)
+        branch = attribute(node, taken)
         nodes.extend(branch.node)
         graph.initializer.extend(branch.initializer)
         for branch_output, if_output in zip(branch.output, node.output, strict=True):

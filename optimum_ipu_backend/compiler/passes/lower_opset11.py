@@ -21,15 +21,16 @@ from ..errors import PATTERN_CUSTOM_DOMAIN, PATTERN_NO_LOWERING, LegalizationErr
 from ..graphs import (
     WEIGHT_MIN_BYTES,
     NameAllocator,
+    declared_types,
     element_bytes,
+    has_shape,
+    infer_shapes,
     iter_graphs,
     names_read,
-    shape_view,
     subgraphs_of,
 )
 from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS
 from .base import GraphPass, PassContext
-from .fix_shapes import infer_shapes
 from .rewrites import REWRITE_FOR_OP, CannotLower, GraphScope
 from .rewrites.reviewed_versions import NEWEST_REVIEWED_VERSION, SAME_AS_OPSET11
 
@@ -43,16 +44,6 @@ _HINTS = (
     "re-export the model with optimum at another opset, or with eager attention",
     "file an issue with the model id and this message so that the missing rewrite can be added",
 )
-
-
-def _graph_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
-    types: dict[str, onnx.TypeProto] = {}
-    for init in graph.initializer:
-        types[init.name] = helper.make_tensor_type_proto(init.data_type, list(init.dims))
-    for value_info in list(graph.input) + list(graph.value_info) + list(graph.output):
-        if value_info.type.WhichOneof("value") is not None:
-            types[value_info.name] = value_info.type
-    return types
 
 
 def _tensor_type_string(elem_type: int) -> str:
@@ -125,8 +116,8 @@ class LowerToOpset11(GraphPass):
         if source_opset < TARGET_OPSET:
             model = self._upgrade(model, source_opset)
             source_opset = TARGET_OPSET
-        inferred = infer_shapes(shape_view(model))
-        types_by_graph = [_graph_types(graph) for graph in iter_graphs(inferred.graph)]
+        inferred = infer_shapes(model, propagate_data=True, with_weights=False)
+        types_by_graph = [declared_types(graph) for graph in iter_graphs(inferred.graph)]
         graphs = list(iter_graphs(model.graph))
         if len(graphs) != len(types_by_graph):
             raise RuntimeError("shape inference changed the number of subgraphs")
@@ -235,10 +226,6 @@ class LowerToOpset11(GraphPass):
         return None
 
 
-def _has_shape(found: onnx.TypeProto | None) -> bool:
-    return found is not None and found.HasField("tensor_type") and found.tensor_type.HasField("shape")
-
-
 def _complete_types(graph: onnx.GraphProto, scope: GraphScope, source_opset: int) -> None:
     """Infer, node by node, the shapes whole-model inference left out.
 
@@ -248,7 +235,7 @@ def _complete_types(graph: onnx.GraphProto, scope: GraphScope, source_opset: int
     """
     opset_imports = [helper.make_opsetid("", source_opset)]
     for node in graph.node:
-        if node.domain not in DEFAULT_DOMAINS or all(_has_shape(scope.type_of(o)) for o in node.output if o):
+        if node.domain not in DEFAULT_DOMAINS or all(has_shape(scope.type_of(o)) for o in node.output if o):
             continue
         if subgraphs_of(node):
             continue
@@ -280,7 +267,7 @@ def _complete_types(graph: onnx.GraphProto, scope: GraphScope, source_opset: int
         except Exception:  # noqa: BLE001 - a node inference cannot do leaves its types as they were
             continue
         for name, found in inferred.items():
-            if _has_shape(found) and not _has_shape(scope.type_of(name)):
+            if has_shape(found) and not has_shape(scope.type_of(name)):
                 scope.learn_type(name, found)
 
 

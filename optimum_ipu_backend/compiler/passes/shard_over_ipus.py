@@ -25,7 +25,6 @@ subgraph (an If branch) take their parent node's place.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ import onnx
 from onnx import helper
 
 from ..errors import PATTERN_INVALID_GRAPH, LegalizationError, UnsupportedNode
-from ..graphs import element_bytes, iter_graphs, names_read, subgraphs_of, tensor_bytes
+from ..graphs import attribute, iter_graphs, names_read, subgraphs_of, tensor_bytes, value_bytes
 from .base import GraphPass, PassContext
 
 VIRTUAL_GRAPH_ATTRIBUTE = "__ipu_number"
@@ -108,17 +107,11 @@ def layer_ipus(layers_per_ipu: Sequence[int], ipus: int, layers: int) -> list[in
     return [ipu for ipu, count in enumerate(counts) for _ in range(count)]
 
 
-def _value_bytes(value: onnx.ValueInfoProto) -> int:
-    tensor_type = value.type.tensor_type
-    dims = [dim.dim_value if dim.HasField("dim_value") else 1 for dim in tensor_type.shape.dim]
-    return int(math.prod(dims)) * element_bytes(tensor_type.elem_type)
-
-
 def _node_costs(model: onnx.ModelProto, real_inputs: set[str]) -> list[int]:
     """Bytes each top-level node brings to its IPU: weights read first by it, and what it produces."""
     graph = model.graph
-    sizes = {value.name: _value_bytes(value) for value in (*graph.value_info, *graph.output)}
-    weights = {value.name: _value_bytes(value) for value in graph.input if value.name not in real_inputs}
+    sizes = {value.name: value_bytes(value) for value in (*graph.value_info, *graph.output)}
+    weights = {value.name: value_bytes(value) for value in graph.input if value.name not in real_inputs}
     weights.update({tensor.name: tensor_bytes(tensor) for tensor in graph.initializer})
     seen: set[str] = set()
     costs = []
@@ -175,7 +168,7 @@ def assign_ipus(model: onnx.ModelProto, sharding: Sharding, real_inputs: set[str
 
 
 def _set_int(node: onnx.NodeProto, name: str, value: int) -> None:
-    kept = [attribute for attribute in node.attribute if attribute.name != name]
+    kept = [attr for attr in node.attribute if attr.name != name]
     del node.attribute[:]
     node.attribute.extend(kept)
     node.attribute.append(helper.make_attribute(name, value))
@@ -194,13 +187,6 @@ def annotate(model: onnx.ModelProto, ipus: Sequence[int]) -> int:
     return len(stage_of)
 
 
-def _int_attribute(node: onnx.NodeProto, name: str) -> int | None:
-    for attribute in node.attribute:
-        if attribute.name == name and attribute.type == onnx.AttributeProto.INT:
-            return attribute.i
-    return None
-
-
 def placement_problems(model: onnx.ModelProto, ipus: int) -> list[str]:
     """What breaks PopART's rules for a manual, pipelined placement (as the SDK documents them)."""
     problems = []
@@ -209,8 +195,8 @@ def placement_problems(model: onnx.ModelProto, ipus: int) -> list[str]:
     for graph in iter_graphs(model.graph):
         for node in graph.node:
             label = node.name or node.output[0]
-            ipu = _int_attribute(node, VIRTUAL_GRAPH_ATTRIBUTE)
-            stage = _int_attribute(node, PIPELINE_STAGE_ATTRIBUTE)
+            ipu = attribute(node, VIRTUAL_GRAPH_ATTRIBUTE)
+            stage = attribute(node, PIPELINE_STAGE_ATTRIBUTE)
             if ipu is None or stage is None:
                 problems.append(f"{label} has no IPU or no pipeline stage")
                 continue

@@ -16,7 +16,7 @@ from ..errors import (
     LegalizationError,
     UnsupportedNode,
 )
-from ..graphs import TensorIndex, has_subgraphs, iter_graphs, iter_nodes
+from ..graphs import TensorIndex, attribute, infer_shapes, iter_graphs, iter_nodes
 from ..op_table import (
     COMPILE_TIME_OPERANDS,
     DEFAULT_DOMAINS,
@@ -39,9 +39,7 @@ def _strict_inference(
     model: onnx.ModelProto, problems: list[UnsupportedNode]
 ) -> tuple[onnx.ModelProto, bool]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(
-            model, check_type=True, strict_mode=True, data_prop=not has_subgraphs(model.graph)
-        )
+        inferred = infer_shapes(model, strict=True, propagate_data=True)
     except Exception as error:  # onnx raises several unrelated types here
         problems.append(
             UnsupportedNode(
@@ -125,15 +123,11 @@ def _narrowed_where_produced(graph: onnx.GraphProto, consumers: TensorIndex) -> 
                 continue
             readers = consumers.consumers.get(name, [])
             if readers and all(
-                reader.op_type == "Cast" and _cast_target(reader) == onnx.TensorProto.INT32
+                reader.op_type == "Cast" and attribute(reader, "to") == onnx.TensorProto.INT32
                 for reader, _ in readers
             ):
                 narrowed.add(name)
     return narrowed
-
-
-def _cast_target(node: onnx.NodeProto) -> int | None:
-    return next((attr.i for attr in node.attribute if attr.name == "to"), None)
 
 
 def find_unsupported_nodes(model: onnx.ModelProto) -> list[UnsupportedNode]:

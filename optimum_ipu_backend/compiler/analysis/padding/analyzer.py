@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ...graphs import GraphView, index_operand_sources, iter_nodes
 from . import classes as C
 from .evaluate import EvaluationError, Evaluator
 from .rules import RULES, Context, ProofAborted, Value, as_data, describe, rule_not_followed
@@ -46,14 +47,6 @@ SMALL_FLOAT_INITIALIZER = 1 << 12
 # Operators whose rule must run even on concrete operands (their result depends on nothing else, but
 # the rule records facts or the result may be huge).
 _ALWAYS_RULE = frozenset({"Softmax", "LogSoftmax"})
-_GATHER_INDEX_SLOTS = {
-    "Gather": 1,
-    "GatherElements": 1,
-    "GatherND": 1,
-    "ScatterND": 1,
-    "ScatterElements": 1,
-    "OneHot": 0,
-}
 
 
 @dataclass(frozen=True)
@@ -122,7 +115,9 @@ class PaddingAnalyzer:
         self._initializers = {init.name: init for init in model.graph.initializer}
         self._constants: dict[str, Value] = {}
         self._inputs = {vi.name: vi for vi in model.graph.input if vi.name not in self._initializers}
-        self._index_inputs = _index_inputs(model.graph, set(self._inputs))
+        # Inputs whose values reach a table's indices (token ids, positions), in any scope.
+        every_scope = GraphView.of_model(model, subgraphs=True)
+        self._index_inputs = index_operand_sources(every_scope) & set(self._inputs)
         self._cones: dict[tuple, frozenset[str]] = {}
         self._static: set[int] | None = None
         self._static_values: dict[int, list[Value]] = {}
@@ -209,7 +204,7 @@ class PaddingAnalyzer:
         cached = self._cones.get(key)
         if cached is None:
             reached = set(sources)
-            for node in _all_nodes(self.model.graph):
+            for node in iter_nodes(self.model.graph):
                 if node.op_type not in ("Softmax", "LogSoftmax") and any(i in reached for i in node.input):
                     reached.update(o for o in node.output if o)
             cached = self._cones[key] = frozenset(reached)
@@ -437,14 +432,6 @@ def _compact(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def _all_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_nodes(attr.g)
-
-
 _GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 _MASK_TYPES = frozenset(
@@ -539,33 +526,6 @@ def _constant_value(init: onnx.TensorProto) -> Value:
         np.full((1,) * len(shape), C.SMALL, np.int8),  # weights are finite
         init.data_type,
     )
-
-
-def _index_inputs(graph: onnx.GraphProto, inputs: set[str]) -> set[str]:
-    """Graph inputs whose values reach the indices of a Gather-like node (token ids, positions), in the
-    graph or in any of its If/Loop branches."""
-    nodes = list(_all_nodes(graph))
-    producers: dict[str, onnx.NodeProto] = {}
-    for node in nodes:
-        for output in node.output:
-            producers[output] = node
-    found: set[str] = set()
-    for node in nodes:
-        slot = _GATHER_INDEX_SLOTS.get(node.op_type)
-        if slot is None or slot >= len(node.input):
-            continue
-        stack, seen = [node.input[slot]], set()
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            if name in inputs:
-                found.add(name)
-            producer = producers.get(name)
-            if producer is not None and producer.op_type != "Shape":
-                stack.extend(i for i in producer.input if i)
-    return found
 
 
 __all__ = ["Obligation", "PaddedInput", "PaddingAnalyzer", "PaddingProof", "elem_type_of"]

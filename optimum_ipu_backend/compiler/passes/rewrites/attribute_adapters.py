@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .common import CannotLower, GraphScope, Rewrite, as_text, attribute, copy_attributes, input_at
+from ...graphs import attribute
+from .common import CannotLower, GraphScope, Rewrite, as_text, copy_attributes, input_at
 
 
 def _equals(neutral: Any) -> Callable[[Any], bool]:

@@ -6,7 +6,8 @@ import math
 
 import onnx
 
-from .common import CannotLower, GraphScope, Rewrite, attribute, copy_attributes, input_at
+from ...graphs import attribute
+from .common import CannotLower, GraphScope, Rewrite, copy_attributes, input_at
 
 REDUCE_OPS: frozenset[str] = frozenset(
     {

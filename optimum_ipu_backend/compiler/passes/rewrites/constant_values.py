@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ...graphs import constant_node_value
-from .common import CannotLower, GraphScope, Rewrite, attribute
+from ...graphs import attribute, constant_node_value
+from .common import CannotLower, GraphScope, Rewrite
 
 
 class ConstantValueRewrite(Rewrite):

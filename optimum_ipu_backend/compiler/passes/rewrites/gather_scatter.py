@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import CannotLower, GraphScope, Rewrite, attribute, numpy_dtype, text_attribute
+from ...graphs import attribute
+from .common import CannotLower, GraphScope, Rewrite, numpy_dtype, text_attribute
 
 
 def row_major_strides(dims: tuple[int, ...] | list[int]) -> np.ndarray:

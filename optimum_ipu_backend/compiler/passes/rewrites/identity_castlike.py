@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import onnx
 
-from .common import CannotLower, GraphScope, Rewrite, attribute
+from ...graphs import attribute
+from .common import CannotLower, GraphScope, Rewrite
 
 # Cast-19 added `saturate` (float8 targets only) and Cast-25 `round_mode` (float8/float4 targets only):
 # their values never matter for the targets opset 11 can express, which the final type check enforces.

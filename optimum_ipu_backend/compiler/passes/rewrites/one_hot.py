@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import FLOAT_TYPES, GraphScope, Rewrite
+from .common import FLOAT_TYPES, GraphScope, Rewrite, copy_attributes
 
 # Integers of at most 24 significant bits are exact in float32.
 _FLOAT32_EXACT = 2**24
@@ -41,7 +41,7 @@ class OneHotRewrite(Rewrite):
             [node.input[0], node.input[1], float_values],
             1,
             f"{hint}/float",
-            **{a.name: onnx.helper.get_attribute_value(a) for a in node.attribute},
+            **copy_attributes(node),
         )
         cast = scope.make_node("Cast", [one_hot.output[0]], [node.output[0]], hint, to=elem_type)
         return [one_hot, cast]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import CannotLower, GraphScope, Rewrite, attribute, copy_attributes, input_at, text_attribute
+from ...graphs import attribute
+from .common import CannotLower, GraphScope, Rewrite, copy_attributes, input_at, text_attribute
 
 _OPSET11_COORDINATE_MODES = frozenset(
     {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_crop_and_resize"}

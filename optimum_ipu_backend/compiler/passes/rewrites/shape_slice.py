@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import GraphScope, Rewrite, attribute
+from ...graphs import attribute
+from .common import GraphScope, Rewrite
 
 
 class ShapeSliceRewrite(Rewrite):

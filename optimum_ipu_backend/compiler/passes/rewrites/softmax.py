@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import onnx
 
-from .common import GraphScope, Rewrite, attribute
+from ...graphs import attribute
+from .common import GraphScope, Rewrite
 
 
 class SoftmaxRewrite(Rewrite):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .common import CannotLower, GraphScope, Rewrite, attribute, input_at, numpy_dtype
+from ...graphs import attribute
+from .common import CannotLower, GraphScope, Rewrite, input_at, numpy_dtype
 
 
 class TriluRewrite(Rewrite):
