@@ -111,6 +111,16 @@ def real_coordinates(axis_map: AxisMap, size: int) -> np.ndarray:
     return axis_map >= 0
 
 
+def real_positions(maps: Sequence[AxisMap], shape: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """The open-mesh index (``np.ix_``) of the real elements of a padded tensor."""
+    return np.ix_(
+        *(
+            np.arange(size) if m is None else np.nonzero(m >= 0)[0]
+            for m, size in zip(maps, shape, strict=True)
+        )
+    )
+
+
 def real_grid(maps: Sequence[AxisMap], shape: Sequence[int]) -> np.ndarray:
     grid = np.ones((1,) * len(shape), bool)
     for axis, axis_map in enumerate(maps):
