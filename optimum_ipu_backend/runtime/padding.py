@@ -53,7 +53,6 @@ import numpy as np
 
 from optimum_ipu_backend.compiler.padding import (
     PROOF_FORMAT,
-    AxisMap,
     PaddedInput,
     PaddingAnalyzer,
     PaddingProof,
@@ -296,7 +295,6 @@ class PaddedFeed:
     feed: dict[str, np.ndarray]
     actual_dims: dict[str, int]
     padded_dims: dict[str, int]
-    left_padded_dims: frozenset[str] = field(default_factory=frozenset)
 
 
 def pad_feed(
@@ -338,15 +336,21 @@ def pad_feed(
             name, np.asarray(array), shape, actual, padded, left, fill, batch_fill, max_position_id
         )
 
-    return PaddedFeed(_map_declared(feed, input_shapes, pad), actual, padded, left)
+    return PaddedFeed(_map_declared(feed, input_shapes, pad), actual, padded)
 
 
-def generated_mask(maps: Sequence[AxisMap], shape: Sequence[int]) -> np.ndarray:
-    """A mask the runtime makes itself (the past padding mask, the audio frame mask): 1 at every real
-    position, 0 at every padded one, padded as ``axis_maps`` says. The one definition of its values,
-    for the call and for the proof."""
-    mask = np.zeros(tuple(shape), np.int64)
-    mask[real_positions(maps, shape)] = 1
+def generated_mask(
+    shape: SymbolicShape,
+    actual_dims: Mapping[str, int],
+    padded_dims: Mapping[str, int],
+    left_padded_dims: Iterable[str] = (),
+) -> np.ndarray:
+    """A mask the runtime makes itself (the past padding mask, the audio frame mask) at ``padded_dims``:
+    1 at every real position, 0 at every padded one, laid out as ``pad_feed`` lays out the inputs. The
+    one definition of its values, for the call and for the proof."""
+    dims = {**actual_dims, **padded_dims}
+    mask = np.zeros(evaluate_shape(shape, dims), np.int64)
+    mask[real_positions(axis_maps(shape, actual_dims, dims, left_padded_dims), mask.shape)] = 1
     return mask
 
 
@@ -854,7 +858,7 @@ def padded_inputs(
         fill = fills.get(name, 0)
         values = None
         if name in generated:  # made by the runtime itself: the proof gets its values
-            values = (generated_mask(maps, padded_shape), np.ones(real_shape, np.int64))
+            values = (generated_mask(shape, actual, dims, left_padded_dims), np.ones(real_shape, np.int64))
         inputs[name] = PaddedInput(
             padded_shape, real_shape, maps, None if fill == CONTINUE else fill, repeated, values
         )

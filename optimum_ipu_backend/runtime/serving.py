@@ -30,9 +30,7 @@ from optimum_ipu_backend.runtime.padding import (
     DimensionMismatchError,
     PaddingDecisions,
     SymbolicShape,
-    axis_maps,
     cut_output,
-    evaluate_shape,
     generated_mask,
     infer_dims,
     inputs_for_dims,
@@ -319,11 +317,11 @@ class StaticShapeRunner:
     ) -> dict[str, np.ndarray]:
         """The masks the runtime makes itself, made at once at the sizes this call runs at (the batch
         unpadded: device steps fill it up)."""
-        masks = {}
-        for name, _ in self._config.generated_masks:
-            maps = axis_maps(shapes[name], actual, targets, self._config.left_padded_dims)
-            masks[name] = generated_mask(maps, evaluate_shape(shapes[name], {**actual, **targets}))
-        return masks
+        left = self._config.left_padded_dims
+        return {
+            name: generated_mask(shapes[name], actual, targets, left)
+            for name, _ in self._config.generated_masks
+        }
 
     # -- trim_padding ------------------------------------------------------------------------------
 
