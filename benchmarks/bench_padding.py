@@ -185,8 +185,7 @@ def batch_efficiencies(
 
 
 def host_cost(plan, runs: int = 200) -> dict[str, float]:
-    from optimum_ipu_backend.runtime.padding import infer_dims, inputs_for_dims, pad_feed
-    from optimum_ipu_backend.runtime.padding_decisions import cut_output
+    from optimum_ipu_backend.runtime.padding import cut_output, infer_dims, inputs_for_dims, pad_feed
 
     batch, length, hidden = 8, 120, 768
     rng = np.random.default_rng(0)

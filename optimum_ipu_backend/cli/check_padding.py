@@ -1,7 +1,7 @@
 """`optimum-ipu check --verify-padding`: run a model padded and unpadded on the host emulator and compare.
 
 The runtime pads a dimension only where the padding proof shows no real output can see padded positions
-(``runtime.padding_decisions``). This check lets a user test that on their own graph, the way the test
+(``runtime.padding``). This check lets a user test that on their own graph, the way the test
 suite tests the model matrix: one call at sizes between compiled sizes (so the runtime pads whatever the
 proof allows), and the same call through a session compiled at exactly those sizes (nothing padded).
 Real outputs must agree within ``atol``. Each dimension's verdict, the compiled shapes and what serving

@@ -36,7 +36,7 @@ The plan a session uses (``BucketPlan.for_dims``), by the dimension's role (``ru
 * **Other** dimensions (image sizes, choices, Whisper's feature frames): no sizes; they are compiled at the
   size they come in, unless the user gives sizes.
 
-A dimension compiled at exact sizes (its padding not proven invisible, ``runtime.padding_decisions``) is
+A dimension compiled at exact sizes (its padding not proven invisible, ``runtime.padding``) is
 limited only by the model's own limit, never by its plan's largest size; only a padded dimension past
 its plan is refused with ``InputTooLargeError`` naming the option that raises it.
 

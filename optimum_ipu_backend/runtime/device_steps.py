@@ -95,6 +95,11 @@ def to_device_layout(
     are followed by padding samples (``fill="repeat"`` repeats the step's real samples cyclically,
     ``"zeros"`` writes zeros).
     """
+    return _step_buffer(*_samples_first(array, plan, batch_axis), plan, step, fill)
+
+
+def _samples_first(array: np.ndarray, plan: StepPlan, batch_axis: int) -> tuple[np.ndarray, int]:
+    """``array`` with its samples on axis 0 (a view), and its batch axis, checked once for every step."""
     if array.ndim == 0:
         raise ValueError("a batched input needs at least one dimension")
     batch_axis = _normalize_axis(batch_axis, array.ndim)
@@ -102,8 +107,14 @@ def to_device_layout(
         raise ValueError(
             f"the array has {array.shape[batch_axis]} samples on axis {batch_axis}, the plan {plan.samples}"
         )
+    return np.moveaxis(array, batch_axis, 0), batch_axis
+
+
+def _step_buffer(
+    all_samples: np.ndarray, batch_axis: int, plan: StepPlan, step: int, fill: BatchFill
+) -> np.ndarray:
     start, stop = plan.step_range(step)
-    samples = np.moveaxis(array, batch_axis, 0)[start:stop]
+    samples = all_samples[start:stop]
     missing = plan.samples_per_step - len(samples)
     if missing:
         if fill == "repeat":
@@ -166,18 +177,22 @@ def split_feed(
     mapped to None has no batch axis: every micro-batch of every step gets it whole, so its buffer is
     ``[device_iterations, replicas, *shape]`` like every other (a broadcast view, no copy)."""
     batch_axes = batch_axes or {}
-    steps = []
-    for step in range(plan.steps):
-        step_feed = {}
-        for name, array in feed.items():
-            axis = batch_axes.get(name, 0)
-            step_feed[name] = (
-                np.broadcast_to(array, (*plan.device_prefix(), *array.shape))
-                if axis is None
-                else to_device_layout(array, plan, step, batch_axis=axis, fill=fill)
-            )
-        steps.append(step_feed)
-    return steps
+    if not plan.steps:
+        return []
+    batched = {
+        name: _samples_first(array, plan, axis)
+        for name, array in feed.items()
+        if (axis := batch_axes.get(name, 0)) is not None
+    }
+    return [
+        {
+            name: np.broadcast_to(array, (*plan.device_prefix(), *array.shape))
+            if name not in batched
+            else _step_buffer(*batched[name], plan, step, fill)
+            for name, array in feed.items()
+        }
+        for step in range(plan.steps)
+    ]
 
 
 def merge_outputs(

@@ -13,12 +13,13 @@ import numpy as np
 from optimum_ipu_backend.engines.base import CompileOptions, Engine
 from optimum_ipu_backend.errors import ConfigurationError
 from optimum_ipu_backend.runtime.buckets import DEFAULT_SAMPLING_RATE, BucketPlan, model_limit
+from optimum_ipu_backend.runtime.cache_files import PROOFS_DIR
 from optimum_ipu_backend.runtime.dim_expressions import parse_dim
 from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
 from optimum_ipu_backend.runtime.executables import ExecutableTable
 from optimum_ipu_backend.runtime.graph_source import GraphSource
 from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
-from optimum_ipu_backend.runtime.padding_decisions import PROOFS_DIR, PaddingDecisions
+from optimum_ipu_backend.runtime.padding import PaddingDecisions
 from optimum_ipu_backend.runtime.progress import progress_enabled
 from optimum_ipu_backend.runtime.roles import audio_sample_dims, fill_value, generation_step_dims
 from optimum_ipu_backend.runtime.serving import ServingConfig, StaticShapeRunner

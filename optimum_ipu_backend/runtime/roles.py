@@ -4,7 +4,7 @@ The exporters name inputs and dynamic axes after what they hold (``input_ids``, 
 ``past_key_values.0.key``, ``batch_size``, ``past_sequence_length``, ...). The runtime needs those roles
 for three things only: what a padded position holds (the fill), how many sizes a dimension is compiled
 at (the bucket policy), and which inputs to make up for a merged decoder's first step. Whether padding
-is *allowed* is never decided here: the padding proof (``compiler.analysis.padding``) decides that from
+is *allowed* is never decided here: the padding proof (``compiler.padding``) decides that from
 the graph. A new model family with new names is one entry in a table below.
 """
 

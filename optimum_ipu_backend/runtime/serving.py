@@ -2,13 +2,13 @@
 
 Per call: infer every dimension from the feed; pick for each the smallest compiled size that holds it;
 keep only the padding the padding proof shows invisible in every real output element
-(``runtime.padding_decisions``); pad; cut the batch into device steps of ``micro_batch x
+(``runtime.padding``); pad; cut the batch into device steps of ``micro_batch x
 device_iterations x replicas`` laid out as PopART takes them; run each step; and keep, in every
 output, the elements the proof says are real. Which axes of an output carry which dimension is found
 by dataflow, never from the names the exporter gave them; inputs that share a dimension name at
 different sizes are served with those axes as dimensions of their own (``padding.separate_labels``).
 A dimension compiled at exact sizes is bounded only by the model's own limit, and whether a call is
-served never depends on what the cache holds (``runtime.padding_decisions``).
+served never depends on what the cache holds (``runtime.padding``).
 """
 
 from __future__ import annotations
@@ -26,14 +26,17 @@ from optimum_ipu_backend.runtime.device_steps import merge_outputs, plan_steps, 
 from optimum_ipu_backend.runtime.executables import ExecutableTable
 from optimum_ipu_backend.runtime.feed_preconditions import check_token_counts
 from optimum_ipu_backend.runtime.padding import (
+    EXACT_PREFIX,
     DimensionMismatchError,
+    PaddingDecisions,
     SymbolicShape,
+    cut_output,
+    generated_mask,
     infer_dims,
     inputs_for_dims,
     pad_feed,
     separate_labels,
 )
-from optimum_ipu_backend.runtime.padding_decisions import EXACT_PREFIX, PaddingDecisions, cut_output
 from optimum_ipu_backend.runtime.roles import InputRole, input_role, is_batch_dim, is_past_dim, text_dims
 
 if TYPE_CHECKING:
@@ -142,14 +145,19 @@ class StaticShapeRunner:
 
     # -- one call ---------------------------------------------------------------------------------
 
-    def _run_exact(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def _run_exact(
+        self,
+        feed: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        dims: tuple[dict[str, SymbolicShape], dict[str, int]] | None = None,
+    ) -> list[np.ndarray]:
+        """``dims``: the call's shapes and dimension sizes (``_call_dims``) when the caller found them."""
         config = self._config
         branches = {name: bool(np.asarray(feed[name]).reshape(-1)[0]) for name in self._table.branch_inputs}
         feed = {name: array for name, array in feed.items() if name not in branches}
         if branches and not all(branches.values()):
             feed = self._placeholder_past(feed)  # a merged decoder called without its cache
-        shapes, actual = self._call_dims(feed)
-        self._with_generated_masks(feed, actual)
+        shapes, actual = self._call_dims(feed) if dims is None else dims
         samples = next((size for dim, size in actual.items() if is_batch_dim(dim)), None)
         wanted = self._compiled_sizes(actual, branches)
         proof_actual = dict(actual)
@@ -173,7 +181,8 @@ class StaticShapeRunner:
             left_padded_dims=config.left_padded_dims,
             max_position_id=config.max_position_id,
         )
-        outputs = self._run_batched(padded.feed, samples, micro, branches, proof_actual, call.batch_paddable)
+        padded_feed = {**padded.feed, **self._generated_masks(shapes, actual, targets)}
+        outputs = self._run_batched(padded_feed, samples, micro, branches, proof_actual, call.batch_paddable)
         return [
             to_host_dtype(
                 np.ascontiguousarray(cut_output(outputs[name], call.cuts.get(name, ()))),
@@ -198,7 +207,7 @@ class StaticShapeRunner:
     def _compiled_sizes(self, actual: Mapping[str, int], branches: Mapping[str, bool]) -> dict[str, int]:
         """The compiled size of every planned dimension this call pads. A dimension whose verdict is
         exact is limited only by the model's own limit; a padded one past its plan is refused naming the
-        option that raises it. Verdicts depend on the graph alone (``padding_decisions``), so the same
+        option that raises it. Verdicts depend on the graph alone (``runtime.padding``), so the same
         call gets the same answer whatever ran before."""
         wanted = {}
         for dim, size in actual.items():
@@ -303,10 +312,16 @@ class StaticShapeRunner:
                 others[name] = np.zeros(shape, dtype=feed[name].dtype)
         return others
 
-    def _with_generated_masks(self, feed: dict[str, np.ndarray], actual: Mapping[str, int]) -> None:
-        for mask_name, dim in self._config.generated_masks:
-            batch = next((size for d, size in actual.items() if is_batch_dim(d)), 1)
-            feed[mask_name] = np.ones((batch, actual[dim]), dtype=np.int64)
+    def _generated_masks(
+        self, shapes: Mapping[str, SymbolicShape], actual: Mapping[str, int], targets: Mapping[str, int]
+    ) -> dict[str, np.ndarray]:
+        """The masks the runtime makes itself, made at once at the sizes this call runs at (the batch
+        unpadded: device steps fill it up)."""
+        left = self._config.left_padded_dims
+        return {
+            name: generated_mask(shapes[name], actual, targets, left)
+            for name, _ in self._config.generated_masks
+        }
 
     # -- trim_padding ------------------------------------------------------------------------------
 
@@ -337,9 +352,10 @@ class StaticShapeRunner:
                 else int(length)
             )
             groups.setdefault(bucket, []).append(row)
-        sequence_axes = self._decisions.output_axes(sequence_dim, infer_dims(feed, self._input_shapes), {})
+        actual = infer_dims(feed, self._input_shapes)
+        sequence_axes = self._decisions.output_axes(sequence_dim, actual, {})
         if not sequence_axes:  # padding this sequence is not proven invisible: trimming it is not either
-            return self._run_exact(feed, output_names)
+            return self._run_exact(feed, output_names, (self._input_shapes, actual))
         parts = []
         for rows in groups.values():
             width = int(lengths[rows].max())

@@ -20,14 +20,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from optimum_ipu_backend.compiler import legalize
-from optimum_ipu_backend.compiler.analysis.padding import PaddingAnalyzer
 from optimum_ipu_backend.compiler.graph_rewrites.audio_frame_mask import (
     MASK_INPUT,
     AudioFrameMaskRewrite,
     add_audio_frame_mask,
 )
+from optimum_ipu_backend.compiler.padding import PaddingAnalyzer
 from optimum_ipu_backend.conformance.zoo import save_audio_feature_extractor
-from optimum_ipu_backend.runtime.padding_decisions import cut_output, output_cuts, padded_inputs
+from optimum_ipu_backend.runtime.padding import cut_output, output_cuts, padded_inputs
 
 UNCHANGED_ATOL = 1e-5
 PADDED_ATOL = 1e-4

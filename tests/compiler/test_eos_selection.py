@@ -18,9 +18,9 @@ import pytest
 from model_zoo import session_zoo
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.analysis.padding import PaddedInput, PaddingAnalyzer
 from optimum_ipu_backend.compiler.graph_rewrites.eos_selection import SameTokenCount, select_last_eos
 from optimum_ipu_backend.compiler.op_table import POPART_OPSET11_OPS
+from optimum_ipu_backend.compiler.padding import PaddedInput, PaddingAnalyzer
 from optimum_ipu_backend.compiler.pipeline import legalize
 from optimum_ipu_backend.runtime.graph_source import served_graph
 

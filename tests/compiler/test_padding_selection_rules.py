@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.analysis.padding import PaddedInput, PaddingAnalyzer
-from optimum_ipu_backend.compiler.analysis.padding import classes as C
+from optimum_ipu_backend.compiler.padding import PaddedInput, PaddingAnalyzer
+from optimum_ipu_backend.compiler.padding import classes as C
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:

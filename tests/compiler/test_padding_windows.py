@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.analysis.padding import PaddedInput, PaddingAnalyzer
+from optimum_ipu_backend.compiler.padding import PaddedInput, PaddingAnalyzer
 
 CHANNELS = 3
 ATOL = 1e-5
@@ -191,7 +191,7 @@ def test_maxpool_reading_zero_padding_is_not_exact():
 def test_the_proofs_numpy_max_pool_computes_what_onnxruntime_does(kernel, stride, pads) -> None:
     """The frame masks' MaxPool is evaluated by a numpy path of the proof's evaluator (the reference one
     loops in Python); it must agree with onnxruntime exactly, pads included."""
-    from optimum_ipu_backend.compiler.analysis.padding.evaluate import Evaluator
+    from optimum_ipu_backend.compiler.padding.evaluate import Evaluator
 
     node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[kernel], strides=[stride], pads=pads)
     graph = helper.make_graph(

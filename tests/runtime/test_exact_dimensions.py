@@ -26,7 +26,7 @@ from optimum_ipu_backend.runtime.buckets import InputTooLargeError
 from optimum_ipu_backend.session import create_session
 
 ATOL = 1e-5
-DECISIONS_LOGGER = "optimum_ipu_backend.runtime.padding_decisions"
+DECISIONS_LOGGER = "optimum_ipu_backend.runtime.padding"
 
 
 @pytest.fixture(scope="module")

@@ -21,20 +21,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.analysis.padding import PaddingAnalyzer
+from optimum_ipu_backend.compiler.padding import PaddingAnalyzer
 from optimum_ipu_backend.runtime.buckets import BucketPlan
-from optimum_ipu_backend.runtime.dim_expressions import DimExpressionError
+from optimum_ipu_backend.runtime.dim_expressions import DimExpression, DimExpressionError
 from optimum_ipu_backend.runtime.padding import (
-    CONTINUE,
     DimensionMismatchError,
-    DimExpression,
     axis_maps,
+    cut_output,
     infer_dims,
     inputs_for_dims,
+    output_cuts,
     pad_feed,
+    padded_inputs,
 )
-from optimum_ipu_backend.runtime.padding_decisions import cut_output, output_cuts, padded_inputs
-from optimum_ipu_backend.runtime.roles import fill_value
+from optimum_ipu_backend.runtime.roles import CONTINUE, fill_value
 
 ATOL = 1e-5
 

@@ -27,8 +27,13 @@ from optimum_ipu_backend.conformance.zoo import PATTERN_TASKS, TASKS, preprocess
 from optimum_ipu_backend.runtime.buckets import BucketPlan
 from optimum_ipu_backend.runtime.factory import dynamic_dims
 from optimum_ipu_backend.runtime.graph_source import GraphSource
-from optimum_ipu_backend.runtime.padding import infer_dims, pad_feed
-from optimum_ipu_backend.runtime.padding_decisions import PaddingDecisions, cut_output, output_cuts
+from optimum_ipu_backend.runtime.padding import (
+    PaddingDecisions,
+    cut_output,
+    infer_dims,
+    output_cuts,
+    pad_feed,
+)
 from optimum_ipu_backend.runtime.roles import fill_value, generation_step_dims, is_batch_dim
 
 SEED = 20261130

@@ -34,9 +34,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.analysis.padding.evaluate import EvaluationError, Evaluator
-from optimum_ipu_backend.compiler.analysis.padding.rules import reshape_groups
 from optimum_ipu_backend.compiler.graphs import GraphView, NameAllocator, attribute, infer_shapes, shape_view
+from optimum_ipu_backend.compiler.padding.evaluate import EvaluationError, Evaluator
+from optimum_ipu_backend.compiler.padding.rules import reshape_groups
 
 MASK_INPUT = "ipu_sample_mask"
 PADDING_SIDE = "right"

@@ -34,7 +34,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.analysis.padding.evaluate import EvaluationError, Evaluator
 from optimum_ipu_backend.compiler.graphs import (
     GraphView,
     NameAllocator,
@@ -44,6 +43,7 @@ from optimum_ipu_backend.compiler.graphs import (
     shape_view,
     subgraphs_of,
 )
+from optimum_ipu_backend.compiler.padding.evaluate import EvaluationError, Evaluator
 
 _logger = logging.getLogger(__name__)
 

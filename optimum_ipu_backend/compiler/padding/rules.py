@@ -376,15 +376,12 @@ def rule_transpose(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None
     data = as_data(inputs[0], ctx)  # type: ignore[arg-type]
     perm = attributes(node).get("perm") or list(range(data.rank))[::-1]
     return [
-        Data(
+        data.with_axes(
             tuple(data.shape[a] for a in perm),
             tuple(data.real_shape[a] for a in perm),
             tuple(data.maps[a] for a in perm),
             np.transpose(data.exact, perm),
             np.transpose(data.classes, perm),
-            data.elem_type,
-            data.sources,
-            data.blame,
         )
     ]
 
@@ -411,18 +408,7 @@ def rule_unsqueeze(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None
         maps.insert(axis, None)
         exact = np.expand_dims(exact, axis)
         classes = np.expand_dims(classes, axis)
-    return [
-        Data(
-            tuple(shape),
-            tuple(real_shape),
-            tuple(maps),
-            exact,
-            classes,
-            data.elem_type,
-            data.sources,
-            data.blame,
-        )
-    ]
+    return [data.with_axes(shape, real_shape, maps, exact, classes)]
 
 
 def rule_squeeze(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
@@ -438,15 +424,12 @@ def rule_squeeze(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None])
             )
     keep = [a for a in range(data.rank) if a not in axes]
     return [
-        Data(
+        data.with_axes(
             tuple(data.shape[a] for a in keep),
             tuple(data.real_shape[a] for a in keep),
             tuple(data.maps[a] for a in keep),
             data.exact.reshape([data.exact.shape[a] for a in keep]),
             data.classes.reshape([data.classes.shape[a] for a in keep]),
-            data.elem_type,
-            data.sources,
-            data.blame,
         )
     ]
 
@@ -586,7 +569,7 @@ def reshape_data(data: Data, out_p: tuple[int, ...], out_u: tuple[int, ...], nod
             [_group_size(data.exact, groups, o) for o in range(len(out_p))]
         )
         classes = data.classes.reshape([_group_size(data.classes, groups, o) for o in range(len(out_p))])
-    return Data(out_p, out_u, tuple(maps), exact, classes, data.elem_type, data.sources, data.blame)
+    return data.with_axes(out_p, out_u, maps, exact, classes)
 
 
 def _compacted(data: Data) -> Data:
@@ -653,9 +636,7 @@ def rule_expand(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) 
             maps.append(own)
         else:
             maps.append(ctx.layouts.lookup(out_p[axis], out_u[axis]))
-    return [
-        Data(out_p, out_u, tuple(maps), data.exact, data.classes, data.elem_type, data.sources, data.blame)
-    ]
+    return [data.with_axes(out_p, out_u, maps, data.exact, data.classes)]
 
 
 def rule_tile(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
@@ -679,7 +660,7 @@ def rule_tile(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) ->
             classes = np.concatenate([classes] * rp, axis=axis)
     out_p = tuple(s * r for s, r in zip(data.shape, reps_p, strict=True))
     out_u = tuple(s * r for s, r in zip(data.real_shape, reps_u, strict=True))
-    return [Data(out_p, out_u, tuple(maps), exact, classes, data.elem_type, data.sources, data.blame)]
+    return [data.with_axes(out_p, out_u, maps, exact, classes)]
 
 
 def rule_concat(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
@@ -894,15 +875,13 @@ def _gather_at(ctx: Context, node: onnx.NodeProto, data: Data, axis: int, indice
 
     exact_data, classes = pick(data.exact), pick(data.classes)
     ok_shaped = ok.reshape((1,) * axis + ok.shape + (1,) * (data.rank - axis - 1))
-    return Data(
+    return data.with_axes(
         data.shape[:axis] + idx_p.shape + data.shape[axis + 1 :],
         data.real_shape[:axis] + idx_u.shape + data.real_shape[axis + 1 :],
         data.maps[:axis] + tuple(index_maps) + data.maps[axis + 1 :],
         exact_data & ok_shaped,
         classes,
-        data.elem_type,
-        data.sources,
-        blame,
+        blame=blame,
     )
 
 
@@ -1272,15 +1251,8 @@ def rule_softmax(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None])
     if node.op_type == "LogSoftmax":
         out_classes = np.where(out_classes == C.ZERO, C.ANY, out_classes)
     return [
-        Data(
-            data.shape,
-            data.real_shape,
-            data.maps,
-            exact,
-            out_classes.astype(np.int8),
-            data.elem_type,
-            data.sources,
-            blame,
+        data.with_axes(
+            data.shape, data.real_shape, data.maps, exact, out_classes.astype(np.int8), blame=blame
         )
     ]
 
@@ -1401,25 +1373,11 @@ def rule_arg_reduce(ctx: Context, node: onnx.NodeProto, inputs: list[Value | Non
         k = _ints(_concrete(node, inputs[1], "k"), "p")[0]  # type: ignore[index]
         shape[axis] = real_shape[axis] = k
         maps[axis] = None
-        values = Data(
-            tuple(shape),
-            tuple(real_shape),
-            tuple(maps),
-            exact,
-            data.classes.max(axis=axis, keepdims=True),
-            data.elem_type,
-            data.sources,
-            blame,
+        values = data.with_axes(
+            shape, real_shape, maps, exact, data.classes.max(axis=axis, keepdims=True), blame=blame
         )
-        indices = Data(
-            tuple(shape),
-            tuple(real_shape),
-            tuple(maps),
-            exact,
-            np.int8(C.SMALL),
-            onnx.TensorProto.INT64,
-            data.sources,
-            blame,
+        indices = data.with_axes(
+            shape, real_shape, maps, exact, np.int8(C.SMALL), elem_type=onnx.TensorProto.INT64, blame=blame
         )
         return [values, indices]
     keepdims = bool(attrs.get("keepdims", 1))
@@ -1431,16 +1389,7 @@ def rule_arg_reduce(ctx: Context, node: onnx.NodeProto, inputs: list[Value | Non
         exact = np.squeeze(exact, axis=axis)
         classes = np.squeeze(classes, axis=axis)
     return [
-        Data(
-            tuple(shape),
-            tuple(real_shape),
-            tuple(maps),
-            exact,
-            classes,
-            onnx.TensorProto.INT64,
-            data.sources,
-            blame,
-        )
+        data.with_axes(shape, real_shape, maps, exact, classes, elem_type=onnx.TensorProto.INT64, blame=blame)
     ]
 
 
@@ -1477,7 +1426,7 @@ def rule_cumsum(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) 
     if blame is None and not np.all(exact | ~_axis_real(data, axis)):
         blame = describe(node, f"accumulates along axis {axis} across padding that is not zero")
     classes = np.where(C.IS_UNMASKED[classes_full], C.SMALL, C.ANY).astype(np.int8)
-    return [Data(data.shape, data.real_shape, data.maps, exact, classes, data.elem_type, data.sources, blame)]
+    return [data.with_axes(data.shape, data.real_shape, data.maps, exact, classes, blame=blame)]
 
 
 def rule_window(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:

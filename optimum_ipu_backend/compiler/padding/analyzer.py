@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,7 +31,7 @@ from ...graphs import GraphView, index_operand_sources, iter_nodes
 from . import classes as C
 from .evaluate import EvaluationError, Evaluator
 from .rules import RULES, Context, ProofAborted, Value, as_data, describe, rule_not_followed
-from .values import AxisMap, Concrete, Data, Layouts, complete, elem_type_of, inverse, to_data
+from .values import AxisMap, Concrete, Data, Layouts, complete, elem_type_of, inverse, real_positions, to_data
 
 _logger = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ _MEMO_ENTRIES = 20000
 SMALL_INTEGER_INITIALIZER = 1 << 22
 #: Float initializers up to this size are read; larger ones are weights, assumed finite.
 SMALL_FLOAT_INITIALIZER = 1 << 12
+#: The format of a proof's JSON form: a stored proof of another format is never served. Raised whenever
+#: the proof can answer differently (2: comparisons with constants and reverse CumSum).
+PROOF_FORMAT = 2
 
 # Operators whose rule must run even on concrete operands (their result depends on nothing else, but
 # the rule records facts or the result may be huge).
@@ -87,6 +91,17 @@ class Obligation:
         row_ok = np.any((self.unmasked_if_one & ones) | (self.unmasked_if_zero & ~ones), axis=-1)
         return bool(np.all(row_ok))
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "input": self.input,
+            "ones": _listed(self.unmasked_if_one),
+            "zeros": _listed(self.unmasked_if_zero),
+        }
+
+    @staticmethod
+    def from_json(stored: Mapping[str, Any]) -> Obligation:
+        return Obligation(stored["input"], _array(stored["ones"], bool), _array(stored["zeros"], bool))
+
 
 @dataclass
 class PaddingProof:
@@ -104,6 +119,33 @@ class PaddingProof:
             if value.dtype != np.bool_ and not np.all((value == 0) | (value == 1)):
                 return False
         return all(ob.holds(feed[ob.input]) for ob in self.obligations)
+
+    def to_json(self) -> dict[str, Any]:
+        """The proof as JSON (``PROOF_FORMAT``), for the proofs store under the cache root."""
+        return {
+            "exact": self.exact,
+            "problems": list(self.problems),
+            "output_maps": {
+                name: [None if m is None else m.tolist() for m in maps]
+                for name, maps in self.output_maps.items()
+            },
+            "obligations": [obligation.to_json() for obligation in self.obligations],
+            "binary_inputs": list(self.binary_inputs),
+        }
+
+    @staticmethod
+    def from_json(stored: Mapping[str, Any]) -> PaddingProof:
+        """The proof ``to_json`` wrote; ``KeyError``, ``TypeError`` or ``ValueError`` if it is malformed."""
+        return PaddingProof(
+            bool(stored["exact"]),
+            tuple(stored["problems"]),
+            {
+                name: tuple(None if m is None else np.asarray(m, dtype=np.int64) for m in maps)
+                for name, maps in stored["output_maps"].items()
+            },
+            tuple(Obligation.from_json(o) for o in stored["obligations"]),
+            tuple(stored["binary_inputs"]),
+        )
 
 
 class PaddingAnalyzer:
@@ -424,6 +466,14 @@ class PaddingAnalyzer:
         return PaddingProof(True, (), proof.output_maps, tuple(obligations.values()))
 
 
+def _listed(array: np.ndarray) -> dict[str, Any]:
+    return {"shape": list(array.shape), "values": array.reshape(-1).astype(int).tolist()}
+
+
+def _array(stored: Mapping[str, Any], dtype: type) -> np.ndarray:
+    return np.asarray(stored["values"], dtype=dtype).reshape(stored["shape"])
+
+
 def _compact(array: np.ndarray) -> np.ndarray:
     """``array`` with every axis along which it does not vary cut to size 1."""
     for axis in range(array.ndim):
@@ -496,11 +546,7 @@ def _mask_variant(layout: PaddedInput, elem_type: int, value: int) -> Concrete:
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
     unpadded = np.full(layout.real_shape, value, dtype=dtype)
     padded = np.full(layout.shape, 0 if layout.fill is None else layout.fill, dtype=dtype)
-    index = [
-        np.arange(s) if m is None else np.nonzero(m >= 0)[0]
-        for m, s in zip(layout.maps, layout.shape, strict=True)
-    ]
-    padded[np.ix_(*index)] = value
+    padded[real_positions(layout.maps, layout.shape)] = value
     return Concrete(padded, unpadded)
 
 
@@ -528,4 +574,4 @@ def _constant_value(init: onnx.TensorProto) -> Value:
     )
 
 
-__all__ = ["Obligation", "PaddedInput", "PaddingAnalyzer", "PaddingProof", "elem_type_of"]
+__all__ = ["PROOF_FORMAT", "Obligation", "PaddedInput", "PaddingAnalyzer", "PaddingProof", "elem_type_of"]

@@ -115,14 +115,22 @@ def _negate(a: int) -> int:
     return SMALL if a in ORDINARY and a != ZERO else (ZERO if a == ZERO else ANY)
 
 
-def _add(a: int, b: int) -> int:
-    pair = {a, b}
-    if pair & BOOLS or ANY in pair:
+def _unit_or_unknown(a: int, b: int, unit: int) -> int | None:
+    """The class of ``a op b`` for an arithmetic ``op`` whose identity element is ``unit``, where it
+    follows from that alone (ANY for booleans or ANY); None otherwise."""
+    if {a, b} & BOOLS or ANY in (a, b):
         return ANY
-    if a == ZERO:
+    if a == unit:
         return b
-    if b == ZERO:
+    if b == unit:
         return a
+    return None
+
+
+def _add(a: int, b: int) -> int:
+    if (known := _unit_or_unknown(a, b, ZERO)) is not None:
+        return known
+    pair = {a, b}
     if pair <= ORDINARY:
         return SMALL
     if pair <= ORDINARY | {NEG}:
@@ -141,13 +149,9 @@ def _sub(a: int, b: int) -> int:
 
 
 def _mul(a: int, b: int) -> int:
+    if (known := _unit_or_unknown(a, b, ONE)) is not None:
+        return known
     pair = {a, b}
-    if pair & BOOLS or ANY in pair:
-        return ANY
-    if a == ONE:
-        return b
-    if b == ONE:
-        return a
     if ZERO in pair:
         other = b if a == ZERO else a
         return ZERO if other in FINITE else ANY  # 0 * inf is NaN
@@ -234,21 +238,20 @@ def _not(a: int) -> int:
 
 
 def _and(a: int, b: int) -> int:
-    if FALSE in (a, b):
-        return FALSE
-    if a == TRUE:
-        return b if b in BOOLS else BOOL
-    if b == TRUE:
-        return a if a in BOOLS else BOOL
-    return BOOL
+    return _logical(a, b, absorbing=FALSE, neutral=TRUE)
 
 
 def _or(a: int, b: int) -> int:
-    if TRUE in (a, b):
-        return TRUE
-    if a == FALSE:
+    return _logical(a, b, absorbing=TRUE, neutral=FALSE)
+
+
+def _logical(a: int, b: int, absorbing: int, neutral: int) -> int:
+    """And (absorbing FALSE, neutral TRUE) or Or (absorbing TRUE, neutral FALSE) of two classes."""
+    if absorbing in (a, b):
+        return absorbing
+    if a == neutral:
         return b if b in BOOLS else BOOL
-    if b == FALSE:
+    if b == neutral:
         return a if a in BOOLS else BOOL
     return BOOL
 

@@ -75,15 +75,36 @@ class Data:
 
     def inexact(self, blame: str) -> Data:
         """This tensor with no element exact (shapes and maps kept, for what is computed from them)."""
-        return Data(
+        return self.with_axes(
             self.shape,
             self.real_shape,
             self.maps,
             np.zeros((1,) * self.rank, bool),
             self.classes,
-            self.elem_type,
+            blame=self.blame or blame,
+        )
+
+    def with_axes(
+        self,
+        shape: Sequence[int],
+        real_shape: Sequence[int],
+        maps: Sequence[AxisMap],
+        exact: np.ndarray,
+        classes: np.ndarray | np.int8,
+        elem_type: int | None = None,
+        blame: str | None = None,
+    ) -> Data:
+        """A tensor computed from this one alone: its sources, and its element type and blame unless
+        given."""
+        return Data(
+            tuple(shape),
+            tuple(real_shape),
+            tuple(maps),
+            exact,
+            classes,
+            self.elem_type if elem_type is None else elem_type,
             self.sources,
-            self.blame or blame,
+            self.blame if blame is None else blame,
         )
 
 
@@ -109,6 +130,16 @@ def real_coordinates(axis_map: AxisMap, size: int) -> np.ndarray:
     if axis_map is None:
         return np.ones(size, bool)
     return axis_map >= 0
+
+
+def real_positions(maps: Sequence[AxisMap], shape: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """The open-mesh index (``np.ix_``) of the real elements of a padded tensor."""
+    return np.ix_(
+        *(
+            np.arange(size) if m is None else np.nonzero(m >= 0)[0]
+            for m, size in zip(maps, shape, strict=True)
+        )
+    )
 
 
 def real_grid(maps: Sequence[AxisMap], shape: Sequence[int]) -> np.ndarray:
