@@ -15,7 +15,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,12 +68,7 @@ def add_check_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_arguments(parser)
     parser.set_defaults(func=run_check)
-    return parser
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "path",
         type=Path,
@@ -140,6 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="write the graphs with random weights of the same shapes into DIR, to attach to an issue",
     )
+    return parser
 
 
 class UsageError(Exception):
@@ -175,55 +171,21 @@ class FileResult:
         return self.error is None and not self.problems
 
     def as_json(self) -> dict[str, Any]:
-        memory = None if self.memory is None else _memory_json(self.memory)
         return {
             "file": str(self.path),
             "label": self.label or self.path.name,
             "bindings": self.bindings,
             "ready": self.ready,
             "input_shapes": self.input_shapes,
-            "passes": [
-                {
-                    "name": r.name,
-                    "changed": r.changed,
-                    "summary": r.summary,
-                    "nodes_before": r.nodes_before,
-                    "nodes_after": r.nodes_after,
-                    "ops_removed": r.ops_removed,
-                    "ops_added": r.ops_added,
-                    "seconds": round(r.seconds, 4),
-                }
-                for r in self.reports
-            ],
+            "passes": [{**asdict(r), "seconds": round(r.seconds, 4)} for r in self.reports],
             "failed_pass": self.failed_pass,
-            "unsupported": [
-                {
-                    "name": p.name,
-                    "op_type": p.op_type,
-                    "domain": p.domain,
-                    "reason": p.reason,
-                    "pattern": p.pattern,
-                    "origin": p.origin,
-                }
-                for p in self.problems
-            ],
+            "unsupported": [asdict(problem) for problem in self.problems],
             "error": self.error,
             "graph_notes": self.notes,
-            "memory": memory,
-            "memory_per_ipu": [_memory_json(estimate) for estimate in self.memory_per_ipu],
+            "memory": None if self.memory is None else asdict(self.memory),
+            "memory_per_ipu": [asdict(estimate) for estimate in self.memory_per_ipu],
             "saved_to": str(self.saved_to) if self.saved_to else None,
         }
-
-
-def _memory_json(memory: MemoryEstimate) -> dict[str, int]:
-    return {
-        "weights_bytes": memory.weights_bytes,
-        "peak_activation_bytes": memory.peak_activation_bytes,
-        "total_bytes": memory.total_bytes,
-        "ipu_memory_bytes": memory.ipu_memory_bytes,
-        "tiles_per_ipu": memory.tiles_per_ipu,
-        "ipus_needed": memory.ipus_needed,
-    }
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -413,6 +375,14 @@ def _megabytes(size: int) -> str:
     return f"{size / 1e6:,.1f} MB"
 
 
+def _memory_sum(memory: MemoryEstimate) -> str:
+    return (
+        f"weights {_megabytes(memory.weights_bytes)} + peak activations "
+        f"{_megabytes(memory.peak_activation_bytes)} = {_megabytes(memory.total_bytes)} "
+        f"of {_megabytes(memory.ipu_memory_bytes)}"
+    )
+
+
 def format_result(result: FileResult) -> str:
     shapes = ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in result.input_shapes.items())
     lines = [f"== {result.label or result.path.name}  ({shapes})"]
@@ -432,9 +402,7 @@ def format_result(result: FileResult) -> str:
     if result.memory is not None:
         memory = result.memory
         lines.append(
-            f"  memory: weights {_megabytes(memory.weights_bytes)} + peak activations "
-            f"{_megabytes(memory.peak_activation_bytes)} = {_megabytes(memory.total_bytes)} "
-            f"of {_megabytes(memory.ipu_memory_bytes)} per IPU ({memory.tiles_per_ipu} tiles) "
+            f"  memory: {_memory_sum(memory)} per IPU ({memory.tiles_per_ipu} tiles) "
             f"-> {memory.ipus_needed} IPU(s)"
         )
     lines.extend(_per_ipu_lines(result.memory_per_ipu))
@@ -454,11 +422,7 @@ def _per_ipu_lines(estimates: Sequence[MemoryEstimate]) -> list[str]:
     lines = []
     for ipu, memory in enumerate(estimates):
         verdict = "fits" if memory.ipus_needed == 1 else "OVERFLOWS"
-        lines.append(
-            f"  IPU {ipu}: weights {_megabytes(memory.weights_bytes)} + peak activations "
-            f"{_megabytes(memory.peak_activation_bytes)} = {_megabytes(memory.total_bytes)} "
-            f"of {_megabytes(memory.ipu_memory_bytes)}: {verdict}"
-        )
+        lines.append(f"  IPU {ipu}: {_memory_sum(memory)}: {verdict}")
     over = [ipu for ipu, memory in enumerate(estimates) if memory.ipus_needed > 1]
     if over:
         lines.append(
@@ -665,18 +629,6 @@ class PaddingCheck:
         return "\n".join(lines)
 
 
-def _symbolic_inputs(model: onnx.ModelProto) -> dict[str, tuple[list[int | str], int]]:
-    initializers = {init.name for init in model.graph.initializer}
-    inputs = {}
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        tensor_type = value.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tensor_type.shape.dim]
-        inputs[value.name] = (shape, tensor_type.elem_type)
-    return inputs
-
-
 def call_dims(
     inputs: Mapping[str, tuple[list[int | str], int]],
     plan_sizes: Mapping[str, list[int]],
@@ -764,13 +716,14 @@ def verify_padding(
     import onnx
 
     from optimum_ipu_backend.runtime.buckets import option_name
+    from optimum_ipu_backend.runtime.default_sizes import graph_inputs
     from optimum_ipu_backend.session import IPUInferenceSession, IPUProviderOptions
 
     def session(options: dict[str, Any]) -> IPUInferenceSession:
         return IPUInferenceSession(str(path), options=IPUProviderOptions.parse(options, path.parent))
 
     result = PaddingCheck(label, atol=atol)
-    inputs = _symbolic_inputs(onnx.load(path, load_external_data=False))
+    inputs = graph_inputs(onnx.load(path, load_external_data=False))
     with tempfile.TemporaryDirectory(prefix="optimum-ipu-verify-padding-") as scratch:
         options = {"device": "emulator", "executable_cache_dir": scratch}
         try:
@@ -814,13 +767,10 @@ def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="optimum-ipu check",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return run_check(parser.parse_args(argv))
+    """`python -m optimum_ipu_backend.cli.check ARGS`: the same as `optimum-ipu check ARGS`."""
+    parser = argparse.ArgumentParser(prog="optimum-ipu")
+    add_check_parser(parser.add_subparsers())
+    return run_check(parser.parse_args(["check", *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":
