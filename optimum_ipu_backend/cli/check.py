@@ -46,7 +46,7 @@ bucket plan's largest size of each other dimension, one new token for a decoder 
 a past that leaves room for that token within the model's positions. A size over the model's limit is
 reported as such. Graphs are checked as the runtime serves them: a classification head's end-of-sentence
 selection (BART, MBart) and a top-k mixture-of-experts selection are computed densely, with a note on
-what each needs of a call or costs.
+what each needs of a call or costs, and a decoder's past and raw audio get the masks the runtime fills.
 
 ``--verify-padding`` also runs each graph on the host emulator, padded and at exact sizes, and compares
 the real outputs; it prints each dimension's padding verdict (padded because the padding proof holds, or
