@@ -74,12 +74,47 @@ def add_export_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run_export)
 
 
-def export_onnx(model: str, output: Path, task: str = "auto") -> list[Path]:
-    """Export ``model`` to ``output`` as ``optimum-cli export onnx --model MODEL [--task TASK] OUTPUT`` does;
-    returns the ONNX graphs written."""
+def infer_export_task(config: Mapping[str, Any]) -> str:
+    """The task ``optimum-cli export onnx`` picks for a model of this config: the one of its architecture
+    class, with past key/values when the exporter supports them for the model type (its default). The
+    exporter infers it itself only for a model on the Hub, not for a local checkpoint."""
+    import transformers
+    from optimum.exporters.tasks import TasksManager
+
+    model_type = str(config.get("model_type", "")).replace("_", "-")
+    for architecture in config.get("architectures") or ():
+        model_class = getattr(transformers, architecture, None)
+        if model_class is None:
+            continue
+        try:
+            task = TasksManager.infer_task_from_model(model_class)
+            supported = TasksManager.get_supported_tasks_for_model_type(
+                model_type, "onnx", library_name="transformers"
+            )
+        except (ValueError, KeyError):
+            continue
+        return f"{task}-with-past" if f"{task}-with-past" in supported else task
+    raise ValueError(
+        f"cannot infer the export task from config.json (architectures {config.get('architectures')}, "
+        f"model_type {model_type!r}); pass --task, e.g. --task text-classification"
+    )
+
+
+def export_onnx(model: str, output: Path, task: str = "auto", local_files_only: bool = False) -> list[Path]:
+    """Export ``model`` to ``output`` as ``optimum-cli export onnx --model MODEL [--task TASK] OUTPUT`` does,
+    for ``export`` and ``check``; returns the ONNX graphs written."""
     from optimum.exporters.onnx import main_export
 
-    main_export(model_name_or_path=model, output=output, task=task, use_subprocess=True)
+    config_file = Path(model) / "config.json"
+    if task == "auto" and config_file.is_file():
+        task = infer_export_task(json.loads(config_file.read_text(encoding="utf-8")))
+    main_export(
+        model_name_or_path=model,
+        output=output,
+        task=task,
+        use_subprocess=True,
+        local_files_only=local_files_only,
+    )
     graphs = sorted(Path(output).glob("*.onnx"))
     if not graphs:
         raise RuntimeError(f"the export of {model!r} to {output} wrote no .onnx file")

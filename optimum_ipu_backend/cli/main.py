@@ -23,7 +23,7 @@ DESCRIPTION = "Tools for the optimum-ipu-backend execution provider."
 # subcommand -> (module, function that adds its parser); modules are imported only to build the parser
 SUBCOMMANDS = (
     ("optimum_ipu_backend.cli.providers", "add_providers_parser"),
-    ("optimum_ipu_backend.cli.check_parser", "add_check_parser"),
+    ("optimum_ipu_backend.cli.check", "add_check_parser"),
     ("optimum_ipu_backend.cli.cache", "add_cache_parser"),
     ("optimum_ipu_backend.cli.conformance", "add_conformance_parser"),
     ("optimum_ipu_backend.cli.compile", "add_compile_parser"),

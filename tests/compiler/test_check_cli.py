@@ -15,9 +15,8 @@ from matrix_testing import MATRIX, SEQ2SEQ_MODELS, merged_export
 from model_zoo import session_zoo
 from onnx import helper
 
-from optimum_ipu_backend.cli.check import UsageError, main, parse_dim, parse_shape
-from optimum_ipu_backend.cli.check_parser import add_check_parser
-from optimum_ipu_backend.cli.check_sizes import config_dims, graph_sizes, resolve_input_shapes
+from optimum_ipu_backend.cli.check import UsageError, add_check_parser, main, parse_dim, parse_shape
+from optimum_ipu_backend.runtime.default_sizes import config_dims, graph_sizes, resolve_input_shapes
 
 
 @pytest.fixture(scope="module")

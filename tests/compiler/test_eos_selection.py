@@ -22,7 +22,7 @@ from optimum_ipu_backend.compiler.graph_rewrites.eos_selection import SameTokenC
 from optimum_ipu_backend.compiler.op_table import POPART_OPSET11_OPS
 from optimum_ipu_backend.compiler.padding import PaddedInput, PaddingAnalyzer
 from optimum_ipu_backend.compiler.pipeline import legalize
-from optimum_ipu_backend.runtime.graph_source import served_graph
+from optimum_ipu_backend.compiler.served_graph import served_graph
 
 EOS = 2  # the zoo's BART and MBart tokenizers: <s>=0, <pad>=1, </s>=2
 PAD = 1

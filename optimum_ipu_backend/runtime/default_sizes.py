@@ -64,18 +64,17 @@ def config_dims(config: Mapping[str, Any]) -> dict[str, int]:
     return dims
 
 
-def _input_shapes(model: onnx.ModelProto) -> dict[str, list[str | int]]:
+def graph_inputs(model: onnx.ModelProto) -> dict[str, tuple[list[str | int], int]]:
+    """Each input a caller feeds (initializers excluded): its symbolic shape and ONNX element type."""
     initializers = {init.name for init in model.graph.initializer}
     return {
-        graph_input.name: [dim.dim_param or dim.dim_value for dim in graph_input.type.tensor_type.shape.dim]
-        for graph_input in model.graph.input
-        if graph_input.name not in initializers
+        value.name: (
+            [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim],
+            value.type.tensor_type.elem_type,
+        )
+        for value in model.graph.input
+        if value.name not in initializers
     }
-
-
-def symbolic_dims(model: onnx.ModelProto) -> list[str]:
-    """The dimension names the graph inputs use, in order (``past + sequence`` counts both names)."""
-    return dynamic_dims(_input_shapes(model))
 
 
 @dataclass
@@ -98,8 +97,9 @@ def graph_sizes(
     A merged decoder bound to its no-cache branch reads no past: the prompt gets the largest size and the
     past a placeholder. Other dimensions (the runtime compiles them as they come) need ``--dim``.
     """
-    names = symbolic_dims(model)
-    steps = generation_step_dims(_input_shapes(model))
+    input_shapes = {name: shape for name, (shape, _) in graph_inputs(model).items()}
+    names = dynamic_dims(input_shapes)  # ``past + sequence`` counts both names
+    steps = generation_step_dims(input_shapes)
     fixed = config_dims(config)
     plan = runtime_plan(config, [name for name in names if name not in explicit and name not in fixed], steps)
     reads_past = not bindings or all(bindings.values())
