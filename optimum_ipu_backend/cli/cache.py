@@ -230,4 +230,4 @@ def _print_info(info: dict[str, Any]) -> None:
 
 def _print_stores(info: dict[str, Any]) -> None:
     for name, store in info["stores"].items():
-        print(f"{name + '/:':<12}{format_byte_size(store['bytes'])} in {store['files']} file(s)")
+        print(f"store:      {name}/ {format_byte_size(store['bytes'])} in {store['files']} file(s)")

@@ -13,12 +13,14 @@ every payload file, and ``optimum-ipu cache info KEY`` shows it as stored.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Set
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ DESCRIPTIONS_DIR = "graphs"  # graph descriptions, keyed by the graph's content
 PROOFS_DIR = "padding-proofs"  # padding proofs, under the digest of the graph they prove
 CONFORMANCE_DIR = "conformance"  # the conformance suite's built models, exports and node cases
 STORES = (DESCRIPTIONS_DIR, PROOFS_DIR, CONFORMANCE_DIR)
+# A record of a graph no entry uses is kept this long after it was written (see ``drop_unused_records``).
+UNUSED_RECORD_SECONDS = 24 * 3600
 
 
 def _body_hash(body: Any) -> str:
@@ -79,30 +83,39 @@ def store_usage(root: Path) -> dict[str, dict[str, int]]:
     """The number of files and their bytes in each of ``STORES`` under ``root``."""
     usage = {}
     for store in STORES:
-        sizes = [path.stat().st_size for path in (root / store).rglob("*") if path.is_file()]
+        sizes = []
+        for path in (root / store).rglob("*"):
+            with contextlib.suppress(OSError):  # removed while counted
+                if path.is_file():
+                    sizes.append(path.stat().st_size)
         usage[store] = {"files": len(sizes), "bytes": sum(sizes)}
     return usage
 
 
-def drop_unused_records(root: Path, used_digests: Set[str]) -> None:
-    """Remove the graph descriptions and padding proofs of every graph whose digest is not in
-    ``used_digests`` (the graphs the cache's entries were built from), and their stores once empty.
+def drop_unused_records(
+    root: Path, used: Set[str], gone: Set[str] = frozenset(), min_age: float = UNUSED_RECORD_SECONDS
+) -> None:
+    """Remove the graph descriptions and padding proofs of the graphs whose digest is not in ``used`` (the
+    graphs the cache's entries were built from): at once for the graphs in ``gone`` (their last entry was
+    just evicted), the others once unchanged for ``min_age`` seconds; and each store once empty.
 
-    A record of an unused graph is only ever worth time: a session that has described a graph and not yet
-    stored an executable of it holds its description and proofs in memory, and a later one computes them
-    again. Temporary files of a write in progress go with their record (that write is then skipped)."""
+    The wait spares a session that has described a graph and not yet stored its first executable (a
+    seq2seq model's decoder while its encoder compiles): its description would be missing on the next
+    warm start. Removing a record costs time, never results: it reads as missing and is computed again.
+    Temporary files of a write in progress go with their record (that write is then skipped)."""
+    now = time.time()
     for store, digest_of in ((DESCRIPTIONS_DIR, graph_digest), (PROOFS_DIR, str)):
         directory = root / store
         if not directory.is_dir():
             continue
         for path in directory.iterdir():
-            if digest_of(path.name.split(".")[0]) in used_digests:
-                continue
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        try:
-            directory.rmdir()
-        except OSError:
-            pass  # still holds the records of a used graph
+            digest = digest_of(path.name.split(".")[0])
+            with contextlib.suppress(OSError):  # removed meanwhile
+                if digest in used or (digest not in gone and now - path.stat().st_mtime < min_age):
+                    continue
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink()
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only succeeds when no record is left

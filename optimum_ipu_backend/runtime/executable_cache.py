@@ -30,10 +30,11 @@ Guarantees:
   no entry's manifest names it (pruning never breaks a live entry; a build holds the group's lock until
   its entry is committed). Sizes count each weight file once.
 * One maintenance for the whole root: ``list``/``info`` report every store; ``prune`` and size-limit
-  eviction remove, with the entries they evict, the graph descriptions and padding proofs of every graph
-  no remaining entry was built from (``cache_files.drop_unused_records``: an entry's
-  ``key_inputs.graph_sha256`` names its graph); ``clear`` removes everything no other process is using,
-  leaving an empty root when none is. The size cap bounds the entries; the records are bounded by them.
+  eviction remove the graph descriptions and padding proofs of a graph with its last entry (an entry's
+  ``key_inputs.graph_sha256`` names its graph), and those of a graph no entry was ever built from a day
+  after they were written (``cache_files.drop_unused_records``); ``clear`` removes everything no other
+  process is using, leaving an empty root when none is. The size cap bounds the entries; the records go
+  with them.
 
 The root is, in order of precedence: the ``root`` argument (the ``executable_cache_dir`` setting), the
 ``OPTIMUM_IPU_CACHE`` environment variable, ``platformdirs.user_cache_dir("optimum-ipu-backend")``.
@@ -50,13 +51,18 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from optimum_ipu_backend.errors import DeviceError
-from optimum_ipu_backend.runtime.cache_files import CONFORMANCE_DIR, drop_unused_records, store_usage
+from optimum_ipu_backend.runtime.cache_files import (
+    CONFORMANCE_DIR,
+    UNUSED_RECORD_SECONDS,
+    drop_unused_records,
+    store_usage,
+)
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -540,12 +546,14 @@ class ExecutableCache:
             if shard.is_dir():
                 yield from (path for path in sorted(shard.iterdir()) if _BLOB_PATTERN.match(path.name))
 
-    def _drop_unreferenced(self) -> None:
+    def _drop_unreferenced(
+        self, gone: Set[str] = frozenset(), min_age: float = UNUSED_RECORD_SECONDS
+    ) -> None:
         """Remove group directories no entry's manifest names, files in them whose entry is gone (a build
-        that failed after placing them), and the records of graphs no entry was built from. Groups a build
-        holds are skipped."""
+        that failed after placing them), and the records of graphs no entry was built from
+        (``drop_unused_records``). Groups a build holds are skipped."""
         entries = self.list()
-        drop_unused_records(self.root, {entry.graph for entry in entries if entry.graph})
+        drop_unused_records(self.root, {entry.graph for entry in entries if entry.graph}, gone, min_age)
         referenced = {blob for entry in entries for blob in entry.blobs}
         keys = {entry.key for entry in entries}
         for group in self._groups():
@@ -645,7 +653,7 @@ class ExecutableCache:
         another process holds), shared files, records (but those of a kept entry's graph), the
         conformance work, builds and lock files. Returns the number of entries removed."""
         removed = sum(self._remove_if_unlocked(path.name) for path in self._entry_dirs())
-        self._drop_unreferenced()
+        self._drop_unreferenced(min_age=0)
         shutil.rmtree(self.root / CONFORMANCE_DIR, ignore_errors=True)
         self._sweep_builds(older_than=0)
         self._drop_free_locks()
@@ -656,8 +664,8 @@ class ExecutableCache:
 
     def prune(self, max_bytes: int | None = None) -> list[str]:
         """Evict least-recently-used entries until the cache holds at most ``max_bytes`` (default: the size
-        cap); returns the evicted keys. Also removes the records of graphs no remaining entry uses and
-        sweeps stale temporary directories."""
+        cap); returns the evicted keys. Also removes the records of the graphs no remaining entry uses
+        (see ``cache_files.drop_unused_records``) and sweeps stale temporary directories."""
         self._sweep_builds(older_than=STALE_BUILD_SECONDS)
         return self._evict(self.size_limit_bytes if max_bytes is None else max_bytes)
 
@@ -669,7 +677,7 @@ class ExecutableCache:
         for entry in entries:
             for blob in entry.blobs:
                 users[blob] = users.get(blob, 0) + 1
-        evicted = []
+        evicted, evicted_graphs = [], set()
         for entry in reversed(entries):  # least recently used first
             if total <= max_bytes:
                 break
@@ -682,8 +690,9 @@ class ExecutableCache:
                     if users[blob] == 0 and blob in blob_sizes:
                         total -= blob_sizes.pop(blob)
                 evicted.append(entry.key)
+                evicted_graphs.add(entry.graph)
                 _logger.info("evicted cache entry %s (%s)", entry.key, format_byte_size(entry.size_bytes))
-        self._drop_unreferenced()
+        self._drop_unreferenced(gone=evicted_graphs)
         if total > max_bytes:
             _logger.warning(
                 "the executable cache at %s holds %s, above its cap of %s, after evicting what it could",

@@ -15,6 +15,7 @@ from optimum_ipu_backend.runtime.cache_files import (
     CONFORMANCE_DIR,
     DESCRIPTIONS_DIR,
     PROOFS_DIR,
+    UNUSED_RECORD_SECONDS,
     graph_digest,
 )
 from optimum_ipu_backend.runtime.executable_cache import CACHE_ENV, LAST_USED_NAME, CacheKey, ExecutableCache
@@ -183,16 +184,20 @@ def test_info_with_a_key_shows_the_whole_manifest(tmp_path: Path, capsys) -> Non
 DYNAMIC = ("batch_size", "sequence_length")
 
 
+def _session(model: Path, root: Path):
+    """A session on ``model`` caching under ``root``: its graph description is stored."""
+    from optimum_ipu_backend.session import PROVIDER_NAME, create_session
+
+    options = {"device": "emulator", "executable_cache_dir": str(root), "sequence_lengths": "8"}
+    return create_session(str(model), providers=[PROVIDER_NAME], provider_options=[options])
+
+
 def _padded_call(model: Path, root: Path) -> None:
     """A session on ``model`` that pads one call (3 tokens to 8): an entry, a graph description and
     padding proofs under ``root``."""
     import numpy as np
 
-    from optimum_ipu_backend.session import PROVIDER_NAME, create_session
-
-    options = {"device": "emulator", "executable_cache_dir": str(root), "sequence_lengths": "8"}
-    session = create_session(str(model), providers=[PROVIDER_NAME], provider_options=[options])
-    session.run(None, {"x": np.ones((1, 3), dtype=np.float32)})
+    _session(model, root).run(None, {"x": np.ones((1, 3), dtype=np.float32)})
 
 
 def test_clear_leaves_an_empty_root(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -211,7 +216,7 @@ def test_clear_leaves_an_empty_root(tmp_path: Path, monkeypatch, capsys) -> None
     stores = json.loads(capsys.readouterr().out)["stores"]
     assert all(stores[name]["files"] for name in (DESCRIPTIONS_DIR, PROOFS_DIR, CONFORMANCE_DIR)), stores
     assert cli("cache", "list") == 0
-    assert "padding-proofs/" in capsys.readouterr().out
+    assert "store:      padding-proofs/" in capsys.readouterr().out
     assert cli("cache", "clear") == 0
     assert "Removed 1 entry" in capsys.readouterr().out
     assert sorted(path.name for path in root.iterdir()) == []
@@ -248,3 +253,16 @@ def test_prune_removes_the_records_of_graphs_no_entry_uses(tmp_path: Path, capsy
     assert [path.name for path in (root / PROOFS_DIR).iterdir()] == [kept.graph]
     assert cli("cache", "prune", "--dir", str(root), "--max-size", "1") == 0
     assert not (root / DESCRIPTIONS_DIR).exists() and not (root / PROOFS_DIR).exists()
+
+
+def test_prune_keeps_the_description_of_a_graph_not_yet_built_for_a_day(tmp_path: Path, capsys) -> None:
+    from integration.one_node import save_one_node_model
+
+    root = tmp_path / "cache"
+    _session(save_one_node_model(tmp_path / "model" / "model.onnx", shape=DYNAMIC), root)  # no call yet
+    assert cli("cache", "prune", "--dir", str(root)) == 0
+    (description,) = (root / DESCRIPTIONS_DIR).iterdir()
+    day_ago = time.time() - UNUSED_RECORD_SECONDS - 60
+    os.utime(description, (day_ago, day_ago))
+    assert cli("cache", "prune", "--dir", str(root)) == 0
+    assert not (root / DESCRIPTIONS_DIR).exists()
