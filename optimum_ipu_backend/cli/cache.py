@@ -1,4 +1,5 @@
-"""``optimum-ipu cache list|info|clear|prune``: inspect and trim the executable cache."""
+"""``optimum-ipu cache list|info|clear|prune``: inspect and trim the executable cache and the record
+stores under its root."""
 
 from __future__ import annotations
 
@@ -7,12 +8,10 @@ import datetime
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from optimum_ipu_backend.runtime.executable_cache import (
     CACHE_ENV,
-    MANIFEST_NAME,
     ExecutableCache,
     format_byte_size,
     parse_byte_size,
@@ -38,15 +37,19 @@ def add_cache_parser(subparsers: Any) -> None:
     actions.add_parser(
         "list",
         parents=[common],
-        help="the entries, most recently used first: model, graph file, shapes, precision, engine, device",
+        help="the entries, most recently used first: model, graph file, shapes, precision, engine, device; "
+        "then the record stores",
     )
     info = actions.add_parser(
         "info",
         parents=[common],
-        help="location, entry count, total size and size cap; with KEY, that entry's whole manifest",
+        help="location, entry count, total size, size cap and record stores; with KEY, that entry's whole "
+        "manifest",
     )
     info.add_argument("key", nargs="?", default=None, help="an entry's key, or a unique prefix of it")
-    actions.add_parser("clear", parents=[common], help="remove every entry")
+    actions.add_parser(
+        "clear", parents=[common], help="remove every entry and record: an empty cache directory"
+    )
     prune = actions.add_parser(
         "prune", parents=[common], help="evict least-recently-used entries until the cache fits a size"
     )
@@ -64,7 +67,7 @@ def run_cache(args: argparse.Namespace) -> int:
     action = args.cache_action
     as_json = bool(getattr(args, "json", False))
     if action == "list":
-        entries = [{**entry.to_dict(), **_facts(entry.path)} for entry in cache.list()]
+        entries = [{**entry.to_dict(), **_facts(entry.manifest)} for entry in cache.list()]
         if as_json:
             _print_json(entries)
         else:
@@ -124,9 +127,14 @@ def _removal_report(
     report = {
         "root": str(cache.root),
         result_key: result,
-        "freed_bytes": before["total_bytes"] - after["total_bytes"],
+        "freed_bytes": _on_disk(before) - _on_disk(after),
     }
     return report, after
+
+
+def _on_disk(info: dict[str, Any]) -> int:
+    """The entries' bytes and the record stores'."""
+    return info["total_bytes"] + sum(store["bytes"] for store in info["stores"].values())
 
 
 def _print_json(value: Any) -> None:
@@ -144,17 +152,8 @@ def _timestamp(seconds: float | None) -> str:
     return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _manifest(entry_dir: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads((entry_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return manifest if isinstance(manifest, dict) else {}
-
-
-def _facts(entry_dir: Path) -> dict[str, Any]:
+def _facts(manifest: dict[str, Any]) -> dict[str, Any]:
     """What an entry was built from: its manifest's description, else what its key records."""
-    manifest = _manifest(entry_dir)
     meta = manifest.get("meta") or {}
     key = manifest.get("key_inputs") or {}
     return {
@@ -173,10 +172,12 @@ def _shapes(shapes: Any) -> str:
 
 
 def _print_entries(cache: ExecutableCache, entries: list[dict[str, Any]]) -> None:
-    if not entries:
+    info = cache.info()  # a model's shared weight file counted once, not per entry
+    if not entries and not any(store["files"] for store in info["stores"].values()):
         print(f"The cache at {cache.root} is empty.")
         return
-    print(f"{'KEY':<16}  {'SIZE':>10}  {'LAST USED':<19}  MODEL / GRAPH FILE")
+    if entries:
+        print(f"{'KEY':<16}  {'SIZE':>10}  {'LAST USED':<19}  MODEL / GRAPH FILE")
     for entry in entries:
         source = "/".join(str(part) for part in (entry["model"], entry["graph_file"]) if part) or "-"
         if not entry["readable"]:
@@ -189,8 +190,8 @@ def _print_entries(cache: ExecutableCache, entries: list[dict[str, Any]]) -> Non
             f"{'':<16}  shapes {_shapes(entry['shapes'])}; precision {entry['precision'] or '-'}; "
             f"engine {entry['engine'] or '-'}; device {entry['device'] or '-'}"
         )
-    total = cache.info()["total_bytes"]  # a model's shared weight file counted once, not per entry
-    print(f"{_entries(len(entries))}, {format_byte_size(total)} in {cache.root}")
+    print(f"{_entries(len(entries))}, {format_byte_size(info['total_bytes'])} in {cache.root}")
+    _print_stores(info)
 
 
 def _print_manifest(cache: ExecutableCache, key: str, as_json: bool) -> int:
@@ -204,7 +205,7 @@ def _print_manifest(cache: ExecutableCache, key: str, as_json: bool) -> int:
             file=sys.stderr,
         )
         return 1
-    manifest = _manifest(matches[0].path)
+    manifest = matches[0].manifest
     if as_json:
         _print_json(manifest)
         return 0
@@ -224,3 +225,9 @@ def _print_info(info: dict[str, Any]) -> None:
     print(f"total size: {format_byte_size(info['total_bytes'])}")
     print(f"of which:   {format_byte_size(info['shared_bytes'])} in weight files shared by a model's shapes")
     print(f"size cap:   {format_byte_size(info['size_limit_bytes'])}")
+    _print_stores(info)
+
+
+def _print_stores(info: dict[str, Any]) -> None:
+    for name, store in info["stores"].items():
+        print(f"store:      {name}/ {format_byte_size(store['bytes'])} in {store['files']} file(s)")

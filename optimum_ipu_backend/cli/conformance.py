@@ -64,7 +64,7 @@ def add_conformance_parser(subparsers: Any) -> None:
         "--work-dir",
         metavar="DIR",
         help="where built models, exports and generated node cases are kept between runs "
-        "(default: $OPTIMUM_IPU_CONFORMANCE_DIR, else the user cache directory)",
+        "(default: $OPTIMUM_IPU_CONFORMANCE_DIR, else conformance/ in the executable cache directory)",
     )
     parser.add_argument(
         "--expectations",

@@ -42,18 +42,20 @@ from optimum_ipu_backend.conformance.results import (
     XPASS,
     CaseResult,
 )
+from optimum_ipu_backend.runtime.cache_files import CONFORMANCE_DIR
+from optimum_ipu_backend.runtime.executable_cache import resolve_cache_root
 
 WORK_DIR_ENV = "OPTIMUM_IPU_CONFORMANCE_DIR"
 
 
 def default_work_dir() -> Path:
-    """Built models, exports and generated node cases are kept here between runs."""
+    """Built models, exports and generated node cases are kept here between runs: in
+    ``$OPTIMUM_IPU_CONFORMANCE_DIR``, else in the cache root's ``conformance/``, which ``optimum-ipu
+    cache`` reports and clears with the rest."""
     explicit = os.environ.get(WORK_DIR_ENV)
     if explicit:
         return Path(explicit).expanduser()
-    import platformdirs
-
-    return platformdirs.user_cache_path("optimum-ipu-backend") / "conformance"
+    return resolve_cache_root()[0] / CONFORMANCE_DIR
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,27 @@
-"""The one way a JSON record is kept under the cache root: written atomically, checked by its own hash.
+"""The records kept under the cache root beside the executable entries, and their maintenance.
 
-Every small store of the cache (graph descriptions, padding proofs, conformance results, executable
-manifests) writes through ``write_record`` and reads through ``read_record``, so one integrity scheme
-covers the whole root: a reader sees the old file, no file, or the whole new one, and a record whose
-hash or format does not match is never served (it reads as missing, and the caller computes it again).
+Every record (a graph description, a padding proof) is written through ``write_record`` and read through
+``read_record``, so one integrity scheme covers them: a reader sees the old file, no file, or the whole
+new one, and a record whose hash or format does not match is never served (it reads as missing, and the
+caller computes it again). An executable entry's ``manifest.json`` is not such a record: it is fsynced
+inside the entry's build directory before the rename that commits the entry, its own checksums cover
+every payload file, and ``optimum-ipu cache info KEY`` shows it as stored.
+
+``ExecutableCache`` maintains the record stores with its entries: ``store_usage`` for ``list``/``info``,
+``drop_unused_records`` for ``prune``, size-limit eviction and ``clear``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
+import time
+from collections.abc import Set
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +31,10 @@ _logger = logging.getLogger(__name__)
 # (``optimum-ipu cache list/info/prune/clear``) covers each of them.
 DESCRIPTIONS_DIR = "graphs"  # graph descriptions, keyed by the graph's content
 PROOFS_DIR = "padding-proofs"  # padding proofs, under the digest of the graph they prove
-CONFORMANCE_DIR = "conformance"  # conformance results
+CONFORMANCE_DIR = "conformance"  # the conformance suite's built models, exports and node cases
+STORES = (DESCRIPTIONS_DIR, PROOFS_DIR, CONFORMANCE_DIR)
+# A record of a graph no entry uses is kept this long after it was written (see ``drop_unused_records``).
+UNUSED_RECORD_SECONDS = 24 * 3600
 
 
 def _body_hash(body: Any) -> str:
@@ -57,3 +69,53 @@ def write_record(path: Path, form: int, body: Any, what: str) -> None:
         os.replace(temporary, path)
     except OSError as exc:
         _logger.info("could not store the %s %s: %s", what, path, exc)
+
+
+def graph_digest(content_key: str) -> str:
+    """The digest a graph's executables (``CacheKey``'s ``graph_sha256``) and padding proofs
+    (``<PROOFS_DIR>/<digest>/``) are keyed by, from the content key its description is stored under
+    (``<DESCRIPTIONS_DIR>/<content key>.json``): maintenance maps one to the other without reading a
+    record."""
+    return hashlib.sha256(content_key.encode()).hexdigest()
+
+
+def store_usage(root: Path) -> dict[str, dict[str, int]]:
+    """The number of files and their bytes in each of ``STORES`` under ``root``."""
+    usage = {}
+    for store in STORES:
+        sizes = []
+        for path in (root / store).rglob("*"):
+            with contextlib.suppress(OSError):  # removed while counted
+                if path.is_file():
+                    sizes.append(path.stat().st_size)
+        usage[store] = {"files": len(sizes), "bytes": sum(sizes)}
+    return usage
+
+
+def drop_unused_records(
+    root: Path, used: Set[str], gone: Set[str] = frozenset(), min_age: float = UNUSED_RECORD_SECONDS
+) -> None:
+    """Remove the graph descriptions and padding proofs of the graphs whose digest is not in ``used`` (the
+    graphs the cache's entries were built from): at once for the graphs in ``gone`` (their last entry was
+    just evicted), the others once unchanged for ``min_age`` seconds; and each store once empty.
+
+    The wait spares a session that has described a graph and not yet stored its first executable (a
+    seq2seq model's decoder while its encoder compiles): its description would be missing on the next
+    warm start. Removing a record costs time, never results: it reads as missing and is computed again.
+    Temporary files of a write in progress go with their record (that write is then skipped)."""
+    now = time.time()
+    for store, digest_of in ((DESCRIPTIONS_DIR, graph_digest), (PROOFS_DIR, str)):
+        directory = root / store
+        if not directory.is_dir():
+            continue
+        for path in directory.iterdir():
+            digest = digest_of(path.name.split(".")[0])
+            with contextlib.suppress(OSError):  # removed meanwhile
+                if digest in used or (digest not in gone and now - path.stat().st_mtime < min_age):
+                    continue
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink()
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only succeeds when no record is left

@@ -2,9 +2,10 @@
 
 Layout: ``<root>/<key[:2]>/<key>/`` holds an entry's payload files (``model.onnx``,
 ``executable.popef``, ...) and ``manifest.json`` (size and XXH3-128 checksum of every payload file, creation
-time,
-engine, key inputs, free-form metadata). ``<root>/.locks/`` holds one lock file per key and
-``<root>/.tmp/`` the entries being built.
+time, engine, key inputs, free-form metadata). ``<root>/.locks/`` holds one lock file per key and
+``<root>/.tmp/`` the entries being built. Beside them are the stores of ``cache_files``: graph
+descriptions (``graphs/``), padding proofs (``padding-proofs/``) and the conformance suite's work
+(``conformance/``).
 
 Guarantees:
 
@@ -28,6 +29,12 @@ Guarantees:
   again before a new entry joins its group, and replaced when corrupt. A group directory goes only when
   no entry's manifest names it (pruning never breaks a live entry; a build holds the group's lock until
   its entry is committed). Sizes count each weight file once.
+* One maintenance for the whole root: ``list``/``info`` report every store; ``prune`` and size-limit
+  eviction remove the graph descriptions and padding proofs of a graph with its last entry (an entry's
+  ``key_inputs.graph_sha256`` names its graph), and those of a graph no entry was ever built from a day
+  after they were written (``cache_files.drop_unused_records``); ``clear`` removes everything no other
+  process is using, leaving an empty root when none is. The size cap bounds the entries; the records go
+  with them.
 
 The root is, in order of precedence: the ``root`` argument (the ``executable_cache_dir`` setting), the
 ``OPTIMUM_IPU_CACHE`` environment variable, ``platformdirs.user_cache_dir("optimum-ipu-backend")``.
@@ -44,12 +51,18 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from optimum_ipu_backend.errors import DeviceError
+from optimum_ipu_backend.runtime.cache_files import (
+    CONFORMANCE_DIR,
+    UNUSED_RECORD_SECONDS,
+    drop_unused_records,
+    store_usage,
+)
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -277,6 +290,13 @@ class CacheEntryInfo:
     shared_bytes: int = 0
     #: The checksums (blob names) of the shared files the entry links.
     blobs: tuple[str, ...] = ()
+    #: The whole manifest (empty when unreadable).
+    manifest: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def graph(self) -> str | None:
+        """The digest of the graph the entry was built from (None when its key does not record one)."""
+        return (self.manifest.get("key_inputs") or {}).get("graph_sha256")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -334,6 +354,21 @@ class ExecutableCache:
         locks.mkdir(parents=True, exist_ok=True)
         return FileLock(str(locks / f"{digest}.lock"))
 
+    @contextlib.contextmanager
+    def _if_free(self, name: str) -> Iterator[bool]:
+        """Holds the lock ``name`` for the block and yields True, or yields False (and holds nothing) when
+        another process or thread holds it."""
+        lock = self._lock(name)
+        try:
+            lock.acquire(timeout=0)
+        except _lock_timeout():
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock.release()
+
     def _tmp_dir(self) -> Path:
         path = self.root / ".tmp"
         path.mkdir(parents=True, exist_ok=True)
@@ -349,15 +384,9 @@ class ExecutableCache:
         if entry is not None or not self.entry_path(digest).exists():
             return entry
         # Corrupt: remove it unless another process holds the key (it is rebuilding or removing it).
-        lock = self._lock(digest)
-        try:
-            lock.acquire(timeout=0)
-        except _lock_timeout():
-            return None
-        try:
-            self._verified(digest, remove_corrupt=True)
-        finally:
-            lock.release()
+        with self._if_free(digest) as free:
+            if free:
+                self._verified(digest, remove_corrupt=True)
         return None
 
     def _verified(self, digest: str, remove_corrupt: bool = False) -> CacheEntry | None:
@@ -425,7 +454,8 @@ class ExecutableCache:
         shared: str | None = None,
         beside_shared: tuple[str, ...] = (),
     ) -> CacheEntry:
-        staging = Path(tempfile.mkdtemp(prefix=f"{digest[:16]}-", dir=self._tmp_dir()))
+        # Named after the key, so a sweep can tell a build in progress (its key's lock is held).
+        staging = Path(tempfile.mkdtemp(prefix=f"{digest}-", dir=self._tmp_dir()))
         group_lock = contextlib.ExitStack()  # held from placing shared files until the entry is committed
         try:
             started = time.perf_counter()
@@ -516,19 +546,20 @@ class ExecutableCache:
             if shard.is_dir():
                 yield from (path for path in sorted(shard.iterdir()) if _BLOB_PATTERN.match(path.name))
 
-    def _drop_unreferenced_groups(self) -> None:
-        """Remove group directories no entry's manifest names, and files in them whose entry is gone (a
-        build that failed after placing them). Groups a build holds are skipped."""
+    def _drop_unreferenced(
+        self, gone: Set[str] = frozenset(), min_age: float = UNUSED_RECORD_SECONDS
+    ) -> None:
+        """Remove group directories no entry's manifest names, files in them whose entry is gone (a build
+        that failed after placing them), and the records of graphs no entry was built from
+        (``drop_unused_records``). Groups a build holds are skipped."""
         entries = self.list()
+        drop_unused_records(self.root, {entry.graph for entry in entries if entry.graph}, gone, min_age)
         referenced = {blob for entry in entries for blob in entry.blobs}
         keys = {entry.key for entry in entries}
         for group in self._groups():
-            lock = self._lock(f"blob-{group.name}")
-            try:
-                lock.acquire(timeout=0)
-            except _lock_timeout():
-                continue
-            try:
+            with self._if_free(f"blob-{group.name}") as free:
+                if not free:
+                    continue
                 if group.name not in referenced:
                     self._remove_dir(group)
                     continue
@@ -537,8 +568,6 @@ class ExecutableCache:
                     orphan = _KEY_PATTERN.match(owner) and owner not in keys
                     if orphan and not self.entry_path(owner).exists():
                         path.unlink(missing_ok=True)
-            finally:
-                lock.release()
 
     def _drop_corrupt_shared(self, manifest: dict[str, Any] | None) -> None:
         """An entry is being removed as corrupt: drop the shared files it uses that fail their checksum,
@@ -583,6 +612,7 @@ class ExecutableCache:
                         meta=dict(manifest.get("meta") or {}),
                         shared_bytes=sum(int(item.get("size", 0)) for item in shared),
                         blobs=tuple(item["shared"] for item in shared),
+                        manifest=manifest,
                     )
                 )
             else:
@@ -595,7 +625,8 @@ class ExecutableCache:
         return infos
 
     def info(self) -> dict[str, Any]:
-        """Location, entry count, total size (shared blobs counted once) and cap."""
+        """Location, entry count, total size of the entries (shared blobs counted once), cap, and the files
+        and bytes of each record store (``stores``)."""
         entries = self.list()
         shared = sum(_shared_sizes(entries).values())
         return {
@@ -606,6 +637,7 @@ class ExecutableCache:
             "total_bytes": _total_bytes(entries, shared),
             "shared_bytes": shared,
             "size_limit_bytes": self.size_limit_bytes,
+            "stores": store_usage(self.root),
         }
 
     def remove(self, key: CacheKey | str) -> bool:
@@ -617,17 +649,24 @@ class ExecutableCache:
         return self._remove_if_unlocked(digest)
 
     def clear(self) -> int:
-        """Remove every entry (skipping any another process is building) and stale temporary directories;
-        returns the number of entries removed."""
+        """Remove everything under the root that no other process is using: every entry (skipping any
+        another process holds), shared files, records (but those of a kept entry's graph), the
+        conformance work, builds and lock files. Returns the number of entries removed."""
         removed = sum(self._remove_if_unlocked(path.name) for path in self._entry_dirs())
-        self._drop_unreferenced_groups()
-        self._sweep_stale_builds()
+        self._drop_unreferenced(min_age=0)
+        shutil.rmtree(self.root / CONFORMANCE_DIR, ignore_errors=True)
+        self._sweep_builds(older_than=0)
+        self._drop_free_locks()
+        for directory in (".tmp", ".locks", BLOBS_DIR):
+            with contextlib.suppress(OSError):
+                (self.root / directory).rmdir()  # only succeeds when nothing in use is left there
         return removed
 
     def prune(self, max_bytes: int | None = None) -> list[str]:
         """Evict least-recently-used entries until the cache holds at most ``max_bytes`` (default: the size
-        cap); returns the evicted keys. Also sweeps stale temporary directories."""
-        self._sweep_stale_builds()
+        cap); returns the evicted keys. Also removes the records of the graphs no remaining entry uses
+        (see ``cache_files.drop_unused_records``) and sweeps stale temporary directories."""
+        self._sweep_builds(older_than=STALE_BUILD_SECONDS)
         return self._evict(self.size_limit_bytes if max_bytes is None else max_bytes)
 
     def _evict(self, max_bytes: int, keep: str | None = None) -> list[str]:
@@ -638,7 +677,7 @@ class ExecutableCache:
         for entry in entries:
             for blob in entry.blobs:
                 users[blob] = users.get(blob, 0) + 1
-        evicted = []
+        evicted, evicted_graphs = [], set()
         for entry in reversed(entries):  # least recently used first
             if total <= max_bytes:
                 break
@@ -651,8 +690,9 @@ class ExecutableCache:
                     if users[blob] == 0 and blob in blob_sizes:
                         total -= blob_sizes.pop(blob)
                 evicted.append(entry.key)
+                evicted_graphs.add(entry.graph)
                 _logger.info("evicted cache entry %s (%s)", entry.key, format_byte_size(entry.size_bytes))
-        self._drop_unreferenced_groups()
+        self._drop_unreferenced(gone=evicted_graphs)
         if total > max_bytes:
             _logger.warning(
                 "the executable cache at %s holds %s, above its cap of %s, after evicting what it could",
@@ -663,20 +703,13 @@ class ExecutableCache:
         return evicted
 
     def _remove_if_unlocked(self, digest: str) -> bool:
-        lock = self._lock(digest)
-        try:
-            lock.acquire(timeout=0)
-        except _lock_timeout():
-            return False
-        try:
+        with self._if_free(digest) as free:
             path = self.root / digest[:2] / digest
-            if not path.exists():
+            if not free or not path.exists():
                 return False
             self._remove_entry_files(path)
             self._remove_dir(path)
             return True
-        finally:
-            lock.release()
 
     def _remove_dir(self, path: Path) -> None:
         """Make ``path`` disappear at once (rename), then delete it."""
@@ -689,14 +722,33 @@ class ExecutableCache:
         with contextlib.suppress(OSError):
             path.parent.rmdir()  # only succeeds when the shard directory is now empty
 
-    def _sweep_stale_builds(self) -> None:
+    def _sweep_builds(self, older_than: float) -> None:
+        """Remove the temporary directories older than ``older_than`` seconds, but a build whose key
+        another process holds (its directory is named after the key)."""
         tmp = self.root / ".tmp"
         if not tmp.is_dir():
             return
         now = time.time()
         for child in tmp.iterdir():
-            if now - (_mtime(child) or now) > STALE_BUILD_SECONDS:
+            if now - (_mtime(child) or now) < older_than:
+                continue
+            key = child.name.split("-", 1)[0]
+            if not _KEY_PATTERN.match(key):
                 shutil.rmtree(child, ignore_errors=True)
+                continue
+            with self._if_free(key) as free:
+                if free:
+                    shutil.rmtree(child, ignore_errors=True)
+
+    def _drop_free_locks(self) -> None:
+        """Remove the lock files no process holds, each while this process holds it."""
+        locks = self.root / ".locks"
+        if not locks.is_dir():
+            return
+        for path in locks.glob("*.lock"):
+            with self._if_free(path.stem) as free:
+                if free:
+                    path.unlink(missing_ok=True)
 
     def _entry_dirs(self) -> Iterator[Path]:
         if not self.root.is_dir():

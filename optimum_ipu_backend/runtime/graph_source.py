@@ -5,14 +5,14 @@ compiler cannot take, the inputs that pick a merged decoder's branch, the masks 
 for the rewrites it gets, what the rewrites need of each call's feed, and a content hash for the
 executable cache. Parsing a large export is the
 slowest part of a warm load, so the description is kept beside the executable cache, keyed by the
-files' sizes and modification times, and checked with a hash of its own: a warm load reads it and
-parses nothing. The graph itself is parsed on the first cache miss.
+content of the model file and its external data files (XXH3, so every re-export of one model shares
+it), and checked with a hash of its own: a warm load hashes the files, reads it and parses nothing. The
+graph itself is parsed on the first cache miss.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import contextlib
 import logging
 import os
 import threading
@@ -21,20 +21,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
+import xxhash
 
 from optimum_ipu_backend import __version__
 from optimum_ipu_backend.compiler.served_graph import GeneratedMask, ServedGraph, served_graph
+from optimum_ipu_backend.runtime.cache_files import DESCRIPTIONS_DIR, graph_digest, read_record, write_record
+from optimum_ipu_backend.runtime.executable_cache import checksum_file
 
 if TYPE_CHECKING:
     from optimum_ipu_backend.compiler.graph_rewrites.eos_selection import SameTokenCount
 
 _logger = logging.getLogger(__name__)
 
-DESCRIPTIONS_DIR = "graphs"
-# Part of every stored description's key: a description written by code that knew fewer fields is
-# never read back with those fields left at their defaults.
-DESCRIPTION_FORMAT = 4
-_HASH_CHUNK = 1 << 20
+# The stored description's format: one written by code that knew fewer fields is never read back with
+# those fields left at their defaults. (5: keyed by content, with the data files it was keyed by.)
+DESCRIPTION_FORMAT = 5
 
 # (name, symbolic shape, ONNX elem type)
 IOSpec = tuple[str, list[Any], int]
@@ -42,7 +43,7 @@ IOSpec = tuple[str, list[Any], int]
 
 @dataclass
 class GraphDescription:
-    digest: str  # sha256 of the export's files: the identity of its cache entries
+    digest: str  # graph_digest of the files' content key: the identity of its cache entries and proofs
     inputs: list[IOSpec]  # what callers see (the exported graph's inputs, initializers excluded)
     outputs: list[IOSpec]
     unsupported: list[list[str]]  # [name, op_type, domain, reason] from the operator pre-check
@@ -114,20 +115,18 @@ def _describe(model: onnx.ModelProto, served: ServedGraph, digest: str) -> Graph
     )
 
 
-def _file_digest(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.name.encode())
-        with open(path, "rb") as handle:
-            while chunk := handle.read(_HASH_CHUNK):
-                digest.update(chunk)
-    return digest.hexdigest()
+def _graph_key(checksum: str) -> str:
+    """The first half of a description's content key: the model's checksum, with this package's version
+    (a release describes every graph again)."""
+    return xxhash.xxh3_128_hexdigest(f"{__version__}:{checksum}".encode())
 
 
-def _external_files(path: Path, data_files: list[str]) -> list[Path]:
-    """The model file and every external data file it points to: all of them key the cache, so changing
-    only the weights never serves an entry built from the old ones."""
-    return [path, *(path.parent / location for location in data_files)]
+def _data_key(directory: Path, names: list[str]) -> str:
+    """The second half: the external data files' names and checksums, so changing only the weights never
+    serves what was built from the old ones."""
+    return xxhash.xxh3_128_hexdigest(
+        "\n".join(f"{name}:{checksum_file(directory / name)}" for name in names).encode()
+    )
 
 
 class GraphSource:
@@ -171,72 +170,36 @@ class GraphSource:
 
     # -- the description -------------------------------------------------------------------------
 
-    def _stat_key(self) -> str:
-        """Identity of the files as the file system sees them: every file beside the model (external
-        weights included) with its size and modification time, and this package's version."""
-        assert self.path is not None
-        parts = [__version__, str(DESCRIPTION_FORMAT), str(self.path.resolve())]
-        for entry in sorted(os.scandir(self.path.parent), key=lambda e: e.name):
-            if entry.is_file():
-                stat = entry.stat()
-                parts.append(f"{entry.name}:{stat.st_size}:{stat.st_mtime_ns}")
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-    def _description_file(self) -> Path | None:
-        if self.path is None or self._cache_root is None:
-            return None
-        return self._cache_root / DESCRIPTIONS_DIR / f"{self._stat_key()}.json"
-
     def _load_description(self) -> GraphDescription:
-        stored = self._description_file()
-        if stored is not None:
-            description = _read_description(stored)
-            if description is not None:
-                return description
-        model = self.model()
-        if self._bytes is not None:
-            digest = hashlib.sha256(self._bytes).hexdigest()
-        else:
-            digest = _file_digest(_external_files(self.path, self._data_files))
-        served = served_graph(model)
-        self._served = served.model  # described once, served from the same graph
-        description = _describe(model, served, digest)
-        if stored is not None:
-            _write_description(stored, description)
+        """Read back by content when stored, as ``<graph key>-<data key>.json`` (one record per set of
+        weights the model file has been seen with); else described from the parsed graph, and stored."""
+        if self.path is None:
+            return self._described(
+                f"{_graph_key(xxhash.xxh3_128_hexdigest(self._bytes))}-{_data_key(Path(), [])}"
+            )
+        graph = _graph_key(checksum_file(self.path))
+        store = None if self._cache_root is None else self._cache_root / DESCRIPTIONS_DIR
+        for stored in sorted(store.glob(f"{graph}-*.json")) if store is not None else ():
+            body = read_record(stored, DESCRIPTION_FORMAT, "graph description")
+            with contextlib.suppress(OSError):  # OSError: a data file it names is gone
+                if (
+                    body is not None
+                    and f"{graph}-{_data_key(self.path.parent, body['data_files'])}" == stored.stem
+                ):
+                    description = body["description"]
+                    description["inputs"] = [tuple(item) for item in description["inputs"]]
+                    description["outputs"] = [tuple(item) for item in description["outputs"]]
+                    return GraphDescription(**description)
+        self.model()  # finds the data files
+        key = f"{graph}-{_data_key(self.path.parent, self._data_files)}"
+        description = self._described(key)
+        if store is not None:
+            body = {"data_files": self._data_files, "description": asdict(description)}
+            write_record(store / f"{key}.json", DESCRIPTION_FORMAT, body, "graph description")
         return description
 
-
-def _checked_body(description: GraphDescription) -> dict[str, Any]:
-    body = asdict(description)
-    text = json.dumps(body, sort_keys=True)
-    return {"body": body, "sha256": hashlib.sha256(text.encode()).hexdigest()}
-
-
-def _read_description(path: Path) -> GraphDescription | None:
-    """A stored description, or None if it is missing, unreadable or fails its own hash."""
-    try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-        body = stored["body"]
-        if hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest() != stored["sha256"]:
-            raise ValueError("hash mismatch")
-        body["inputs"] = [tuple(item) for item in body["inputs"]]
-        body["outputs"] = [tuple(item) for item in body["outputs"]]
-        return GraphDescription(**body)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        _logger.warning(
-            "ignoring the corrupt graph description %s (%s); describing the graph again", path, exc
-        )
-        return None
-
-
-def _write_description(path: Path, description: GraphDescription) -> None:
-    """Atomic: a reader sees the old file, no file, or the whole new one."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        temporary.write_text(json.dumps(_checked_body(description)), encoding="utf-8")
-        os.replace(temporary, path)
-    except OSError as exc:  # a read-only cache costs speed, never correctness
-        _logger.info("could not store the graph description %s: %s", path, exc)
+    def _described(self, content_key: str) -> GraphDescription:
+        model = self.model()
+        served = served_graph(model)
+        self._served = served.model  # described once, served from the same graph
+        return _describe(model, served, graph_digest(content_key))

@@ -11,6 +11,13 @@ from pathlib import Path
 import pytest
 
 from optimum_ipu_backend.cli.cache import add_cache_parser, run_cache
+from optimum_ipu_backend.runtime.cache_files import (
+    CONFORMANCE_DIR,
+    DESCRIPTIONS_DIR,
+    PROOFS_DIR,
+    UNUSED_RECORD_SECONDS,
+    graph_digest,
+)
 from optimum_ipu_backend.runtime.executable_cache import CACHE_ENV, LAST_USED_NAME, CacheKey, ExecutableCache
 
 
@@ -172,3 +179,90 @@ def test_info_with_a_key_shows_the_whole_manifest(tmp_path: Path, capsys) -> Non
         assert section in manifest
     assert cli("cache", "info", "ffffffffffff", "--dir", str(root)) == 1
     assert "no entry" in capsys.readouterr().err
+
+
+DYNAMIC = ("batch_size", "sequence_length")
+
+
+def _session(model: Path, root: Path):
+    """A session on ``model`` caching under ``root``: its graph description is stored."""
+    from optimum_ipu_backend.session import PROVIDER_NAME, create_session
+
+    options = {"device": "emulator", "executable_cache_dir": str(root), "sequence_lengths": "8"}
+    return create_session(str(model), providers=[PROVIDER_NAME], provider_options=[options])
+
+
+def _padded_call(model: Path, root: Path) -> None:
+    """A session on ``model`` that pads one call (3 tokens to 8): an entry, a graph description and
+    padding proofs under ``root``."""
+    import numpy as np
+
+    _session(model, root).run(None, {"x": np.ones((1, 3), dtype=np.float32)})
+
+
+def test_clear_leaves_an_empty_root(tmp_path: Path, monkeypatch, capsys) -> None:
+    from integration.one_node import save_one_node_model
+
+    from optimum_ipu_backend.conformance.runner import default_work_dir
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(root))
+    monkeypatch.delenv("OPTIMUM_IPU_CONFORMANCE_DIR", raising=False)
+    _padded_call(save_one_node_model(tmp_path / "model" / "model.onnx", shape=DYNAMIC), root)
+    assert default_work_dir() == root / CONFORMANCE_DIR  # the conformance suite's work is in the cache
+    (default_work_dir() / "onnx-node-cases").mkdir(parents=True)
+    (default_work_dir() / "onnx-node-cases" / "index.json").write_text("{}")
+    assert cli("cache", "info", "--json") == 0
+    stores = json.loads(capsys.readouterr().out)["stores"]
+    assert all(stores[name]["files"] for name in (DESCRIPTIONS_DIR, PROOFS_DIR, CONFORMANCE_DIR)), stores
+    assert cli("cache", "list") == 0
+    assert "store:      padding-proofs/" in capsys.readouterr().out
+    assert cli("cache", "clear") == 0
+    assert "Removed 1 entry" in capsys.readouterr().out
+    assert sorted(path.name for path in root.iterdir()) == []
+
+
+def test_re_exports_share_one_graph_description(tmp_path: Path, capsys) -> None:
+    from integration.one_node import save_one_node_model
+
+    root = tmp_path / "cache"
+    model = tmp_path / "model" / "model.onnx"
+    for export in range(5):  # the same model saved again, with a new modification time
+        save_one_node_model(model, shape=DYNAMIC)
+        os.utime(model, ns=(export * 10**9, export * 10**9))
+        _padded_call(model, root)
+    assert cli("cache", "prune", "--dir", str(root)) == 0
+    assert len(list((root / DESCRIPTIONS_DIR).iterdir())) == 1
+    assert len(list((root / PROOFS_DIR).iterdir())) == 1
+
+
+def test_prune_removes_the_records_of_graphs_no_entry_uses(tmp_path: Path, capsys) -> None:
+    from integration.one_node import save_one_node_model
+
+    root = tmp_path / "cache"
+    _padded_call(save_one_node_model(tmp_path / "relu" / "model.onnx", shape=DYNAMIC), root)
+    (relu,) = ExecutableCache(root).list()
+    os.utime(relu.path / LAST_USED_NAME, (1, 1))  # the least recently used
+    _padded_call(save_one_node_model(tmp_path / "tanh" / "model.onnx", "Tanh", DYNAMIC), root)
+    assert len(list((root / DESCRIPTIONS_DIR).iterdir())) == 2
+    kept = next(entry for entry in ExecutableCache(root).list() if entry.key != relu.key)
+    assert cli("cache", "prune", "--dir", str(root), "--max-size", str(kept.size_bytes)) == 0
+    assert [entry.key for entry in ExecutableCache(root).list()] == [kept.key]
+    (description,) = (root / DESCRIPTIONS_DIR).iterdir()
+    assert graph_digest(description.name.removesuffix(".json")) == kept.graph
+    assert [path.name for path in (root / PROOFS_DIR).iterdir()] == [kept.graph]
+    assert cli("cache", "prune", "--dir", str(root), "--max-size", "1") == 0
+    assert not (root / DESCRIPTIONS_DIR).exists() and not (root / PROOFS_DIR).exists()
+
+
+def test_prune_keeps_the_description_of_a_graph_not_yet_built_for_a_day(tmp_path: Path, capsys) -> None:
+    from integration.one_node import save_one_node_model
+
+    root = tmp_path / "cache"
+    _session(save_one_node_model(tmp_path / "model" / "model.onnx", shape=DYNAMIC), root)  # no call yet
+    assert cli("cache", "prune", "--dir", str(root)) == 0
+    (description,) = (root / DESCRIPTIONS_DIR).iterdir()
+    day_ago = time.time() - UNUSED_RECORD_SECONDS - 60
+    os.utime(description, (day_ago, day_ago))
+    assert cli("cache", "prune", "--dir", str(root)) == 0
+    assert not (root / DESCRIPTIONS_DIR).exists()
