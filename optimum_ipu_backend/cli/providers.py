@@ -26,10 +26,11 @@ def add_providers_parser(subparsers: Any) -> None:
 
 
 def ipu_devices() -> list[dict[str, Any]]:
-    from optimum_ipu_backend.engines.probe import DEVICES, resolve_device
+    from optimum_ipu_backend.config import DEVICE_KINDS
+    from optimum_ipu_backend.engines.probe import resolve_device
 
     rows = []
-    for device in DEVICES:
+    for device in DEVICE_KINDS:
         try:
             resolution = resolve_device(device)
         except Exception as exc:  # the reason is the output
@@ -88,7 +89,8 @@ def auto_report() -> dict[str, Any]:
 
 
 def collect() -> dict[str, Any]:
-    from optimum_ipu_backend.engines.probe import default_device, probe_sdk
+    from optimum_ipu_backend.config import default_device
+    from optimum_ipu_backend.engines.probe import probe_sdk
     from optimum_ipu_backend.integration.discovery import ENTRY_POINT_GROUP, get_registry, plugin_filter
     from optimum_ipu_backend.integration.ipu_provider import IPU_PROVIDER
     from optimum_ipu_backend.integration.native_providers import available_providers, native_availability

@@ -25,12 +25,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 
+from optimum_ipu_backend.config import DEVICE_KINDS, default_device
 from optimum_ipu_backend.engines.base import EngineUnavailableError
 from optimum_ipu_backend.errors import ConfigurationError
-
-DEVICES = ("ipu", "ipu-model", "emulator")
-DEVICE_ENV = "OPTIMUM_IPU_DEVICE"
-DEFAULT_DEVICE = "ipu"
 
 EMULATION_NOTICE = (
     "host emulation: outputs are computed by onnxruntime on this machine's CPU from the exact graph "
@@ -213,19 +210,6 @@ class DeviceResolution:
     reason: str
 
 
-def default_device() -> str:
-    return os.environ.get(DEVICE_ENV, "").strip() or DEFAULT_DEVICE
-
-
-def check_device_name(device: str) -> str:
-    if device not in DEVICES:
-        raise ValueError(
-            f"device {device!r} is not one of {', '.join(DEVICES)} (set it with provider_options="
-            f"{{'device': ...}} or {DEVICE_ENV})"
-        )
-    return device
-
-
 def resolve_device(
     device: str | None = None, engine: str | None = None, sdk_python: str | None = None
 ) -> DeviceResolution:
@@ -236,7 +220,7 @@ def resolve_device(
     starts (``DeviceManager().enumerateDevices()`` in its worker process). The SDK's modules are looked
     for in the interpreter ``sdk_python`` (the provider option; default: ``OPTIMUM_IPU_SDK_PYTHON``, else
     this interpreter)."""
-    device = check_device_name(device or default_device())
+    device = DEVICE_KINDS[device or default_device()].name
     with probing_python(sdk_python):
         return _resolve(device, engine)
 
@@ -257,7 +241,8 @@ def _resolve(device: str, engine: str | None) -> DeviceResolution:
     for cls in candidates:
         availability = cls.probe()
         if availability.available:
-            return DeviceResolution(device, cls.name, cls.emulated, availability.reason)
+            emulated = DEVICE_KINDS[device].host_emulation
+            return DeviceResolution(device, cls.name, emulated, availability.reason)
         reasons.append(f"engine {cls.name!r}: {availability.reason}")
     probe = probe_sdk()
     hint = (

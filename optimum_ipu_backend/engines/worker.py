@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from optimum_ipu_backend.config import DEVICE_KINDS
 from optimum_ipu_backend.engines.base import (
     CompileOptions,
     Engine,
@@ -542,7 +543,7 @@ class WorkerEngine(Engine):
         self.python_version = info.get("python_version")
         self.visible_ipus = int(info.get("ipus", 0))
         self.ipu_version = info.get("ipu_version")
-        if device == "ipu" and not offline and self.visible_ipus == 0:
+        if DEVICE_KINDS[device].needs_hardware and not offline and self.visible_ipus == 0:
             self.close()
             from optimum_ipu_backend.engines.probe import OPT_IN_HINT, DeviceUnavailableError
 
@@ -555,7 +556,7 @@ class WorkerEngine(Engine):
             )
 
     def _target_ipu_version(self, options: CompileOptions) -> str:
-        if self.offline or self.device != "ipu":
+        if self.offline or not DEVICE_KINDS[self.device].needs_hardware:
             return options.ipu_version or "ipu2"
         return self.ipu_version or "ipu2"
 

@@ -25,8 +25,8 @@ from model_zoo import session_zoo
 from optimum_ipu_backend.compiler.external_data import save_graph
 from optimum_ipu_backend.conformance.zoo import PATTERN_TASKS, TASKS, preprocessed_inputs
 from optimum_ipu_backend.runtime.buckets import BucketPlan
-from optimum_ipu_backend.runtime.factory import dynamic_dims
 from optimum_ipu_backend.runtime.graph_source import GraphSource
+from optimum_ipu_backend.runtime.open import dynamic_dims
 from optimum_ipu_backend.runtime.padding import infer_dims, pad_feed
 from optimum_ipu_backend.runtime.padding_decisions import PaddingDecisions, cut_output, output_cuts
 from optimum_ipu_backend.runtime.roles import fill_value, generation_step_dims, is_batch_dim
