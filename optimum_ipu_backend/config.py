@@ -7,9 +7,7 @@ same kind of error (a ``ConfigurationError`` naming where it came from and what 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from optimum_ipu_backend.errors import ConfigurationError
@@ -68,47 +66,3 @@ def parse_assignment(text: str, what: str, example: str) -> tuple[str, str]:
 def parse_assignments(items: Iterable[str], what: str, example: str) -> dict[str, str]:
     """Each of ``items`` through ``parse_assignment``; a name given twice keeps its last value."""
     return dict(parse_assignment(text, what, example) for text in items)
-
-
-@dataclass(frozen=True)
-class DeviceKind:
-    """One kind of device a session runs on, and what it means: the one place device names are compared."""
-
-    name: str
-    #: onnxruntime computes on this machine's CPU from the exact graph the IPU would get (not IPU results)
-    host_emulation: bool
-    #: Graphcore's IPU Model: the Poplar SDK simulates an IPU on the host
-    simulated: bool
-    #: needs IPU hardware attached (device nodes or an IPU-over-fabric partition)
-    needs_hardware: bool
-
-    @property
-    def needs_sdk(self) -> bool:
-        return not self.host_emulation
-
-
-class _DeviceKinds(dict):
-    """Device kinds by name; an unknown name is a ``ValueError`` naming the kinds and where to set one."""
-
-    def __missing__(self, name: str) -> DeviceKind:
-        raise ValueError(
-            f"device {name!r} is not one of {', '.join(self)} (set it with provider_options="
-            f"{{'device': ...}} or {DEVICE_ENV})"
-        )
-
-
-DEVICE_ENV = "OPTIMUM_IPU_DEVICE"
-DEFAULT_DEVICE = "ipu"
-DEVICE_KINDS = _DeviceKinds(
-    (kind.name, kind)
-    for kind in (
-        DeviceKind("ipu", host_emulation=False, simulated=False, needs_hardware=True),
-        DeviceKind("ipu-model", host_emulation=False, simulated=True, needs_hardware=False),
-        DeviceKind("emulator", host_emulation=True, simulated=False, needs_hardware=False),
-    )
-)
-
-
-def default_device() -> str:
-    """The device a session gets when none is named: ``OPTIMUM_IPU_DEVICE``, else ``ipu``."""
-    return os.environ.get(DEVICE_ENV, "").strip() or DEFAULT_DEVICE

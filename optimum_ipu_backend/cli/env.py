@@ -121,8 +121,7 @@ def backend_report() -> dict[str, Any]:
 
     from optimum_ipu_backend import __version__, _bootstrap
     from optimum_ipu_backend.cli.providers import auto_report, ipu_devices
-    from optimum_ipu_backend.config import default_device
-    from optimum_ipu_backend.engines.probe import probe_sdk
+    from optimum_ipu_backend.engines.probe import default_device, probe_sdk
     from optimum_ipu_backend.integration import patches
     from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
 

@@ -129,8 +129,12 @@ def write_ipu_config(output: Path, fields: Mapping[str, Any]) -> Path:
 def run_export(args: argparse.Namespace) -> int:
     """Export, write the buckets, fill the cache; exit status 0 when the directory is complete."""
     from optimum_ipu_backend.cli.compile import fixed_dims
-    from optimum_ipu_backend.config import DEVICE_KINDS, default_device
-    from optimum_ipu_backend.engines.probe import DeviceUnavailableError, resolve_device
+    from optimum_ipu_backend.engines.probe import (
+        DEVICE_KINDS,
+        DeviceUnavailableError,
+        default_device,
+        resolve_device,
+    )
     from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 
     output: Path = args.output

@@ -26,8 +26,7 @@ def add_providers_parser(subparsers: Any) -> None:
 
 
 def ipu_devices() -> list[dict[str, Any]]:
-    from optimum_ipu_backend.config import DEVICE_KINDS
-    from optimum_ipu_backend.engines.probe import resolve_device
+    from optimum_ipu_backend.engines.probe import DEVICE_KINDS, resolve_device
 
     rows = []
     for device in DEVICE_KINDS:
@@ -89,8 +88,7 @@ def auto_report() -> dict[str, Any]:
 
 
 def collect() -> dict[str, Any]:
-    from optimum_ipu_backend.config import default_device
-    from optimum_ipu_backend.engines.probe import probe_sdk
+    from optimum_ipu_backend.engines.probe import default_device, probe_sdk
     from optimum_ipu_backend.integration.discovery import ENTRY_POINT_GROUP, get_registry, plugin_filter
     from optimum_ipu_backend.integration.ipu_provider import IPU_PROVIDER
     from optimum_ipu_backend.integration.native_providers import available_providers, native_availability

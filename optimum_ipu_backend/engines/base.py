@@ -72,7 +72,7 @@ class DistributedReplicas:
 
 @dataclass
 class CompileOptions:
-    """Engine-level options; the session fills them from provider options."""
+    """Engine-level options; ``runtime.open`` fills them from the session's configuration."""
 
     device: str = "emulator"
     precision: str = "fp32"

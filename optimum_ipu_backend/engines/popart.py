@@ -36,9 +36,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from optimum_ipu_backend.config import DEVICE_KINDS
 from optimum_ipu_backend.engines.base import Availability, CompileOptions, EngineContractError
-from optimum_ipu_backend.engines.probe import module_origin
+from optimum_ipu_backend.engines.probe import DEVICE_KINDS, module_origin
 from optimum_ipu_backend.engines.worker import WorkerEngine
 from optimum_ipu_backend.engines.worker_server import recovery_action_name
 from optimum_ipu_backend.errors import InstallationError

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from optimum_ipu_backend.config import DEVICE_KINDS
 from optimum_ipu_backend.engines.base import EngineContractError
+from optimum_ipu_backend.engines.probe import DEVICE_KINDS
 from optimum_ipu_backend.engines.worker import create_buffer, map_buffer
 from optimum_ipu_backend.errors import InstallationError
 

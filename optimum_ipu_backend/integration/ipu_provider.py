@@ -21,8 +21,12 @@ def probe() -> Availability:
     The host emulator and Graphcore's IPU Model simulator both compute on the host: usable when named,
     reported as emulated so that ``provider="auto"`` never takes them.
     """
-    from optimum_ipu_backend.config import DEVICE_KINDS, default_device
-    from optimum_ipu_backend.engines.probe import probe_sdk, provider_availability
+    from optimum_ipu_backend.engines.probe import (
+        DEVICE_KINDS,
+        default_device,
+        probe_sdk,
+        provider_availability,
+    )
 
     available, detail = provider_availability()
     if not available:

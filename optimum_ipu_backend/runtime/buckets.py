@@ -121,12 +121,7 @@ class InputTooLargeError(InvalidFeedError):
         model_limit: int | None,
         limit_source: str | None,
     ) -> None:
-        self.input_name = input_name
-        self.dim_name = dim_name
-        self.size = size
-        self.largest = largest
-        self.option = option
-        self.model_limit = model_limit
+        self.input_name, self.size, self.largest = input_name, size, largest
         subject = f"input {input_name!r}" if input_name else "an input"
         readable_dim = dim_name.replace("_", " ")
         if largest is None:  # compiled at exact sizes: only the model's own limit applies

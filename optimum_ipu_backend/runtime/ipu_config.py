@@ -43,8 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from optimum_ipu_backend.config import (
-    DEVICE_KINDS,
-    default_device,
     flag_or_none,
     positive_float_or_none,
     positive_int_or_none,
@@ -52,7 +50,7 @@ from optimum_ipu_backend.config import (
 from optimum_ipu_backend.engines import engine_names
 from optimum_ipu_backend.engines.base import DistributedReplicas
 from optimum_ipu_backend.engines.popdist import read_popdist
-from optimum_ipu_backend.engines.probe import SDK_PYTHON_ENV, resolve_sdk_python
+from optimum_ipu_backend.engines.probe import DEVICE_KINDS, SDK_PYTHON_ENV, default_device, resolve_sdk_python
 from optimum_ipu_backend.errors import ConfigurationError
 from optimum_ipu_backend.runtime.buckets import DEFAULT_SIZES_PER_DIMENSION, BucketOptionError, parse_sizes
 from optimum_ipu_backend.runtime.executable_cache import parse_byte_size

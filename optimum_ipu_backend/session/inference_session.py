@@ -22,9 +22,8 @@ import numpy as np
 import onnxruntime
 
 from optimum_ipu_backend.compiler.analysis.index_ranges import IndexRanges
-from optimum_ipu_backend.config import DEVICE_KINDS
 from optimum_ipu_backend.engines import Engine, EngineClosedError
-from optimum_ipu_backend.engines.probe import EMULATION_NOTICE
+from optimum_ipu_backend.engines.probe import DEVICE_KINDS, EMULATION_NOTICE
 from optimum_ipu_backend.errors import InvalidFeedError
 from optimum_ipu_backend.runtime.buckets import option_name
 from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
