@@ -41,10 +41,6 @@ class DeviceKind:
     #: needs IPU hardware attached (device nodes or an IPU-over-fabric partition)
     needs_hardware: bool
 
-    @property
-    def needs_sdk(self) -> bool:
-        return not self.host_emulation
-
 
 class _DeviceKinds(dict):
     """Device kinds by name; an unknown name is a ``ValueError`` naming the kinds and where to set one."""

@@ -421,7 +421,7 @@ def _layers_per_ipu(value: Any, where: str) -> tuple[int, ...]:
 COMPILE_MODES = ("lazy", "eager")
 
 SESSION_OPTION_HELP = {
-    "device": "one of ipu, ipu-model, emulator; default from OPTIMUM_IPU_DEVICE, else 'ipu'",
+    "device": f"one of {', '.join(DEVICE_KINDS)}; default from OPTIMUM_IPU_DEVICE, else 'ipu'",
     "engine": (
         f"one of {', '.join(engine_names())}; default: the available engine of highest priority "
         "for the device"
