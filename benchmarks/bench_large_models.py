@@ -127,8 +127,8 @@ def child_load(onnx_dir: Path, cache: Path, second_shape: bool) -> None:
     import numpy as np
 
     from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
+    from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
     from optimum_ipu_backend.session import IPUInferenceSession
-    from optimum_ipu_backend.session.options import IPUProviderOptions
 
     baseline = _current_rss()
     options = {

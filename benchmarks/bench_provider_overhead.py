@@ -130,8 +130,8 @@ def per_call(calls: int, workdir: Path) -> dict[str, float]:
     import onnxruntime as ort
 
     from optimum_ipu_backend.compiler import legalize
+    from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
     from optimum_ipu_backend.session import IPUInferenceSession
-    from optimum_ipu_backend.session.options import IPUProviderOptions
 
     path = export_bert_base(workdir)
     feed = bert_base_feed()

@@ -82,8 +82,8 @@ def quiet_exports() -> Iterator[None]:
 
 
 def ipu_session(onnx_dir: Path, cache_dir: Path, **options: str) -> Any:
+    from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
     from optimum_ipu_backend.session import IPUInferenceSession
-    from optimum_ipu_backend.session.options import IPUProviderOptions
 
     raw = {"device": "emulator", "progress": "0", "executable_cache_dir": str(cache_dir), **options}
     return IPUInferenceSession(str(onnx_dir / "model.onnx"), options=IPUProviderOptions.parse(raw, onnx_dir))

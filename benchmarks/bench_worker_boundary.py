@@ -34,8 +34,8 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from bench_provider_overhead import bert_base_feed, export_bert_base
 
+    from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
     from optimum_ipu_backend.session import IPUInferenceSession
-    from optimum_ipu_backend.session.options import IPUProviderOptions
 
     with tempfile.TemporaryDirectory() as tmp:
         path = export_bert_base(Path(tmp))

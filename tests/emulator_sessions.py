@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 
 def emulator_session(onnx_dir: Path, cache_dir: Path, **options: Any) -> IPUInferenceSession:

@@ -125,8 +125,8 @@ def placement(model: onnx.ModelProto) -> dict[str, tuple[int | None, int | None]
 def emulator_session(onnx_dir: Path, cache_dir: Path, **options):
     """An emulator session on ``onnx_dir/model.onnx`` caching in ``cache_dir``, buckets of 8 and 16 tokens
     unless ``options`` say otherwise."""
+    from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
     from optimum_ipu_backend.session import IPUInferenceSession
-    from optimum_ipu_backend.session.options import IPUProviderOptions
 
     options = {
         "device": "emulator",

@@ -7,15 +7,17 @@ import json
 import sys
 from typing import Any
 
+from optimum_ipu_backend.config import parse_assignments
+from optimum_ipu_backend.errors import ConfigurationError
 
-def _pairs(values: list[str], what: str) -> dict[str, str]:
-    pairs = {}
-    for value in values:
-        key, sep, item = value.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"optimum-ipu compile: {what} {value!r} must look like NAME=VALUE")
-        pairs[key.strip()] = item.strip()
-    return pairs
+
+def fixed_dims(values: list[str]) -> dict[str, int]:
+    """``--dim NAME=SIZE`` arguments: the sizes to compile dimensions no bucket plans at."""
+    dims = parse_assignments(values, "--dim", "height=224")
+    for name, size in dims.items():
+        if not size.isdigit():
+            raise ConfigurationError(f"--dim {name}={size!r} must look like NAME=SIZE, e.g. height=224")
+    return {name: int(size) for name, size in dims.items()}
 
 
 def add_compile_parser(subparsers: Any) -> None:
@@ -54,8 +56,11 @@ def add_compile_parser(subparsers: Any) -> None:
 def run_compile(args: argparse.Namespace) -> int:
     from optimum_ipu_backend.session.precompile import fill_cache
 
-    options = _pairs(args.provider_option, "--provider-option")
-    dims = {name: int(size) for name, size in _pairs(args.dim, "--dim").items()}
+    try:
+        options = parse_assignments(args.provider_option, "--provider-option", "device=emulator")
+        dims = fixed_dims(args.dim)
+    except ConfigurationError as exc:
+        raise SystemExit(f"optimum-ipu compile: {exc}") from None
     report = fill_cache(
         args.model,
         options,

@@ -136,8 +136,8 @@ def chosen_buckets(graphs: list[Path], given: Mapping[str, Any]) -> dict[str, li
     ...), from the options given and the runtime's defaults. Graphs that plan a dimension differently
     (a decoder with a past also compiles one-token steps) get the union, so they plan alike."""
     from optimum_ipu_backend.runtime.buckets import option_name
+    from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
     from optimum_ipu_backend.session import IPUInferenceSession
-    from optimum_ipu_backend.session.options import IPUProviderOptions
 
     # The emulator resolves everywhere and compiles nothing until a call; the plan does not depend on it.
     buckets: dict[str, set[int]] = {}
@@ -163,19 +163,20 @@ def write_ipu_config(output: Path, fields: Mapping[str, Any]) -> Path:
 
 def run_export(args: argparse.Namespace) -> int:
     """Export, write the buckets, fill the cache; exit status 0 when the directory is complete."""
+    from optimum_ipu_backend.cli.compile import fixed_dims
     from optimum_ipu_backend.engines.probe import (
+        DEVICE_KINDS,
         DeviceUnavailableError,
-        check_device_name,
         default_device,
         resolve_device,
     )
-    from optimum_ipu_backend.session.options import IPUProviderOptions
+    from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 
     output: Path = args.output
     given = _given_options(args)
-    device = check_device_name(args.device or default_device())
+    device = DEVICE_KINDS[args.device or default_device()].name
     IPUProviderOptions.parse({"device": device, **given})  # bad sizes or precision fail before the export
-    _fixed_dims(args.dim)
+    dims = fixed_dims(args.dim)
     graphs = export_onnx(args.model, output, args.task)
     fields = {**given, **chosen_buckets(graphs, given)}
     config = write_ipu_config(output, fields)
@@ -191,7 +192,7 @@ def run_export(args: argparse.Namespace) -> int:
     from optimum_ipu_backend.session.precompile import fill_cache
 
     try:
-        report = fill_cache(output, {"device": device}, fixed_dims=_fixed_dims(args.dim))
+        report = fill_cache(output, {"device": device}, fixed_dims=dims)
     except ValueError as exc:  # a dimension no bucket plans (image sizes, audio frames) and no --dim for it
         print(f"The executable cache was not filled: {exc} (with --dim NAME=SIZE)", file=sys.stderr)
         return 1
@@ -206,13 +207,3 @@ def run_export(args: argparse.Namespace) -> int:
         f"({compiled} compiled now, {len(records) - compiled} already cached) in {where}"
     )
     return 0
-
-
-def _fixed_dims(values: list[str]) -> dict[str, int]:
-    dims = {}
-    for value in values:
-        name, sep, size = value.partition("=")
-        if not sep or not name.strip() or not size.strip().isdigit():
-            raise ValueError(f"--dim {value!r} must look like NAME=SIZE, e.g. height=224")
-        dims[name.strip()] = int(size)
-    return dims

@@ -26,10 +26,10 @@ def add_providers_parser(subparsers: Any) -> None:
 
 
 def ipu_devices() -> list[dict[str, Any]]:
-    from optimum_ipu_backend.engines.probe import DEVICES, resolve_device
+    from optimum_ipu_backend.engines.probe import DEVICE_KINDS, resolve_device
 
     rows = []
-    for device in DEVICES:
+    for device in DEVICE_KINDS:
         try:
             resolution = resolve_device(device)
         except Exception as exc:  # the reason is the output

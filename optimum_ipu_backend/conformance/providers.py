@@ -36,17 +36,6 @@ class ProviderNotFoundError(ConfigurationError, LookupError):
     """The provider named on the command line is neither a plugin nor one of onnxruntime's."""
 
 
-def parse_provider_options(pairs: Iterable[str]) -> dict[str, str]:
-    """``["device=emulator", "precision=fp16"]`` -> a dict; a malformed pair is an error naming it."""
-    options: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--provider-option {pair!r}: expected KEY=VALUE, e.g. device=emulator")
-        options[key.strip()] = value.strip()
-    return options
-
-
 @dataclass(frozen=True)
 class OperatorSupport:
     """A provider's declared operator support, resolved: None means "no restriction"."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optimum_ipu_backend.config import parse_assignments
 from optimum_ipu_backend.conformance.definition import (
     ModelMatrix,
     OperatorSelection,
@@ -28,7 +29,6 @@ from optimum_ipu_backend.conformance.operators import (
 )
 from optimum_ipu_backend.conformance.providers import (
     ProviderUnderTest,
-    parse_provider_options,
     resolve_provider,
 )
 from optimum_ipu_backend.conformance.results import (
@@ -118,7 +118,7 @@ class ConformanceRun:
             raise ValueError(f"--tier {settings.tier!r}: the tiers are {', '.join(tiers)}")
         provider = resolve_provider(
             settings.provider,
-            parse_provider_options(settings.provider_options),
+            parse_assignments(settings.provider_options, "--provider-option", "device=emulator"),
             [Path(path) for path in settings.expectations],
         )
         return cls(settings, provider, tiers[settings.tier], load_models(), load_operators())

@@ -1,7 +1,7 @@
 """Engines turn a legalized, static-shaped ONNX graph into an executable and run it.
 
 ``ENGINE_CLASSES`` is the one list of engines. Each class declares its name, the devices it serves, a
-cheap availability probe, a priority and the graph form it takes (``engines.base.Engine``); device
+cheap availability probe and a priority (``engines.base.Engine``); device
 resolution, the ``engine`` provider option and the CLI all derive from this list. Engine modules are
 light on the host side: the Poplar SDK is imported only inside a worker process (``engines.worker``).
 """

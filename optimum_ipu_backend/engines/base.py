@@ -9,7 +9,7 @@ compiler above that. What an engine adds to that minimum is what real devices ne
 * **Paths, not bytes.** ``compile`` and ``load`` take the legalized graph as a file and an artifact
   directory the engine writes into (PopART's ``.popef``), so nothing is serialized whole in memory.
 * **Identity.** Each engine class declares its name, the devices it serves, a cheap availability probe
-  (which imports no SDK), a priority among engines serving one device, and the graph form it takes;
+  (which imports no SDK) and a priority among engines serving one device;
   ``engines.ENGINE_CLASSES`` lists the classes. An instance knows its SDK version (a worker process
   reports it), and ``key_settings`` names every engine setting that changes a binary: both go into every
   cache key.
@@ -72,7 +72,7 @@ class DistributedReplicas:
 
 @dataclass
 class CompileOptions:
-    """Engine-level options; the session fills them from provider options."""
+    """Engine-level options; ``runtime.open`` fills them from the session's configuration."""
 
     device: str = "emulator"
     precision: str = "fp32"
@@ -206,14 +206,8 @@ class Engine(_Closable, ABC):
     devices: ClassVar[tuple[str, ...]]
     # Among the available engines serving a device, the highest priority is the default.
     priority: ClassVar[int] = 0
-    # What ``compile`` takes: every engine here takes the legalized, static, opset-11 ONNX file.
-    graph_form: ClassVar[str] = "legalized-onnx"
-    # True when results are computed somewhere other than an IPU; surfaced to users everywhere.
-    emulated: ClassVar[bool] = False
     # False: the runtime serializes calls into the engine's executables.
     thread_safe: ClassVar[bool] = False
-    # The pip extra that installs the engine's host-side dependencies, for error messages.
-    pip_extra: ClassVar[str | None] = None
     # True when the engine runs a graph sharded over several IPUs per replica (``ipus_per_replica``).
     shards: ClassVar[bool] = False
 

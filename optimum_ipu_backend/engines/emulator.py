@@ -104,7 +104,6 @@ class HostEmulatorEngine(Engine):
     name = "emulator"
     devices = ("emulator",)
     priority = 0
-    emulated = True
     # onnxruntime sessions may be run from several threads at once.
     thread_safe = True
     # It runs a sharded graph as it is: onnxruntime skips the ``__``-prefixed placement attributes.

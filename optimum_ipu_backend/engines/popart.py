@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optimum_ipu_backend.engines.base import Availability, CompileOptions, EngineContractError
-from optimum_ipu_backend.engines.probe import module_origin
+from optimum_ipu_backend.engines.probe import DEVICE_KINDS, module_origin
 from optimum_ipu_backend.engines.worker import WorkerEngine
 from optimum_ipu_backend.engines.worker_server import recovery_action_name
 from optimum_ipu_backend.errors import InstallationError
@@ -169,7 +169,7 @@ class PopARTBackend:
         manager = self.popart.DeviceManager()
         if offline:
             return manager.createOfflineIPUDevice({"numIPUs": ipus, "ipuVersion": ipu_version})
-        if device == "ipu-model":
+        if DEVICE_KINDS[device].simulated:
             return manager.createIpuModelDevice({"numIPUs": ipus, "tilesPerIPU": TILES_PER_IPU})
         distributed = options.get("distributed")
         if distributed:  # this instance's share of the PopRun partition
@@ -237,7 +237,7 @@ class PopARTBackend:
                 dataFlow=data_flow,
                 deviceInfo=device,
                 userOptions=self._session_options(
-                    options, artifacts, offline or device_name == "ipu", stages
+                    options, artifacts, offline or DEVICE_KINDS[device_name].needs_hardware, stages
                 ),
             )
         finally:

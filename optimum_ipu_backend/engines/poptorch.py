@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from optimum_ipu_backend.engines.base import Availability, EngineContractError
-from optimum_ipu_backend.engines.probe import module_origin
+from optimum_ipu_backend.engines.probe import DEVICE_KINDS, module_origin
 from optimum_ipu_backend.engines.worker import WorkerEngine
 from optimum_ipu_backend.engines.worker_server import recovery_action_name
 from optimum_ipu_backend.errors import InstallationError
@@ -116,7 +116,7 @@ class PopTorchBackend:
     def open_device(
         self, device: str, ipus: int, offline: bool, ipu_version: str, options: dict, required: bool
     ) -> _DeviceShare | None:
-        if offline or device != "ipu":
+        if offline or not DEVICE_KINDS[device].needs_hardware:
             return _DeviceShare(0, "offline target" if offline else "IPU Model")
         if self._booked + ipus > self._capacity and not required:
             return None
@@ -140,7 +140,7 @@ class PopTorchBackend:
         opts.deviceIterations(options["device_iterations"])
         opts.outputMode(poptorch.OutputMode.All)
         opts.Precision.setPartialsType(torch.half if options["precision"] == "fp16" else torch.float)
-        model = device == "ipu-model" and not offline
+        model = DEVICE_KINDS[device].simulated and not offline
         opts.useIpuModel(model)
         if artifacts is not None and not model:
             os.makedirs(artifacts, exist_ok=True)

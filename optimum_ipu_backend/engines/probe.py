@@ -28,9 +28,46 @@ from functools import lru_cache
 from optimum_ipu_backend.engines.base import EngineUnavailableError
 from optimum_ipu_backend.errors import ConfigurationError
 
-DEVICES = ("ipu", "ipu-model", "emulator")
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """One kind of device a session runs on, and what it means: the one place device names are compared."""
+
+    name: str
+    #: onnxruntime computes on this machine's CPU from the exact graph the IPU would get (not IPU results)
+    host_emulation: bool
+    #: Graphcore's IPU Model: the Poplar SDK simulates an IPU on the host
+    simulated: bool
+    #: needs IPU hardware attached (device nodes or an IPU-over-fabric partition)
+    needs_hardware: bool
+
+
+class _DeviceKinds(dict):
+    """Device kinds by name; an unknown name is a ``ValueError`` naming the kinds and where to set one."""
+
+    def __missing__(self, name: str) -> DeviceKind:
+        raise ValueError(
+            f"device {name!r} is not one of {', '.join(self)} (set it with provider_options="
+            f"{{'device': ...}} or {DEVICE_ENV})"
+        )
+
+
 DEVICE_ENV = "OPTIMUM_IPU_DEVICE"
 DEFAULT_DEVICE = "ipu"
+DEVICE_KINDS = _DeviceKinds(
+    (kind.name, kind)
+    for kind in (
+        DeviceKind("ipu", host_emulation=False, simulated=False, needs_hardware=True),
+        DeviceKind("ipu-model", host_emulation=False, simulated=True, needs_hardware=False),
+        DeviceKind("emulator", host_emulation=True, simulated=False, needs_hardware=False),
+    )
+)
+
+
+def default_device() -> str:
+    """The device a session gets when none is named: ``OPTIMUM_IPU_DEVICE``, else ``ipu``."""
+    return os.environ.get(DEVICE_ENV, "").strip() or DEFAULT_DEVICE
+
 
 EMULATION_NOTICE = (
     "host emulation: outputs are computed by onnxruntime on this machine's CPU from the exact graph "
@@ -213,22 +250,7 @@ class DeviceResolution:
     reason: str
 
 
-def default_device() -> str:
-    return os.environ.get(DEVICE_ENV, "").strip() or DEFAULT_DEVICE
-
-
-def check_device_name(device: str) -> str:
-    if device not in DEVICES:
-        raise ValueError(
-            f"device {device!r} is not one of {', '.join(DEVICES)} (set it with provider_options="
-            f"{{'device': ...}} or {DEVICE_ENV})"
-        )
-    return device
-
-
-def resolve_device(
-    device: str | None = None, engine: str | None = None, sdk_python: str | None = None
-) -> DeviceResolution:
+def resolve_device(device: str, engine: str | None = None, sdk_python: str | None = None) -> DeviceResolution:
     """Pick the engine for ``device`` from the registry (``engines.ENGINE_CLASSES``): the given one, or the
     available engine of highest priority. ``DeviceUnavailableError`` says what each probe found.
 
@@ -236,7 +258,7 @@ def resolve_device(
     starts (``DeviceManager().enumerateDevices()`` in its worker process). The SDK's modules are looked
     for in the interpreter ``sdk_python`` (the provider option; default: ``OPTIMUM_IPU_SDK_PYTHON``, else
     this interpreter)."""
-    device = check_device_name(device or default_device())
+    device = DEVICE_KINDS[device].name
     with probing_python(sdk_python):
         return _resolve(device, engine)
 
@@ -257,7 +279,8 @@ def _resolve(device: str, engine: str | None) -> DeviceResolution:
     for cls in candidates:
         availability = cls.probe()
         if availability.available:
-            return DeviceResolution(device, cls.name, cls.emulated, availability.reason)
+            emulated = DEVICE_KINDS[device].host_emulation
+            return DeviceResolution(device, cls.name, emulated, availability.reason)
         reasons.append(f"engine {cls.name!r}: {availability.reason}")
     probe = probe_sdk()
     hint = (
@@ -274,7 +297,7 @@ def _resolve(device: str, engine: str | None) -> DeviceResolution:
 def provider_availability() -> tuple[bool, str]:
     """The discovery probe: can a session with the default device be created here?"""
     try:
-        resolution = resolve_device()
+        resolution = resolve_device(default_device())
     except (DeviceUnavailableError, ValueError) as exc:
         return False, f"{exc}"
     return True, resolution.reason

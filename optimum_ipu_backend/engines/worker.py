@@ -62,7 +62,12 @@ from optimum_ipu_backend.engines.errors import (
     WorkerDiedError,
     device_fault,
 )
-from optimum_ipu_backend.engines.probe import SDK_PYTHON_ENV, SDK_PYTHON_OPTION, resolve_sdk_python
+from optimum_ipu_backend.engines.probe import (
+    DEVICE_KINDS,
+    SDK_PYTHON_ENV,
+    SDK_PYTHON_OPTION,
+    resolve_sdk_python,
+)
 from optimum_ipu_backend.errors import InstallationError
 
 _logger = logging.getLogger(__name__)
@@ -393,10 +398,13 @@ class RemoteExecutable(Executable):
     request, and copy the outputs out. After the worker restarted or the device was lost, the next run
     builds it again (from the cache entry when there is one) before running."""
 
-    def __init__(self, engine: WorkerEngine, request: dict[str, Any], what: str) -> None:
+    def __init__(
+        self, engine: WorkerEngine, request: dict[str, Any], options: CompileOptions, what: str
+    ) -> None:
         self._engine = engine
         self._worker = engine._worker
         self._request = request
+        self._options = options
         self._what = what
         self._mappings: list[mmap.mmap] = []
         self._build()
@@ -404,13 +412,13 @@ class RemoteExecutable(Executable):
     # -- building ------------------------------------------------------------------------------------
 
     def _build(self) -> None:
-        timeout = self._request["options"].get("compile_timeout")
+        timeout = self._options.compile_timeout
         try:
             reply = self._worker.call(
                 "build", timeout=timeout, what=f"compiling {self._what}", **self._request
             )
         except _RemoteFault as fault:
-            error = device_fault(fault.error, self._what, self._ipus)
+            error = device_fault(fault.error, self._what, self._options.ipus)
             raise error from error.__cause__
         self._id, self._generation = reply["executable"], self._worker.generation
         self.inputs = tuple(_spec(entry) for entry in reply["inputs"])
@@ -436,11 +444,6 @@ class RemoteExecutable(Executable):
         self._on_close(_release_remote, self._worker, self._generation, self._id, self._mappings)
         _unmap(old)
 
-    @property
-    def _ipus(self) -> int:
-        options = self._request["options"]
-        return int(options.get("replicas", 1)) * int(options.get("ipus_per_replica", 1))
-
     def close(self) -> None:
         """Release the executable (and its IPUs, when it was their last) in the worker now."""
         if self._finalizer is not None and self._finalizer.detach() is not None:
@@ -455,11 +458,11 @@ class RemoteExecutable(Executable):
     # -- running -------------------------------------------------------------------------------------
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        options = self._request["options"]
-        if options["device_iterations"] * options["replicas"] != 1:
+        options = self._options
+        if options.device_iterations * options.replicas != 1:
             raise EngineContractError(
-                f"{self._what} was compiled for steps of {options['device_iterations']} iteration(s) x "
-                f"{options['replicas']} replica(s); run it with run_step"
+                f"{self._what} was compiled for steps of {options.device_iterations} iteration(s) x "
+                f"{options.replicas} replica(s); run it with run_step"
             )
         outputs = self.run_step({name: array[None, None] for name, array in feed.items()}, 1, 1)
         return {name: array[0, 0] for name, array in outputs.items()}
@@ -495,7 +498,7 @@ class RemoteExecutable(Executable):
                 if fault.error.get("kind") == "lost" and attempt == 1:
                     self._generation = -1  # unloaded with a lost device: build again and run once more
                     continue
-                error = device_fault(fault.error, self._what, self._ipus)
+                error = device_fault(fault.error, self._what, self._options.ipus)
                 raise error from error.__cause__
             break
         self.switches += int(reply["switched"])
@@ -542,7 +545,7 @@ class WorkerEngine(Engine):
         self.python_version = info.get("python_version")
         self.visible_ipus = int(info.get("ipus", 0))
         self.ipu_version = info.get("ipu_version")
-        if device == "ipu" and not offline and self.visible_ipus == 0:
+        if DEVICE_KINDS[device].needs_hardware and not offline and self.visible_ipus == 0:
             self.close()
             from optimum_ipu_backend.engines.probe import OPT_IN_HINT, DeviceUnavailableError
 
@@ -555,7 +558,7 @@ class WorkerEngine(Engine):
             )
 
     def _target_ipu_version(self, options: CompileOptions) -> str:
-        if self.offline or self.device != "ipu":
+        if self.offline or not DEVICE_KINDS[self.device].needs_hardware:
             return options.ipu_version or "ipu2"
         return self.ipu_version or "ipu2"
 
@@ -570,9 +573,10 @@ class WorkerEngine(Engine):
             "device": self.device,
             "offline": self.offline,
             "ipu_version": self._target_ipu_version(options),
-            "options": asdict(options),
+            # device and offline travel once, as the engine's own, not again inside the options
+            "options": {k: v for k, v in asdict(options).items() if k not in ("device", "offline")},
         }
-        return self._track(RemoteExecutable(self, request, f"the graph {graph}"))
+        return self._track(RemoteExecutable(self, request, options, f"the graph {graph}"))
 
     def describe(self) -> str:
         python = ""

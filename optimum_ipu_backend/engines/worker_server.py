@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from optimum_ipu_backend.engines.base import EngineContractError
+from optimum_ipu_backend.engines.probe import DEVICE_KINDS
 from optimum_ipu_backend.engines.worker import create_buffer, map_buffer
 from optimum_ipu_backend.errors import InstallationError
 
@@ -89,7 +90,7 @@ class Server:
 
     def _slot_for(self, device: str, ipus: int, offline: bool, ipu_version: str, options: dict) -> _Slot:
         open_device = self.backend.open_device
-        if offline or device != "ipu":
+        if offline or not DEVICE_KINDS[device].needs_hardware:
             handle = open_device(device, ipus, offline, ipu_version, options, required=True)
             return self._add_slot(handle, ipus, shareable=False)
         handle = open_device(device, ipus, offline, ipu_version, options, required=False)

@@ -21,22 +21,28 @@ def probe() -> Availability:
     The host emulator and Graphcore's IPU Model simulator both compute on the host: usable when named,
     reported as emulated so that ``provider="auto"`` never takes them.
     """
-    from optimum_ipu_backend.engines.probe import default_device, probe_sdk, provider_availability
+    from optimum_ipu_backend.engines.probe import (
+        DEVICE_KINDS,
+        default_device,
+        probe_sdk,
+        provider_availability,
+    )
 
     available, detail = provider_availability()
     if not available:
         return Availability(False, detail)
     device = default_device()
-    if device == "ipu" and not probe_sdk().hardware_visible:
+    kind = DEVICE_KINDS[device]
+    if kind.needs_hardware and not probe_sdk().hardware_visible:
         # The SDK lists IPUs only when a session starts; a build host with the SDK and no IPU is common.
         return Availability(
             False,
             f"device 'ipu': {detail}, but no IPU is visible here (no /dev/ipu* device node, no IPUOF_* "
             "fabric configuration)",
         )
-    if device == "emulator":
+    if kind.host_emulation:
         return Availability(True, "the default device 'emulator' is the host emulator", emulated=True)
-    if device != "ipu":
+    if not kind.needs_hardware:
         return Availability(
             True,
             f"the default device {device!r} is Graphcore's IPU Model simulator on the host",

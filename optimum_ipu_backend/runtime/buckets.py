@@ -53,6 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from optimum_ipu_backend.config import positive_int_or_none
 from optimum_ipu_backend.errors import ConfigurationError, InvalidFeedError
 from optimum_ipu_backend.runtime.roles import DimRole, dim_role, is_batch_dim
 
@@ -120,12 +121,7 @@ class InputTooLargeError(InvalidFeedError):
         model_limit: int | None,
         limit_source: str | None,
     ) -> None:
-        self.input_name = input_name
-        self.dim_name = dim_name
-        self.size = size
-        self.largest = largest
-        self.option = option
-        self.model_limit = model_limit
+        self.input_name, self.size, self.largest = input_name, size, largest
         subject = f"input {input_name!r}" if input_name else "an input"
         readable_dim = dim_name.replace("_", " ")
         if largest is None:  # compiled at exact sizes: only the model's own limit applies
@@ -191,7 +187,7 @@ def parse_sizes(option: str, value: Any) -> tuple[int, ...]:
         )
     sizes = []
     for item in items:
-        size = _positive_int(item)
+        size = positive_int_or_none(item)
         if size is None:
             raise BucketOptionError(
                 f"option {option!r}={value!r}: {item!r} is not a positive integer; "
@@ -201,19 +197,6 @@ def parse_sizes(option: str, value: Any) -> tuple[int, ...]:
     if not sizes:
         raise BucketOptionError(f"option {option!r} is empty; expected sizes such as '64,128,256,512'")
     return tuple(sorted(set(sizes)))
-
-
-def _positive_int(item: Any) -> int | None:
-    if isinstance(item, bool):
-        return None
-    if isinstance(item, int):
-        return item if item > 0 else None
-    if isinstance(item, float) and item.is_integer():
-        return int(item) if item > 0 else None
-    if isinstance(item, str) and item.strip().isdigit():
-        number = int(item.strip())
-        return number if number > 0 else None
-    return None
 
 
 def audio_sample_sizes(sampling_rate: int = DEFAULT_SAMPLING_RATE) -> tuple[int, ...]:
@@ -398,9 +381,37 @@ class BucketPlan:
         step_dims: Iterable[str] = (),
         audio_dims: Mapping[str, int] | None = None,
     ) -> BucketPlan:
+        """``planned`` with ``user_sizes`` in any form ``parse_sizes`` accepts (tools, tests)."""
+        dims = list(dims)
+        names = set(dims) | {option_name(dim) for dim in dims}
+        parsed = {
+            key: parse_sizes(option_name(key), value)
+            for key, value in (user_sizes or {}).items()
+            if key in names and value is not None
+        }
+        return cls.planned(
+            config,
+            dims,
+            parsed,
+            sizes_per_dimension=sizes_per_dimension,
+            step_dims=step_dims,
+            audio_dims=audio_dims,
+        )
+
+    @classmethod
+    def planned(
+        cls,
+        config: Mapping[str, Any],
+        dims: Iterable[str],
+        user_sizes: Mapping[str, tuple[int, ...]],
+        *,
+        sizes_per_dimension: int = DEFAULT_SIZES_PER_DIMENSION,
+        step_dims: Iterable[str] = (),
+        audio_dims: Mapping[str, int] | None = None,
+    ) -> BucketPlan:
         """The plan for ``dims`` of a model whose ``config.json`` is ``config``, as the module docstring
         describes. ``user_sizes`` maps dimension names *or* their option names (``sequence_lengths``) to
-        sizes in any form ``parse_sizes`` accepts; other keys are ignored. ``step_dims`` are the
+        parsed sizes (``IPURuntimeConfig.bucket_options``); other keys are ignored. ``step_dims`` are the
         dimensions of one generated token per step (``roles.generation_step_dims``): each planned one
         gets size 1. ``audio_dims`` maps the samples dimensions of audio inputs (``roles.audio_sample_dims``)
         to their sampling rate: they get ``audio_sample_sizes`` and no text limit. Raises
@@ -413,10 +424,10 @@ class BucketPlan:
         step_dims = frozenset(step_dims)
         by_option = {option_name(dim): dim for dim in dims}
         given: dict[str, tuple[int, ...]] = {}
-        for key, value in (user_sizes or {}).items():
+        for key, value in user_sizes.items():
             dim = key if key in dims else by_option.get(key)
-            if dim is not None and value is not None:
-                given[dim] = parse_sizes(option_name(dim), value)
+            if dim is not None:
+                given[dim] = value
         sizes: dict[str, tuple[int, ...]] = {}
         limits: dict[str, int | None] = {}
         sources: dict[str, str | None] = {}

@@ -16,8 +16,8 @@ import onnx
 
 from optimum_ipu_backend.runtime.buckets import BucketPlan, model_limit
 from optimum_ipu_backend.runtime.dim_expressions import parse_dim
-from optimum_ipu_backend.runtime.factory import dynamic_dims
 from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
+from optimum_ipu_backend.runtime.open import dynamic_dims
 from optimum_ipu_backend.runtime.roles import DimRole, dim_role, generation_step_dims
 
 #: Number of choices of a multiple-choice graph when none is given (the runtime feeds it as it comes).

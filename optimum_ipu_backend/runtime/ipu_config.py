@@ -1,4 +1,8 @@
-"""Runtime settings from ``ipu_config.json`` (beside the model) and provider options, in one dataclass.
+"""The configuration of a session, parsed once: provider options, ``ipu_config.json`` and the environment.
+
+``IPUProviderOptions`` is the one frozen configuration a session is opened with (``runtime.open``): the
+session's own options (device, engine, threads, compile mode, ...) and ``IPURuntimeConfig``, the settings
+``ipu_config.json`` (beside the model) may also give. An option neither knows is an error, never ignored.
 
 Field names are this package's own (``device_iterations``, ``replication_factor``, ``sequence_lengths``,
 ...). Graphcore users can bring the ``ipu_config.json`` they used with optimum-graphcore: its fields that
@@ -31,15 +35,28 @@ and the file. Provider options (same names as the fields, values usually strings
 from __future__ import annotations
 
 import json
+import logging
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from optimum_ipu_backend.config import (
+    flag_or_none,
+    positive_float_or_none,
+    positive_int_or_none,
+)
+from optimum_ipu_backend.engines import engine_names
+from optimum_ipu_backend.engines.base import DistributedReplicas
+from optimum_ipu_backend.engines.popdist import read_popdist
+from optimum_ipu_backend.engines.probe import DEVICE_KINDS, SDK_PYTHON_ENV, default_device, resolve_sdk_python
 from optimum_ipu_backend.errors import ConfigurationError
 from optimum_ipu_backend.runtime.buckets import DEFAULT_SIZES_PER_DIMENSION, BucketOptionError, parse_sizes
 from optimum_ipu_backend.runtime.executable_cache import parse_byte_size
+from optimum_ipu_backend.runtime.progress import progress_enabled
+
+_logger = logging.getLogger(__name__)
 
 IPU_CONFIG_NAME = "ipu_config.json"
 # Provider option naming an ipu_config.json to read instead of the one beside the model.
@@ -337,7 +354,7 @@ def _convert(target: str, name: str, value: Any, source: str) -> Any:
         except BucketOptionError as exc:
             raise IPUConfigError(f"{where}: {exc}") from None
     if target in _INT_FIELDS:
-        number = _positive_int(value)
+        number = positive_int_or_none(value)
         if number is None:
             raise IPUConfigError(f"{where} must be a positive integer, got {value!r}")
         if target in _POWER_OF_TWO_FIELDS:
@@ -352,7 +369,7 @@ def _convert(target: str, name: str, value: Any, source: str) -> Any:
     if target == "layers_per_ipu":
         return _layers_per_ipu(value, where)
     if target == "cache_enabled":
-        flag = _boolean(value)
+        flag = flag_or_none(value)
         if flag is None:
             raise IPUConfigError(f"{where} must be true or false, got {value!r}")
         return flag
@@ -401,22 +418,154 @@ def _layers_per_ipu(value: Any, where: str) -> tuple[int, ...]:
     )
 
 
-def _positive_int(value: Any) -> int | None:
-    if isinstance(value, bool):
+COMPILE_MODES = ("lazy", "eager")
+
+SESSION_OPTION_HELP = {
+    "device": f"one of {', '.join(DEVICE_KINDS)}; default from OPTIMUM_IPU_DEVICE, else 'ipu'",
+    "engine": (
+        f"one of {', '.join(engine_names())}; default: the available engine of highest priority "
+        "for the device"
+    ),
+    "compile": (
+        "'lazy' (compile each shape on its first call) or 'eager' (also compile the smallest shape while the "
+        "session is created, so that a failure there lets providers listed after ipu take over); default lazy"
+    ),
+    "compile_timeout": "seconds one compile may take before it is stopped (positive number); "
+    "default: no limit",
+    "threads": "host threads the emulator may use (positive integer); default: onnxruntime's choice",
+    "progress": (
+        "1 or 0: progress bars for legalization and compilation; default: on when stderr is a terminal"
+    ),
+    "trim_padding": (
+        "1 or 0: run the rows of an encoder call grouped by real length, skipping the padding they share; "
+        "outputs at masked positions are then zeros; default 0"
+    ),
+    "sdk_python": (
+        "path (or name on PATH) of the Python interpreter that runs the Poplar SDK for the popart and "
+        "poptorch engines, such as the SDK's own Python with its PopTorch wheel; default from "
+        f"{SDK_PYTHON_ENV}, else this interpreter"
+    ),
+}
+
+
+class ProviderOptionError(ConfigurationError):
+    """A provider option is unknown or has a bad value."""
+
+
+@dataclass(frozen=True)
+class IPUProviderOptions:
+    """The configuration a session is opened with; ``parse`` reads it, ``runtime.open`` resolves it."""
+
+    device: str
+    engine: str | None = None
+    threads: int | None = None
+    progress: bool = False  # OPTIMUM_IPU_PROGRESS and the terminal decide when the option is not given
+    trim_padding: bool = False
+    compile: str = "lazy"
+    compile_timeout: float | None = None
+    # Compile for an offline IPU target (fills the cache; nothing runs). Set by `optimum-ipu compile`.
+    offline: bool = False
+    ipu_version: str | None = None  # the IPU architecture an offline compile targets
+    # The interpreter the SDK's worker runs on (an absolute path); None: OPTIMUM_IPU_SDK_PYTHON, else this
+    # one, resolved when an SDK engine starts. Not part of cache keys: the SDK version it reports is.
+    sdk_python: str | None = None
+    # The runtime settings, with this instance's share of the replicas when PopRun started the process.
+    runtime: IPURuntimeConfig = field(default_factory=IPURuntimeConfig)
+    distributed: DistributedReplicas | None = None  # that share, for the engine (PopDist's environment)
+
+    @property
+    def precision(self) -> str:
+        return self.runtime.precision or "fp32"
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any] | None, model_dir: str | Path | None = None) -> IPUProviderOptions:
+        raw = dict(raw or {})
+        try:
+            device = DEVICE_KINDS[str(raw.get("device") or default_device())].name
+        except ValueError as exc:
+            raise ProviderOptionError(str(exc)) from None
+        engine = None if raw.get("engine") is None else str(raw["engine"])
+        if engine is not None and engine not in engine_names():
+            raise ProviderOptionError(f"option 'engine'={raw['engine']!r}: {SESSION_OPTION_HELP['engine']}")
+        compile_mode = str(raw.get("compile", "lazy")).strip().lower()
+        if compile_mode not in COMPILE_MODES:
+            raise ProviderOptionError(
+                f"option 'compile'={raw['compile']!r}: {SESSION_OPTION_HELP['compile']}"
+            )
+        compile_timeout = _optional(raw, "compile_timeout", positive_float_or_none)
+        threads = _optional(raw, "threads", positive_int_or_none)
+        try:
+            sdk_python = None if raw.get("sdk_python") is None else resolve_sdk_python(raw["sdk_python"])
+        except ConfigurationError as exc:
+            raise ProviderOptionError(str(exc)) from None
+        progress = progress_enabled(_optional(raw, "progress", flag_or_none))
+        trim_padding = bool(_optional(raw, "trim_padding", flag_or_none))
+        try:
+            runtime = load_runtime_config(model_dir, raw, other_options=SESSION_OPTION_HELP)
+        except (IPUConfigError, BucketOptionError) as exc:
+            raise ProviderOptionError(str(exc)) from exc
+        layers = runtime.layers_per_ipu
+        if layers is not None and len(layers) != runtime.ipus_per_replica and set(layers) != {-1}:
+            raise ProviderOptionError(
+                f"layers_per_ipu={list(layers)} ({runtime.sources.get('layers_per_ipu')}) has {len(layers)} "
+                f"entries and ipus_per_replica={runtime.ipus_per_replica} "
+                f"({runtime.sources.get('ipus_per_replica', 'the default')}); give one layer count per IPU "
+                "(-1 shares the remaining layers), or [-1] to split the layers evenly"
+            )
+        runtime, distributed = _popdist_share(runtime)
+        return cls(
+            device,
+            engine,
+            threads,
+            progress,
+            trim_padding,
+            compile_mode,
+            compile_timeout,
+            sdk_python=sdk_python,
+            runtime=runtime,
+            distributed=distributed,
+        )
+
+
+def _optional(raw: Mapping[str, Any], name: str, parse: Callable[[Any], Any]) -> Any:
+    """Option ``name`` through ``parse``, None when not given; a value ``parse`` refuses is an error."""
+    if raw.get(name) is None:
         return None
-    if isinstance(value, int):
-        return value if value > 0 else None
-    if isinstance(value, str) and value.strip().isdigit():
-        number = int(value.strip())
-        return number if number > 0 else None
-    return None
+    value = parse(raw[name])
+    if value is None:
+        raise ProviderOptionError(f"option {name!r}={raw[name]!r}: {SESSION_OPTION_HELP[name]}")
+    return value
 
 
-def _boolean(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return None
+def _popdist_share(runtime: IPURuntimeConfig) -> tuple[IPURuntimeConfig, DistributedReplicas | None]:
+    """The runtime settings with this instance's share of the replicas when PopRun started the process
+    (PopDist's environment), and that share for the engine."""
+    try:
+        share = read_popdist()
+    except ValueError as exc:
+        raise ProviderOptionError(str(exc)) from None
+    if share is None:
+        return runtime, None
+    if share.ipus_per_replica != 1:
+        raise ProviderOptionError(
+            f"PopRun gives each replica {share.ipus_per_replica} IPUs (POPDIST_NUM_IPUS_PER_REPLICA); "
+            "sharding a replica over several IPUs under PopRun is not supported yet (ipus_per_replica "
+            "works without PopRun): run poprun with --ipus-per-replica 1"
+        )
+    given = runtime.sources.get("replication_factor")
+    if given is not None and runtime.replication_factor != share.local_replicas:
+        raise ProviderOptionError(
+            f"replication_factor={runtime.replication_factor} ({given}) conflicts with PopRun, "
+            f"which gives "
+            f"this instance {share.local_replicas} of {share.total_replicas} replicas (poprun "
+            "--num-replicas / --num-instances); remove the setting"
+        )
+    _logger.info(
+        "PopRun instance %d of %d: replicas %d..%d of %d",
+        share.instance_index,
+        share.instances,
+        share.replica_offset,
+        share.replica_offset + share.local_replicas - 1,
+        share.total_replicas,
+    )
+    return replace(runtime, replication_factor=share.local_replicas), share.replicas()

@@ -9,14 +9,12 @@ implemented here or refused by name (``session/ort_surface.py``).
 
 from __future__ import annotations
 
-import json
-import logging
+import functools
 import os
 import threading
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,25 +22,20 @@ import numpy as np
 import onnxruntime
 
 from optimum_ipu_backend.compiler.analysis.index_ranges import IndexRanges
-from optimum_ipu_backend.engines import Engine, EngineClosedError, load_engine
-from optimum_ipu_backend.engines.popdist import read_popdist
-from optimum_ipu_backend.engines.probe import EMULATION_NOTICE, resolve_device
+from optimum_ipu_backend.engines import Engine, EngineClosedError
+from optimum_ipu_backend.engines.probe import DEVICE_KINDS, EMULATION_NOTICE
 from optimum_ipu_backend.errors import InvalidFeedError
 from optimum_ipu_backend.runtime.buckets import option_name
-from optimum_ipu_backend.runtime.factory import build_runner, open_cache
-from optimum_ipu_backend.runtime.graph_source import GraphSource
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
+from optimum_ipu_backend.runtime.open import open_model
 from optimum_ipu_backend.session.failures import failures_name_the_call
 from optimum_ipu_backend.session.feeds import FeedValidator
 from optimum_ipu_backend.session.io_binding import HostIOBinding
 from optimum_ipu_backend.session.node_arg import NodeArg, node_arg
-from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
 from optimum_ipu_backend.session.ort_surface import NoNativeSessionError, refuse_unimplemented
 
 PROVIDER_NAME = "IPUExecutionProvider"
 _NO_MODEL_VERSION = 2**63 - 1
-
-_logger = logging.getLogger(__name__)
-_emulation_announced = threading.Event()
 
 
 class ProviderName(str):
@@ -57,7 +50,7 @@ class ProviderName(str):
         return value
 
     def __repr__(self) -> str:
-        emulation = ", host emulation" if self.device == "emulator" else ""
+        emulation = ", host emulation" if DEVICE_KINDS[self.device].host_emulation else ""
         return f"'{PROVIDER_NAME}' (device={self.device}{emulation})"
 
 
@@ -96,119 +89,31 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
         is_path = not isinstance(path_or_bytes, (bytes, bytearray))
         self._model_path = str(path_or_bytes) if is_path else None
         self._model_bytes = None if is_path else path_or_bytes
-        model_dir = Path(path_or_bytes).parent if is_path else None
-        self._options = options or IPUProviderOptions.parse(None, model_dir)
-        self._resolution = resolve_device(
-            self._options.device, self._options.engine, sdk_python=self._options.sdk_python
-        )
-        cache = open_cache(self._options.runtime)
-        self._source = GraphSource(path_or_bytes, None if cache is None else cache.root)
-        self._check_graph()
         self._sess_options = sess_options
-        runtime, compile_settings = self._engine_settings()
-        self._runtime = runtime  # with PopRun's share of the replicas
-        # Engines with a worker process start it here and ask the SDK which IPUs exist.
-        self._engine = load_engine(
-            self._resolution.engine,
-            self._resolution.device,
-            offline=self._options.offline,
-            sdk_python=self._options.sdk_python,
-        )
         self._closed = False
-        self._finalizer = weakref.finalize(self, _close_engine, self._engine)
-        description = self._source.description
-        self._inputs_meta = [node_arg(*spec) for spec in description.inputs]
-        self._outputs_meta = [node_arg(*spec) for spec in description.outputs]
-        self._validate_feed = FeedValidator(
-            self._inputs_meta, IndexRanges.from_json(description.index_ranges)
+        if options is None:
+            options = IPUProviderOptions.parse(None, Path(path_or_bytes).parent if is_path else None)
+        self._open = open_model(path_or_bytes, options, threads=_threads_from(sess_options))
+        self._finalizer = weakref.finalize(self, _close_engine, self._open.engine)
+        self._runner = self._open.runner
+
+    @functools.cached_property
+    def _inputs_meta(self) -> list[NodeArg]:
+        return [node_arg(*spec) for spec in self._open.source.description.inputs]
+
+    @functools.cached_property
+    def _outputs_meta(self) -> list[NodeArg]:
+        return [node_arg(*spec) for spec in self._open.source.description.outputs]
+
+    @functools.cached_property
+    def _output_names(self) -> list[str]:
+        return [arg.name for arg in self._outputs_meta]
+
+    @functools.cached_property
+    def _validate_feed(self) -> FeedValidator:
+        return FeedValidator(
+            self._inputs_meta, IndexRanges.from_json(self._open.source.description.index_ranges)
         )
-        self._output_names = [arg.name for arg in self._outputs_meta]
-        self._runner = build_runner(
-            self._source,
-            cache,
-            self._engine,
-            self._resolution.device,
-            runtime,
-            precision=self._options.precision,
-            threads=self._options.threads or _threads_from(sess_options),
-            progress=self._options.progress,
-            trim_padding=self._options.trim_padding,
-            config=_read_config(model_dir),
-            output_dtypes={arg.name: arg.dtype for arg in self._outputs_meta},
-            compile_settings=compile_settings,
-        )
-        if self._options.compile == "eager":
-            # Compile errors surface now, while providers listed after ipu can still take over.
-            from optimum_ipu_backend.runtime.precompile import compile_buckets
-
-            try:
-                self._runner.compiled_shapes()
-            except ValueError as exc:  # a dimension compiled at the size it comes in: no shape is known yet
-                warnings.warn(
-                    f"compile='eager' compiled nothing at creation: {exc}", RuntimeWarning, stacklevel=2
-                )
-            else:
-                try:
-                    compile_buckets(self._runner, limit=1)
-                except BaseException:
-                    self.close()
-                    raise
-        if self._resolution.emulated:
-            if not _emulation_announced.is_set():
-                _emulation_announced.set()
-                _logger.warning("IPUExecutionProvider is running on device 'emulator': %s", EMULATION_NOTICE)
-            _logger.info("session for %s uses device 'emulator' (%s)", self._model_path, EMULATION_NOTICE)
-
-    def _engine_settings(self) -> tuple[Any, dict[str, Any]]:
-        """The runtime settings and engine compile settings, with this instance's share of the replicas
-        when PopRun started the process (PopDist's environment)."""
-        runtime = self._options.runtime
-        settings: dict[str, Any] = {
-            "offline": self._options.offline,
-            "ipu_version": self._options.ipu_version,
-            "compile_timeout": self._options.compile_timeout,
-        }
-        try:
-            share = read_popdist()
-        except ValueError as exc:
-            raise ProviderOptionError(str(exc)) from None
-        if share is None:
-            return runtime, settings
-        if share.ipus_per_replica != 1:
-            raise ProviderOptionError(
-                f"PopRun gives each replica {share.ipus_per_replica} IPUs (POPDIST_NUM_IPUS_PER_REPLICA); "
-                "sharding a replica over several IPUs under PopRun is not supported yet (ipus_per_replica "
-                "works without PopRun): run poprun with --ipus-per-replica 1"
-            )
-        given = runtime.sources.get("replication_factor")
-        if given is not None and runtime.replication_factor != share.local_replicas:
-            raise ProviderOptionError(
-                f"replication_factor={runtime.replication_factor} ({given}) conflicts with PopRun, "
-                f"which gives "
-                f"this instance {share.local_replicas} of {share.total_replicas} replicas (poprun "
-                "--num-replicas / --num-instances); remove the setting"
-            )
-        _logger.info(
-            "PopRun instance %d of %d: replicas %d..%d of %d",
-            share.instance_index,
-            share.instances,
-            share.replica_offset,
-            share.replica_offset + share.local_replicas - 1,
-            share.total_replicas,
-        )
-        settings["distributed"] = share.replicas()
-        return replace(runtime, replication_factor=share.local_replicas), settings
-
-    def _check_graph(self) -> None:
-        """Fail at creation, not on the first call, for a graph the compiler cannot take."""
-        from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
-
-        offending = [UnsupportedNode(*entry) for entry in self._source.description.unsupported]
-        if offending:
-            raise LegalizationError(
-                f"{self._model_path or 'the model'} contains operators the IPU compiler cannot legalize",
-                offending,
-            )
 
     # -- the InferenceSession surface -------------------------------------------------------------
 
@@ -222,28 +127,28 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
         return []
 
     def get_providers(self) -> list[str]:
-        return [ProviderName(self._resolution.device)]
+        return [ProviderName(self.device)]
 
     def get_provider_options(self) -> dict[str, dict[str, str]]:
-        runtime = self._runtime
+        runtime, resolution, engine = self._open.options.runtime, self._open.resolution, self._open.engine
         options = {
-            "device": self._resolution.device,
-            "engine": self._resolution.engine,
-            "precision": self._options.precision,
-            "emulated": "1" if self._resolution.emulated else "0",
+            "device": resolution.device,
+            "engine": resolution.engine,
+            "precision": self._open.options.precision,
+            "emulated": "1" if resolution.emulated else "0",
             "device_iterations": str(runtime.device_iterations),
             "replication_factor": str(runtime.replication_factor),
             "executable_cache": self._runner.cache_description,
             **{option_name(dim): ",".join(map(str, sizes)) for dim, sizes in self._runner.plan.sizes.items()},
         }
-        if self._resolution.emulated:
+        if resolution.emulated:
             options["note"] = EMULATION_NOTICE
-        if self._options.threads:
-            options["threads"] = str(self._options.threads)
-        if self._engine.sdk_version:
-            options["sdk_version"] = self._engine.sdk_version
-        if self._engine.sdk_python:
-            options["sdk_python"] = self._engine.sdk_python
+        if self._open.options.threads:
+            options["threads"] = str(self._open.options.threads)
+        if engine.sdk_version:
+            options["sdk_version"] = engine.sdk_version
+        if engine.sdk_python:
+            options["sdk_python"] = engine.sdk_python
         return {PROVIDER_NAME: options}
 
     def get_session_options(self) -> Any:
@@ -252,7 +157,7 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
         return self._sess_options
 
     def get_modelmeta(self) -> ModelMetadata:
-        model = self._source.model()
+        model = self._open.source.model()
         return ModelMetadata(
             producer_name=model.producer_name,
             graph_name=model.graph.name,
@@ -373,7 +278,7 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
         return names, self._validate_feed(input_feed)
 
     def _execute(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        with failures_name_the_call(feed, self._resolution.engine):
+        with failures_name_the_call(feed, self._open.resolution.engine):
             return self._runner.run(feed, names)
 
     # -- beyond onnxruntime -----------------------------------------------------------------------
@@ -396,15 +301,15 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
 
     @property
     def engine(self) -> Engine:
-        return self._engine
+        return self._open.engine
 
     @property
     def device(self) -> str:
-        return self._resolution.device
+        return self._open.resolution.device
 
     @property
     def emulated(self) -> bool:
-        return self._resolution.emulated
+        return self._open.resolution.emulated
 
     def compiled_executables(self) -> list[dict[str, object]]:
         """Every executable compiled so far, with its input shapes, where it came from, the calls it
@@ -433,7 +338,7 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
 
     def graph_notes(self) -> list[str]:
         """What serving changed in the exported graph and what it costs (e.g. experts computed densely)."""
-        return list(self._source.description.notes)
+        return list(self._open.source.description.notes)
 
     def bucket_sizes(self) -> dict[str, list[int]]:
         """The compiled sizes of every padded dimension."""
@@ -447,13 +352,6 @@ refuse_unimplemented(IPUInferenceSession, onnxruntime.InferenceSession)
 
 def _close_engine(engine: Engine) -> None:
     engine.close()
-
-
-def _read_config(model_dir: Path | None) -> dict[str, Any]:
-    """The model's config.json (bucket limits, pad token), or nothing for a bare .onnx file."""
-    if model_dir is None or not (model_dir / "config.json").is_file():
-        return {}
-    return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
 
 
 def _threads_from(sess_options: Any) -> int | None:

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session.inference_session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 
 def model_graphs(model: str | Path) -> list[Path]:

@@ -15,7 +15,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 from tiny_models import feed, reference
 from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 options = IPUProviderOptions.parse({options!r})
 with IPUInferenceSession({model!r}, options=options) as session:
     for batch in (1, 2):

@@ -30,8 +30,8 @@ from tiny_models import feed, reference, tiny_model
 from optimum_ipu_backend.engines.base import EngineContractError
 from optimum_ipu_backend.engines.errors import DeviceResetError
 from optimum_ipu_backend.errors import InstallationError
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 
 def _session(model: Path, cache: str | Path, device: str = "ipu", **options) -> IPUInferenceSession:

@@ -25,8 +25,8 @@ from tiny_models import feed, reference
 
 from optimum_ipu_backend.engines.errors import IPUOutOfMemoryError
 from optimum_ipu_backend.errors import InstallationError
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 
 def _session(model, cache="disabled", device="ipu", **options) -> IPUInferenceSession:

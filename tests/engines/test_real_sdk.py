@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from tiny_models import feed, reference, tiny_model
 
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 pytestmark = pytest.mark.ipu
 

@@ -13,8 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 from sdk_testing import use_sdk_double
 
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 
 @pytest.mark.parametrize("device_iterations", [1, 2])

@@ -30,8 +30,8 @@ from optimum_ipu_backend.engines.errors import (
     WorkerDiedError,
 )
 from optimum_ipu_backend.engines.probe import resolve_device
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, ProviderOptionError
 from optimum_ipu_backend.session import IPUInferenceSession, create_session
-from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
 
 ATOL = 1e-6
 
@@ -367,7 +367,7 @@ def test_interpreter_exit_releases_the_ipus_and_the_worker(double, model):
         f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
         "from tiny_models import feed\n"
         "from optimum_ipu_backend.session import IPUInferenceSession\n"
-        "from optimum_ipu_backend.session.options import IPUProviderOptions\n"
+        "from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions\n"
         "options = IPUProviderOptions.parse({'device': 'ipu'})\n"
         f"session = IPUInferenceSession({str(model)!r}, options=options)\n"
         "session.run(None, feed())\n"

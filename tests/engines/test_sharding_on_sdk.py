@@ -11,8 +11,8 @@ from large_model_helper import external_bert, sample_feed
 from sdk_testing import call_log, use_sdk_double
 
 from optimum_ipu_backend.errors import ConfigurationError
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 ATOL = 1e-5
 

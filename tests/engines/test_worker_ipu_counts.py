@@ -13,8 +13,12 @@ import json
 
 import pytest
 
-from optimum_ipu_backend.runtime.ipu_config import IPUConfigError, load_runtime_config
-from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
+from optimum_ipu_backend.runtime.ipu_config import (
+    IPUConfigError,
+    IPUProviderOptions,
+    ProviderOptionError,
+    load_runtime_config,
+)
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ from optimum_ipu_backend.engines.probe import (
 )
 from optimum_ipu_backend.engines.worker import package_path_entry, worker_environment
 from optimum_ipu_backend.errors import ConfigurationError
-from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, ProviderOptionError
 
 # What the SDK's Python holds besides the SDK: what the engines' worker side imports.
 SDK_ENV_PACKAGES = ("numpy", "onnx", "torch")

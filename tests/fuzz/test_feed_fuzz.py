@@ -49,8 +49,8 @@ from model_zoo import session_zoo
 
 from optimum_ipu_backend.errors import DeviceError, IPUBackendError, UnsupportedModelError
 from optimum_ipu_backend.runtime.dim_expressions import DimExpression
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 PROFILE_ENV = "OPTIMUM_IPU_FUZZ_PROFILE"
 _COMMON = {

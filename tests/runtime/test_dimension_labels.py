@@ -21,10 +21,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from optimum_ipu_backend.runtime.buckets import BucketPlan
 from optimum_ipu_backend.runtime.dim_expressions import DimExpression
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.runtime.padding import infer_dims
 from optimum_ipu_backend.runtime.roles import generation_step_dims
 from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 ATOL = 1e-5
 VOCAB = 11

@@ -141,7 +141,7 @@ def test_an_exact_axis_beside_an_unplanned_one_is_reported_at_its_first_call(tmp
 
 def test_the_samples_axis_gets_the_audio_plan_at_the_feature_extractors_rate(w2v_group, tmp_path):
     from optimum_ipu_backend.runtime.buckets import audio_sample_sizes
-    from optimum_ipu_backend.runtime.factory import sampling_rate
+    from optimum_ipu_backend.runtime.open import sampling_rate
 
     session = emulator_session(w2v_group, tmp_path)
     assert session._runner.plan.sizes["sequence_length"] == audio_sample_sizes(16000)

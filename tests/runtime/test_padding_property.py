@@ -25,8 +25,8 @@ from model_zoo import session_zoo
 from optimum_ipu_backend.compiler.external_data import save_graph
 from optimum_ipu_backend.conformance.zoo import PATTERN_TASKS, TASKS, preprocessed_inputs
 from optimum_ipu_backend.runtime.buckets import BucketPlan
-from optimum_ipu_backend.runtime.factory import dynamic_dims
 from optimum_ipu_backend.runtime.graph_source import GraphSource
+from optimum_ipu_backend.runtime.open import dynamic_dims
 from optimum_ipu_backend.runtime.padding import (
     PaddingDecisions,
     cut_output,

@@ -18,9 +18,9 @@ from subprocess_env import python
 
 from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 from optimum_ipu_backend.runtime.buckets import InputTooLargeError
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, ProviderOptionError
 from optimum_ipu_backend.runtime.serving import ExecutableLimitError
 from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
 
 ATOL = 1e-5
 
@@ -147,7 +147,7 @@ RUN_ONCE = """
 import json, sys, numpy as np, onnxruntime as ort
 from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 from optimum_ipu_backend.session import IPUInferenceSession
-from optimum_ipu_backend.session.options import IPUProviderOptions
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from pathlib import Path
 onnx_dir, model_dir, cache = Path({onnx!r}), Path({model!r}), {cache!r}
 session = IPUInferenceSession(str(onnx_dir / "model.onnx"),

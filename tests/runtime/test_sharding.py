@@ -21,7 +21,7 @@ from large_model_helper import (
 from optimum_ipu_backend.compiler.passes.shard_over_ipus import placement_problems
 from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
 from optimum_ipu_backend.runtime.executables import LEGALIZED_GRAPH_FILE
-from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, ProviderOptionError
 
 ATOL = 1e-5
 

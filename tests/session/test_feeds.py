@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 from model_zoo import session_zoo
 
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession
 from optimum_ipu_backend.session.inference_session import InvalidFeedError
-from optimum_ipu_backend.session.options import IPUProviderOptions
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,9 @@ from test_session import EMULATOR, _feed, _model
 
 from optimum_ipu_backend.errors import DeviceError, InvalidFeedError
 from optimum_ipu_backend.integration.patches import _make_io_binding
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession
 from optimum_ipu_backend.session.io_binding import HostIOBinding
-from optimum_ipu_backend.session.options import IPUProviderOptions
 from optimum_ipu_backend.session.ort_surface import (
     REFUSED,
     NoNativeSessionError,

@@ -14,9 +14,9 @@ from onnx import TensorProto, helper
 from optimum_ipu_backend.compiler.errors import LegalizationError
 from optimum_ipu_backend.engines.probe import DeviceUnavailableError
 from optimum_ipu_backend.runtime.boundary import BoundaryCastError
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, ProviderOptionError
 from optimum_ipu_backend.session import IPUInferenceSession, create_session
 from optimum_ipu_backend.session.inference_session import InvalidFeedError
-from optimum_ipu_backend.session.options import IPUProviderOptions, ProviderOptionError
 
 EMULATOR = {"device": "emulator"}
 
