@@ -257,8 +257,8 @@ def _resolve(device: str, engine: str | None) -> DeviceResolution:
     for cls in candidates:
         availability = cls.probe()
         if availability.available:
-            return DeviceResolution(device, cls.name, cls.emulated, availability.reason)
-        reasons.append(f"engine {cls.name!r}: {availability.reason}")
+            return DeviceResolution(device, cls.name, cls.emulated, availability.detail)
+        reasons.append(f"engine {cls.name!r}: {availability.detail}")
     probe = probe_sdk()
     hint = (
         "Enable the SDK (source <sdk>/enable) in this environment, or ask for another device. "

@@ -29,7 +29,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -38,6 +38,61 @@ from optimum_ipu_backend.engines.worker import create_buffer, map_buffer
 from optimum_ipu_backend.errors import InstallationError
 
 RESETTABLE = ("IPU_RESET", "LINK_RESET")
+
+
+class Built(Protocol):
+    """What a backend's ``build`` returns: its executable, with the tensors it takes and gives as plain
+    specs (``{"name", "shape", "dtype"}``, the dtype a numpy name) and the device it went to, in words."""
+
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    device_label: str
+
+
+BuiltT = TypeVar("BuiltT", bound=Built)
+
+
+class Backend(Protocol[BuiltT]):
+    """The interface an SDK implements inside the worker process (``PopARTBackend``, ``PopTorchBackend``):
+    the ``Server`` below does residency and fault handling, the backend only the SDK calls. Its constructor
+    takes no arguments and imports the SDK. A device handle is whatever ``open_device`` returns."""
+
+    def hello(self) -> dict[str, Any]:
+        """``sdk_version``, ``ipus`` (how many this host has) and ``ipu_version`` (None without IPUs)."""
+
+    def open_device(
+        self, device: str, ipus: int, offline: bool, ipu_version: str, options: dict, required: bool
+    ) -> Any:
+        """A handle on ``ipus`` IPUs of ``device``, or None when ``required`` is false and none are free."""
+
+    def close_device(self, handle: Any) -> None:
+        """Release a handle ``open_device`` gave."""
+
+    def build(
+        self, graph: str, artifacts: str | None, options: dict, device: Any, device_name: str, offline: bool
+    ) -> BuiltT:
+        """Compile the ONNX file ``graph`` for the device handle ``device`` and, unless ``offline``, load it
+        there; engine artifacts go into the directory ``artifacts`` when it is given."""
+
+    def run(self, built: BuiltT, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+        """One device step: read ``inputs`` and write ``outputs`` in place (shared-memory buffers laid out
+        ``[device_iterations, replicas, *shape]``)."""
+
+    def load(self, built: BuiltT) -> None:
+        """Make ``built`` the executable loaded on its device."""
+
+    def unload(self, built: BuiltT) -> None:
+        """Another executable is about to be loaded on ``built``'s device."""
+
+    def reset(self, built: BuiltT) -> None:
+        """The documented recovery of a recoverable error: reset the device and reload ``built``."""
+
+    def release(self, built: BuiltT) -> None:
+        """Free ``built``; it is not run again."""
+
+    def classify(self, exc: BaseException) -> dict[str, Any] | None:
+        """``{"kind": ...}`` (``out_of_memory``, ``recoverable`` with its ``recovery_action``,
+        ``unrecoverable``, ``acquisition``, ``sdk``) for an SDK exception; None for any other."""
 
 
 def recovery_action_name(action: Any) -> str:
@@ -71,7 +126,7 @@ class _Slot:
 
 @dataclass
 class _Executable:
-    built: Any
+    built: Built
     slot: _Slot
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
@@ -79,7 +134,7 @@ class _Executable:
 
 
 class Server:
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Backend[Any]) -> None:
         self.backend = backend
         self.slots: list[_Slot] = []
         self.executables: dict[int, _Executable] = {}

@@ -13,9 +13,10 @@ import pytest
 from model_zoo import session_zoo
 from subprocess_env import python, python_json
 
+from optimum_ipu_backend.engines.base import Availability
 from optimum_ipu_backend.integration import auto, native_providers
 from optimum_ipu_backend.integration.auto import Candidate, ProviderPreferenceError
-from optimum_ipu_backend.integration.discovery import ENTRY_POINT_GROUP, Availability, ProviderRegistry
+from optimum_ipu_backend.integration.discovery import ENTRY_POINT_GROUP, ProviderRegistry
 
 ATOL = 1e-5
 
