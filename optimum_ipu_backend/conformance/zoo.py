@@ -483,21 +483,29 @@ def _gpt2(out_dir: Path) -> transformers.PretrainedConfig:
     )
 
 
-def _bart(out_dir: Path) -> transformers.PretrainedConfig:
+def _bart_layout(
+    out_dir: Path, config_class_name: str, forced_eos: bool = False, **settings: Any
+) -> transformers.PretrainedConfig:
+    """A BART-layout encoder-decoder of the zoo's size: BART's byte-level tokenizer and special ids, the
+    decoder started with </s> (and, with ``forced_eos``, generation ended with it)."""
     import transformers
 
     tokenizer = _byte_level_tokenizer(out_dir, "BartTokenizerFast", _ROBERTA_SPECIALS)
     tokenizer.save_pretrained(out_dir)
-    return transformers.BartConfig(
+    if forced_eos:
+        settings["forced_eos_token_id"] = tokenizer.eos_token_id
+    return getattr(transformers, config_class_name)(
         vocab_size=len(tokenizer),
         **_ENCODER_DECODER_SIZES,
         max_position_embeddings=TINY_MAX_POSITIONS,
         decoder_start_token_id=tokenizer.eos_token_id,
-        forced_bos_token_id=None,
-        forced_eos_token_id=tokenizer.eos_token_id,
-        init_std=0.1,
+        **settings,
         **_ids(tokenizer),
     )
+
+
+def _bart(out_dir: Path) -> transformers.PretrainedConfig:
+    return _bart_layout(out_dir, "BartConfig", forced_eos=True, forced_bos_token_id=None, init_std=0.1)
 
 
 #: MBart's stand-in takes texts of the length users feed a zero-shot classifier (512 tokens), which the
@@ -707,21 +715,9 @@ def _esm(out_dir: Path) -> transformers.PretrainedConfig:
 
 
 def _m2m100(out_dir: Path) -> transformers.PretrainedConfig:
-    import transformers
-
-    tokenizer = _byte_level_tokenizer(out_dir, "BartTokenizerFast", _ROBERTA_SPECIALS)
-    tokenizer.save_pretrained(out_dir)
-    return transformers.M2M100Config(
-        vocab_size=len(tokenizer),
-        **_ENCODER_DECODER_SIZES,
-        max_position_embeddings=TINY_MAX_POSITIONS,
-        # Small, unscaled token embeddings leave the sinusoidal positions in charge of a random decoder;
-        # otherwise it echoes its input token (1-3 distinct tokens in 16 for the seeds tried, 4-7 this way).
-        scale_embedding=False,
-        init_std=0.02,
-        decoder_start_token_id=tokenizer.eos_token_id,
-        **_ids(tokenizer),
-    )
+    # Small, unscaled token embeddings leave the sinusoidal positions in charge of a random decoder;
+    # otherwise it echoes its input token (1-3 distinct tokens in 16 for the seeds tried, 4-7 this way).
+    return _bart_layout(out_dir, "M2M100Config", scale_embedding=False, init_std=0.02)
 
 
 def _longt5(out_dir: Path) -> transformers.PretrainedConfig:
