@@ -31,7 +31,6 @@ REPORT_TEXTS = {
 
 
 def add_report_parser(subparsers: Any, name: str, run: Callable[[argparse.Namespace], int]) -> None:
-    """Add the report command ``name`` of ``REPORT_TEXTS``, run by ``run``."""
     help_text, description, json_help = REPORT_TEXTS[name]
     parser = subparsers.add_parser(name, help=help_text, description=description)
     parser.add_argument("--json", action="store_true", help=json_help)

@@ -282,10 +282,8 @@ class Worker:
                 self._mark_dead()
 
 
-# -- device faults: the worker classifies an SDK exception by its documented class and sends the class name,
-# message and kind across; ``device_fault`` turns that into one of the classes below with what happened
-# and what to try. The SDK's own message is kept in full and chained as ``SdkError`` (the SDK's exception
-# object itself lives in the worker process).
+# -- device faults: the worker sends an SDK exception's class, message and kind; ``device_fault`` turns it
+# into one of these classes, saying what happened and what to try, with the SDK's message chained in full.
 
 
 class SdkError(DeviceError):

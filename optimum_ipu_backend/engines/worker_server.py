@@ -41,8 +41,8 @@ RESETTABLE = ("IPU_RESET", "LINK_RESET")
 
 
 class Built(Protocol):
-    """What a backend's ``build`` returns: its executable, with the tensors it takes and gives as plain
-    specs (``{"name", "shape", "dtype"}``, the dtype a numpy name) and the device it went to, in words."""
+    """A backend's executable: its tensors as plain specs (``{"name", "shape", "dtype"}``, the dtype a numpy
+    name) and the device it went to, in words."""
 
     inputs: list[dict[str, Any]]
     outputs: list[dict[str, Any]]
@@ -53,46 +53,37 @@ BuiltT = TypeVar("BuiltT", bound=Built)
 
 
 class Backend(Protocol[BuiltT]):
-    """The interface an SDK implements inside the worker process (``PopARTBackend``, ``PopTorchBackend``):
-    the ``Server`` below does residency and fault handling, the backend only the SDK calls. Its constructor
-    takes no arguments and imports the SDK. A device handle is whatever ``open_device`` returns."""
+    """What an SDK implements inside the worker process (``PopARTBackend``, ``PopTorchBackend``); the
+    ``Server`` below does residency and faults. The constructor takes no arguments and imports the SDK.
+    ``hello`` reports ``sdk_version``, ``ipus`` and ``ipu_version``; ``open_device`` gives a device handle,
+    or None when not ``required`` and none is free; ``build`` compiles a graph for a handle (loading it
+    unless offline, artifacts into ``artifacts``); ``run`` reads ``inputs`` and writes ``outputs`` in place;
+    ``load``/``unload`` move an executable on or off its device; ``reset`` is the documented recovery of
+    a recoverable error; ``classify`` gives ``{"kind": ...}`` for an SDK exception, None for others."""
 
-    def hello(self) -> dict[str, Any]:
-        """``sdk_version``, ``ipus`` (how many this host has) and ``ipu_version`` (None without IPUs)."""
+    def hello(self) -> dict[str, Any]: ...
 
     def open_device(
         self, device: str, ipus: int, offline: bool, ipu_version: str, options: dict, required: bool
-    ) -> Any:
-        """A handle on ``ipus`` IPUs of ``device``, or None when ``required`` is false and none are free."""
+    ) -> Any: ...
 
-    def close_device(self, handle: Any) -> None:
-        """Release a handle ``open_device`` gave."""
+    def close_device(self, handle: Any) -> None: ...
 
     def build(
         self, graph: str, artifacts: str | None, options: dict, device: Any, device_name: str, offline: bool
-    ) -> BuiltT:
-        """Compile the ONNX file ``graph`` for the device handle ``device`` and, unless ``offline``, load it
-        there; engine artifacts go into the directory ``artifacts`` when it is given."""
+    ) -> BuiltT: ...
 
-    def run(self, built: BuiltT, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
-        """One device step: read ``inputs`` and write ``outputs`` in place (shared-memory buffers laid out
-        ``[device_iterations, replicas, *shape]``)."""
+    def run(self, built: BuiltT, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None: ...
 
-    def load(self, built: BuiltT) -> None:
-        """Make ``built`` the executable loaded on its device."""
+    def load(self, built: BuiltT) -> None: ...
 
-    def unload(self, built: BuiltT) -> None:
-        """Another executable is about to be loaded on ``built``'s device."""
+    def unload(self, built: BuiltT) -> None: ...
 
-    def reset(self, built: BuiltT) -> None:
-        """The documented recovery of a recoverable error: reset the device and reload ``built``."""
+    def reset(self, built: BuiltT) -> None: ...
 
-    def release(self, built: BuiltT) -> None:
-        """Free ``built``; it is not run again."""
+    def release(self, built: BuiltT) -> None: ...
 
-    def classify(self, exc: BaseException) -> dict[str, Any] | None:
-        """``{"kind": ...}`` (``out_of_memory``, ``recoverable`` with its ``recovery_action``,
-        ``unrecoverable``, ``acquisition``, ``sdk``) for an SDK exception; None for any other."""
+    def classify(self, exc: BaseException) -> dict[str, Any] | None: ...
 
 
 def recovery_action_name(action: Any) -> str:
