@@ -20,7 +20,9 @@ __all__ = [
     "DeviceError",
     "IPUBackendError",
     "InstallationError",
+    "IntegrationError",
     "InvalidFeedError",
+    "ProviderPluginError",
     "UnsupportedModelError",
 ]
 
@@ -55,3 +57,12 @@ class DeviceError(IPUBackendError, RuntimeError):
 class InstallationError(IPUBackendError, RuntimeError):
     """This package, a provider plugin or optimum-onnx is installed in a way that cannot serve the request:
     a plugin failed to load or is disabled, or optimum-onnx's internals are not the ones the patches know."""
+
+
+class ProviderPluginError(InstallationError):
+    """A provider plugin was asked for but cannot be used. Here rather than beside discovery, so that the
+    patches raise it without importing anything at start-up."""
+
+
+class IntegrationError(ProviderPluginError):
+    """optimum-onnx's internals are not what the patches expect."""

@@ -22,20 +22,18 @@ by this file, so a changed case is never served from a stale build.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-from filelock import FileLock
 
 from optimum_ipu_backend.conformance.zoo import (
     TINY_ENCODER_SIZES,
     ModelZoo,
     auto_model_class_for,
+    build_once,
     export_onnx,
     seed_for,
     wav2vec2_config,
@@ -179,21 +177,6 @@ def _variant_preprocessors(variant: Variant, out_dir: Path) -> None:
         tokenizer.save_pretrained(out_dir)
 
 
-def _build_once(final_dir: Path, build: Callable[[Path], None]) -> Path:
-    """Run ``build(staging)`` and rename it to ``final_dir``, once (an interrupted build never looks done)."""
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(final_dir.parent / f".{final_dir.name}.lock"):
-        if final_dir.is_dir():
-            return final_dir
-        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=final_dir.parent))
-        try:
-            build(staging)
-            os.replace(staging, final_dir)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return final_dir
-
-
 class RealSizeZoo:
     """Builds and exports ``AUDIO_CASES`` and ``VARIANTS`` beside a ``ModelZoo``, under a directory of
     the zoo's root keyed by this file, each once per process (and once per root on disk)."""
@@ -207,9 +190,9 @@ class RealSizeZoo:
     def model(self, name: str) -> Path:
         """The saved transformers model of ``AUDIO_CASES[name]`` or ``VARIANTS[name]``."""
         if name in AUDIO_CASES:
-            return _build_once(self.root / "models" / name, lambda out: self._build_audio(name, out))
+            return build_once(self.root / "models" / name, lambda out: self._build_audio(name, out))
         if name in VARIANTS:
-            return _build_once(self.root / "models" / name, lambda out: self._build_variant(name, out))
+            return build_once(self.root / "models" / name, lambda out: self._build_variant(name, out))
         raise ValueError(f"unknown real-size model {name!r}; expected one of {(*AUDIO_CASES, *VARIANTS)}")
 
     def onnx(self, name: str) -> Path:

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-from filelock import FileLock
 
 from optimum_ipu_backend.conformance.zoo import (
     NUM_LABELS,
@@ -32,6 +29,7 @@ from optimum_ipu_backend.conformance.zoo import (
     TINY_MAX_POSITIONS,
     ModelZoo,
     build_model,
+    build_once,
     export_onnx,
     preprocessed_inputs,
     seed_for,
@@ -327,77 +325,70 @@ def build_diffusion_pipeline(root: Path, inpainting: bool = False) -> Path:
     latents) and a DDIM scheduler, each from a small config (``diffusers`` is a test dependency). An
     inpainting pipeline's UNet also reads the mask and the masked image's latents (9 channels)."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final_dir = root / ("class-tiny-sd-inpaint" if inpainting else "class-tiny-sd")
-    with FileLock(root / f".{final_dir.name}.lock"):
-        if final_dir.is_dir():
-            return final_dir
+
+    def build(staging: Path) -> None:
         import diffusers
         import torch
         import transformers
 
-        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=root))
-        try:
-            with tempfile.TemporaryDirectory(dir=root) as scratch:
-                tokenizer = _clip_bpe_tokenizer(Path(scratch))
-            torch.manual_seed(seed_for("tiny-sd", "text-to-image"))
-            end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-            text_encoder = transformers.CLIPTextModel(
-                transformers.CLIPTextConfig(
-                    vocab_size=len(tokenizer),
-                    hidden_size=TINY_HIDDEN,
-                    intermediate_size=TINY_FFN,
-                    num_hidden_layers=TINY_LAYERS,
-                    num_attention_heads=TINY_HEADS,
-                    max_position_embeddings=tokenizer.model_max_length,
-                    bos_token_id=tokenizer.convert_tokens_to_ids("<|startoftext|>"),
-                    eos_token_id=end,
-                    pad_token_id=end,
-                )
+        with tempfile.TemporaryDirectory(dir=root) as scratch:
+            tokenizer = _clip_bpe_tokenizer(Path(scratch))
+        torch.manual_seed(seed_for("tiny-sd", "text-to-image"))
+        end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        text_encoder = transformers.CLIPTextModel(
+            transformers.CLIPTextConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=TINY_HIDDEN,
+                intermediate_size=TINY_FFN,
+                num_hidden_layers=TINY_LAYERS,
+                num_attention_heads=TINY_HEADS,
+                max_position_embeddings=tokenizer.model_max_length,
+                bos_token_id=tokenizer.convert_tokens_to_ids("<|startoftext|>"),
+                eos_token_id=end,
+                pad_token_id=end,
             )
-            levels = {"block_out_channels": (16, 32), "norm_num_groups": 8, "layers_per_block": 1}
-            unet = diffusers.UNet2DConditionModel(
-                sample_size=8,
-                in_channels=9 if inpainting else 4,
-                out_channels=4,
-                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-                cross_attention_dim=TINY_HIDDEN,
-                attention_head_dim=4,
-                **levels,
-            )
-            vae = diffusers.AutoencoderKL(
-                in_channels=3,
-                out_channels=3,
-                down_block_types=("DownEncoderBlock2D",) * 2,
-                up_block_types=("UpDecoderBlock2D",) * 2,
-                latent_channels=4,
-                sample_size=16,
-                **levels,
-            )
-            scheduler = diffusers.DDIMScheduler(
-                beta_start=0.00085,
-                beta_end=0.012,
-                beta_schedule="scaled_linear",
-                clip_sample=False,
-                set_alpha_to_one=False,
-            )
-            pipeline_class = "StableDiffusionInpaintPipeline" if inpainting else "StableDiffusionPipeline"
-            pipeline = getattr(diffusers, pipeline_class)(
-                vae=vae,
-                text_encoder=text_encoder.eval(),
-                tokenizer=tokenizer,
-                unet=unet.eval(),
-                scheduler=scheduler,
-                safety_checker=None,
-                feature_extractor=None,
-                requires_safety_checker=False,
-            )
-            pipeline.save_pretrained(staging)
-            os.replace(staging, final_dir)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return final_dir
+        )
+        levels = {"block_out_channels": (16, 32), "norm_num_groups": 8, "layers_per_block": 1}
+        unet = diffusers.UNet2DConditionModel(
+            sample_size=8,
+            in_channels=9 if inpainting else 4,
+            out_channels=4,
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+            cross_attention_dim=TINY_HIDDEN,
+            attention_head_dim=4,
+            **levels,
+        )
+        vae = diffusers.AutoencoderKL(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 2,
+            up_block_types=("UpDecoderBlock2D",) * 2,
+            latent_channels=4,
+            sample_size=16,
+            **levels,
+        )
+        scheduler = diffusers.DDIMScheduler(
+            beta_start=0.00085,
+            beta_end=0.012,
+            beta_schedule="scaled_linear",
+            clip_sample=False,
+            set_alpha_to_one=False,
+        )
+        pipeline_class = "StableDiffusionInpaintPipeline" if inpainting else "StableDiffusionPipeline"
+        pipeline = getattr(diffusers, pipeline_class)(
+            vae=vae,
+            text_encoder=text_encoder.eval(),
+            tokenizer=tokenizer,
+            unet=unet.eval(),
+            scheduler=scheduler,
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
+        )
+        pipeline.save_pretrained(staging)
+
+    return build_once(root / ("class-tiny-sd-inpaint" if inpainting else "class-tiny-sd"), build)
 
 
 _CLASS_BUILDERS: Mapping[str, Callable[[Path], transformers.PreTrainedModel]] = {
@@ -427,24 +418,16 @@ def build_class_model(name: str, root: Path) -> Path:
         return build_diffusion_pipeline(root, inpainting=name == "tiny-sd-inpaint")
     if name not in _CLASS_BUILDERS:
         raise ValueError(f"unknown class model {name!r}; expected one of {tuple(CLASS_CASES)}")
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final_dir = root / f"class-{name}"
-    with FileLock(root / f".{final_dir.name}.lock"):
-        if final_dir.is_dir():
-            return final_dir
+
+    def build(staging: Path) -> None:
         import torch
 
-        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=root))
-        try:
-            torch.manual_seed(seed_for(name, CLASS_CASES[name].export_task))
-            model = _CLASS_BUILDERS[name](staging)
-            model.eval()
-            model.save_pretrained(staging)
-            os.replace(staging, final_dir)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return final_dir
+        torch.manual_seed(seed_for(name, CLASS_CASES[name].export_task))
+        model = _CLASS_BUILDERS[name](staging)
+        model.eval()
+        model.save_pretrained(staging)
+
+    return build_once(Path(root) / f"class-{name}", build)
 
 
 def class_inputs(name: str, model_dir: Path, batch: int = 3, seed: int = 0) -> dict[str, np.ndarray]:

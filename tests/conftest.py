@@ -1,4 +1,5 @@
-"""Shared test set-up: offline only, and the local model zoo on the import path."""
+"""Shared test set-up: offline only, the test helpers on the import path, and the fixtures for the model
+zoo and its tiny BERT."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+import pytest
 
 # Tests never reach a hub: every model is built locally or shipped by a PyPI package.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,3 +20,25 @@ os.environ.setdefault("OPTIMUM_IPU_CACHE", tempfile.mkdtemp(prefix="optimum-ipu-
 TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory: pytest.TempPathFactory):
+    """The model zoo of this test session (tests/model_zoo.py says where it lives)."""
+    from model_zoo import zoo_dir
+
+    from optimum_ipu_backend.conformance.zoo import ModelZoo, cache_fingerprint
+
+    return ModelZoo(zoo_dir(tmp_path_factory, "model-zoo", cache_fingerprint()))
+
+
+@pytest.fixture(scope="module")
+def bert_task() -> str:
+    """The head of the ``bert`` fixture; a test module overrides this fixture for another head."""
+    return "text-classification"
+
+
+@pytest.fixture(scope="module")
+def bert(zoo, bert_task: str) -> tuple[Path, Path]:
+    """The zoo's tiny BERT with the ``bert_task`` head: its checkpoint directory and its ONNX export."""
+    return zoo.model("bert", bert_task), zoo.onnx("bert", bert_task)

@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from filelock import FileLock
 from model_zoo import PERSISTENT_ZOO_ENV
 
-from optimum_ipu_backend.conformance.zoo import cache_fingerprint, export_onnx
+from optimum_ipu_backend.conformance.zoo import build_once, cache_fingerprint, export_onnx
 
 FALCON_TASK = "text-generation-with-past"
 _VOCAB = 99
@@ -56,18 +55,17 @@ def family_root(fallback: Path) -> Path:
 
 def family_export(name: str, root: Path) -> Path:
     """Build (once) the family's tiny model under ``root`` and export it (once); return the export dir."""
-    import torch
-
     build, task = _BUILDERS[name]
-    model_dir = root / "models" / name
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(root / f".{name}.lock"):
-        if not (model_dir / "config.json").is_file():
-            torch.manual_seed(0)
-            model = build()
-            model.eval()
-            model.save_pretrained(model_dir)
-    return export_onnx(model_dir, task, root / "onnx" / name)
+
+    def save(staging: Path) -> None:
+        import torch
+
+        torch.manual_seed(0)
+        model = build()
+        model.eval()
+        model.save_pretrained(staging)
+
+    return export_onnx(build_once(root / "models" / name, save), task, root / "onnx" / name)
 
 
 def falcon_feeds(batch: int = 2, new: int = 3, past: int = 5, seed: int = 0) -> dict[str, np.ndarray]:

@@ -8,37 +8,25 @@ encoder layers. Built once per persistent zoo (file-locked) or test session.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from filelock import FileLock
-from model_zoo import PERSISTENT_ZOO_ENV
+from model_zoo import zoo_dir
 
 from optimum_ipu_backend.compiler.passes.shard_over_ipus import (
     PIPELINE_STAGE_ATTRIBUTE,
     VIRTUAL_GRAPH_ATTRIBUTE,
 )
-from optimum_ipu_backend.conformance.zoo import export_onnx
+from optimum_ipu_backend.conformance.zoo import build_once, export_onnx
 
 TASK = "token-classification"
 DATA_FILE = "model.onnx_data"
 VOCAB = 512
 LAYERS = 2
 _VERSION = "large-models-1"
-
-
-def _root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    persistent = os.environ.get(PERSISTENT_ZOO_ENV)
-    if persistent:
-        return Path(persistent).expanduser().resolve() / _VERSION
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return tmp_path_factory.getbasetemp().parent / _VERSION
-    return tmp_path_factory.getbasetemp() / _VERSION
 
 
 def _build_model(directory: Path) -> None:
@@ -62,19 +50,11 @@ def _build_model(directory: Path) -> None:
 
 def external_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The export directory: ``model.onnx`` (graph only), ``model.onnx_data`` (weights), ``config.json``."""
-    root = _root(tmp_path_factory)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / "bert-external"
-    with FileLock(root / ".bert-external.lock"):
-        if final.is_dir():
-            return final
-        model_dir = root / "bert-model"
-        if not model_dir.is_dir():
-            staging = Path(tempfile.mkdtemp(dir=root))
-            _build_model(staging)
-            os.replace(staging, model_dir)
-        exported = export_onnx(model_dir, TASK, root / "bert-export")
-        staging = Path(tempfile.mkdtemp(dir=root))
+    root = zoo_dir(tmp_path_factory, _VERSION)
+    model_dir = build_once(root / "bert-model", _build_model)
+    exported = export_onnx(model_dir, TASK, root / "bert-export")
+
+    def externalize(staging: Path) -> None:
         for item in exported.iterdir():
             if item.is_file() and item.name != "model.onnx":
                 shutil.copy(item, staging / item.name)
@@ -87,8 +67,8 @@ def external_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
             location=DATA_FILE,
             size_threshold=1024,
         )
-        os.replace(staging, final)
-    return final
+
+    return build_once(root / "bert-external", externalize)
 
 
 def sample_feed(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:

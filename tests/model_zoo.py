@@ -1,14 +1,5 @@
-"""The model zoo for a pytest session; the builders live in ``optimum_ipu_backend.conformance.zoo``.
-
-Typical use from a test module::
-
-    @pytest.fixture(scope="session")
-    def zoo(tmp_path_factory):
-        return session_zoo(tmp_path_factory)
-
-    def test_x(zoo):
-        onnx_dir = zoo.onnx("bert", "text-classification")
-"""
+"""Where the tests' zoos live (the builders are in ``optimum_ipu_backend.conformance.zoo``); the session's
+zoo itself is the ``zoo`` fixture of tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -18,31 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from optimum_ipu_backend.conformance.zoo import ModelZoo, cache_fingerprint
-
-_ZOOS: dict[Path, ModelZoo] = {}
-
 PERSISTENT_ZOO_ENV = "OPTIMUM_IPU_TEST_ZOO"
 
 
-def session_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelZoo:
-    """The zoo for this test session.
+def zoo_dir(tmp_path_factory: pytest.TempPathFactory, name: str, persistent_name: str | None = None) -> Path:
+    """The directory ``name`` of this test session's models.
 
-    With ``OPTIMUM_IPU_TEST_ZOO=<dir>`` models persist across runs under ``<dir>/<fingerprint>``.
-    Otherwise they live in the session's temporary directory; pytest-xdist workers share the run's common
-    parent directory (file locks keep them from building the same model twice).
+    With ``OPTIMUM_IPU_TEST_ZOO=<dir>`` models persist across runs under ``<dir>/<persistent_name>``
+    (default: ``name``). Otherwise they live in the session's temporary directory; pytest-xdist workers
+    share the run's common parent directory (file locks keep them from building the same model twice).
     """
     persistent = os.environ.get(PERSISTENT_ZOO_ENV)
     if persistent:
-        root = Path(persistent).expanduser() / cache_fingerprint()
-    elif os.environ.get("PYTEST_XDIST_WORKER"):
-        root = tmp_path_factory.getbasetemp().parent / "model-zoo"
-    else:
-        root = tmp_path_factory.getbasetemp() / "model-zoo"
-    root = root.resolve()
-    if root not in _ZOOS:
-        _ZOOS[root] = ModelZoo(root)
-    return _ZOOS[root]
+        return (Path(persistent).expanduser() / (persistent_name or name)).resolve()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return (tmp_path_factory.getbasetemp().parent / name).resolve()
+    return (tmp_path_factory.getbasetemp() / name).resolve()
 
 
 def conformance_work_dir() -> Path:

@@ -12,7 +12,6 @@ import optimum.onnxruntime
 import pytest
 import torch
 import transformers
-from model_zoo import session_zoo
 
 from optimum_ipu_backend.conformance.definition import load_models
 from optimum_ipu_backend.conformance.zoo import (
@@ -40,11 +39,6 @@ CASES: list[tuple[str, str, str]] = [
 TINY_NAMES = [name for name in MODEL_NAMES if name != "minilm"]
 # The pattern models are only used with their heads (LongT5's base model reloads its embeddings by tying).
 PATTERN_HEADS = {case.model: case.task for cases in PATTERN_TASKS.values() for case in cases}
-
-
-@pytest.fixture(scope="session")
-def zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelZoo:
-    return session_zoo(tmp_path_factory)
 
 
 def _torch_inputs(inputs: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

@@ -46,16 +46,9 @@ print(json.dumps(found))
 
 
 def add_env_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "env",
-        help="print Optimum's environment report followed by optimum-ipu-backend's (for bug reports)",
-        description=(
-            "Print what `optimum-cli env` prints, then optimum-ipu-backend's part: package versions, "
-            "the optimum-onnx patches, the Poplar SDK, the devices, the auto choice and the cache."
-        ),
-    )
-    parser.add_argument("--json", action="store_true", help="print both parts as one JSON object")
-    parser.set_defaults(func=run_env)
+    from optimum_ipu_backend.cli.providers import add_report_parser
+
+    add_report_parser(subparsers, "env", run_env)
 
 
 def optimum_report() -> tuple[dict[str, Any], str]:

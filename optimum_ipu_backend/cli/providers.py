@@ -6,23 +6,39 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 # Discovery, the device probes and onnxruntime are imported when the command runs, not when the
 # parser is built: `optimum-cli --help` builds it.
 
 
+# The commands that print a report as text, or as JSON with --json: their help, description and --json help.
+REPORT_TEXTS = {
+    "providers": (
+        "list execution providers (plugins and onnxruntime's), what each would use, and the auto choice",
+        "List provider plugins and onnxruntime's own providers, whether each can compute on this machine "
+        "and why, and which one provider='auto' takes (see OPTIMUM_PROVIDER_PREFERENCE).",
+        "print machine-readable JSON",
+    ),
+    "env": (
+        "print Optimum's environment report followed by optimum-ipu-backend's (for bug reports)",
+        "Print what `optimum-cli env` prints, then optimum-ipu-backend's part: package versions, the "
+        "optimum-onnx patches, the Poplar SDK, the devices, the auto choice and the cache.",
+        "print both parts as one JSON object",
+    ),
+}
+
+
+def add_report_parser(subparsers: Any, name: str, run: Callable[[argparse.Namespace], int]) -> None:
+    help_text, description, json_help = REPORT_TEXTS[name]
+    parser = subparsers.add_parser(name, help=help_text, description=description)
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.set_defaults(func=run)
+
+
 def add_providers_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "providers",
-        help="list execution providers (plugins and onnxruntime's), what each would use, and the auto choice",
-        description=(
-            "List provider plugins and onnxruntime's own providers, whether each can compute on this "
-            "machine and why, and which one provider='auto' takes (see OPTIMUM_PROVIDER_PREFERENCE)."
-        ),
-    )
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    parser.set_defaults(func=run_providers)
+    add_report_parser(subparsers, "providers", run_providers)
 
 
 def ipu_devices() -> list[dict[str, Any]]:

@@ -483,21 +483,29 @@ def _gpt2(out_dir: Path) -> transformers.PretrainedConfig:
     )
 
 
-def _bart(out_dir: Path) -> transformers.PretrainedConfig:
+def _bart_layout(
+    out_dir: Path, config_class_name: str, forced_eos: bool = False, **settings: Any
+) -> transformers.PretrainedConfig:
+    """A BART-layout encoder-decoder of the zoo's size: BART's byte-level tokenizer and special ids, the
+    decoder started with </s> (and, with ``forced_eos``, generation ended with it)."""
     import transformers
 
     tokenizer = _byte_level_tokenizer(out_dir, "BartTokenizerFast", _ROBERTA_SPECIALS)
     tokenizer.save_pretrained(out_dir)
-    return transformers.BartConfig(
+    if forced_eos:
+        settings["forced_eos_token_id"] = tokenizer.eos_token_id
+    return getattr(transformers, config_class_name)(
         vocab_size=len(tokenizer),
         **_ENCODER_DECODER_SIZES,
         max_position_embeddings=TINY_MAX_POSITIONS,
         decoder_start_token_id=tokenizer.eos_token_id,
-        forced_bos_token_id=None,
-        forced_eos_token_id=tokenizer.eos_token_id,
-        init_std=0.1,
+        **settings,
         **_ids(tokenizer),
     )
+
+
+def _bart(out_dir: Path) -> transformers.PretrainedConfig:
+    return _bart_layout(out_dir, "BartConfig", forced_eos=True, forced_bos_token_id=None, init_std=0.1)
 
 
 #: MBart's stand-in takes texts of the length users feed a zero-shot classifier (512 tokens), which the
@@ -707,21 +715,9 @@ def _esm(out_dir: Path) -> transformers.PretrainedConfig:
 
 
 def _m2m100(out_dir: Path) -> transformers.PretrainedConfig:
-    import transformers
-
-    tokenizer = _byte_level_tokenizer(out_dir, "BartTokenizerFast", _ROBERTA_SPECIALS)
-    tokenizer.save_pretrained(out_dir)
-    return transformers.M2M100Config(
-        vocab_size=len(tokenizer),
-        **_ENCODER_DECODER_SIZES,
-        max_position_embeddings=TINY_MAX_POSITIONS,
-        # Small, unscaled token embeddings leave the sinusoidal positions in charge of a random decoder;
-        # otherwise it echoes its input token (1-3 distinct tokens in 16 for the seeds tried, 4-7 this way).
-        scale_embedding=False,
-        init_std=0.02,
-        decoder_start_token_id=tokenizer.eos_token_id,
-        **_ids(tokenizer),
-    )
+    # Small, unscaled token embeddings leave the sinusoidal positions in charge of a random decoder;
+    # otherwise it echoes its input token (1-3 distinct tokens in 16 for the seeds tried, 4-7 this way).
+    return _bart_layout(out_dir, "M2M100Config", scale_embedding=False, init_std=0.02)
 
 
 def _longt5(out_dir: Path) -> transformers.PretrainedConfig:
@@ -853,29 +849,41 @@ def build_model(name: str, root: Path, task: str | None = None) -> Path:
         raise ValueError(f"unknown zoo model {name!r}; expected one of {MODEL_NAMES + EXTRA_NAMES}")
     build_task = _build_task(task)
 
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final_dir = root / model_dir_name(name, task)
-    with FileLock(root / f".{final_dir.name}.lock"):
-        if final_dir.is_dir():
-            return final_dir
+    def build(staging: Path) -> None:
         import torch
 
-        # Build next to the final directory and rename, so an interrupted build never looks finished.
-        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=root))
+        config = _BUILDERS[name](staging)
+        if build_task in NUM_LABELS:
+            config.num_labels = NUM_LABELS[build_task]
+        torch.manual_seed(seed_for(name, build_task))
+        auto_class = auto_model_class_for(build_task)
+        model = auto_class.from_config(config)
+        if name in _AFTER_INIT:
+            _AFTER_INIT[name](model)
+        model.eval()
+        model.save_pretrained(staging)
+        if name == "whisper":
+            _whisper_generation_config(staging, config)
+
+    return build_once(Path(root) / model_dir_name(name, task), build)
+
+
+def build_once(
+    final_dir: Path, build: Callable[[Path], None], finished: Callable[[Path], bool] = Path.is_dir
+) -> Path:
+    """Run ``build(staging)`` in a new directory beside ``final_dir`` and rename it to ``final_dir``, unless
+    ``finished(final_dir)``. A file lock makes processes that share the directory build it once, and the
+    rename makes an interrupted build never look finished. An empty ``final_dir`` is replaced."""
+    final_dir = Path(final_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(final_dir.parent / f".{final_dir.name}.lock"):
+        if finished(final_dir):
+            return final_dir
+        staging = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=final_dir.parent))
         try:
-            config = _BUILDERS[name](staging)
-            if build_task in NUM_LABELS:
-                config.num_labels = NUM_LABELS[build_task]
-            torch.manual_seed(seed_for(name, build_task))
-            auto_class = auto_model_class_for(build_task)
-            model = auto_class.from_config(config)
-            if name in _AFTER_INIT:
-                _AFTER_INIT[name](model)
-            model.eval()
-            model.save_pretrained(staging)
-            if name == "whisper":
-                _whisper_generation_config(staging, config)
+            build(staging)
+            if final_dir.is_dir():
+                final_dir.rmdir()
             os.replace(staging, final_dir)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -963,42 +971,38 @@ def export_onnx(model_dir: Path, task: str, out_dir: Path, **kwargs: Any) -> Pat
         "kwargs": {key: repr(value) for key, value in sorted(export_kwargs.items())},
     }
     marker = out_dir / _EXPORT_MARKER
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(out_dir.parent / f".{out_dir.name}.lock"):
+
+    def finished(out_dir: Path) -> bool:
         if marker.is_file():
             held = json.loads(marker.read_text(encoding="utf-8"))
             if held != request:
                 raise ValueError(f"{out_dir} already holds a different export: {held}, not {request}")
-            return out_dir
+            return True
         if out_dir.exists() and any(out_dir.iterdir()):
             raise FileExistsError(f"{out_dir} is not empty and holds no zoo export; refusing to overwrite it")
+        return False
 
+    def build(staging: Path) -> None:
         import torch
         from optimum.exporters.onnx import main_export
 
-        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-        try:
-            with warnings.catch_warnings():
-                # Tracing notes and the legacy-exporter notice are expected for every export; dozens of them
-                # would bury the warnings of the code under test.
-                warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
-                warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"optimum\.exporters")
-                main_export(
-                    model_name_or_path=str(model_dir),
-                    output=staging,
-                    task=task,
-                    do_validation=False,
-                    local_files_only=True,
-                    **{"library_name": "transformers", **export_kwargs},
-                )
-            (staging / _EXPORT_MARKER).write_text(json.dumps(request, indent=1), encoding="utf-8")
-            if out_dir.exists():
-                out_dir.rmdir()
-            os.replace(staging, out_dir)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return out_dir
+        with warnings.catch_warnings():
+            # Tracing notes and the legacy-exporter notice are expected for every export; dozens of them
+            # would bury the warnings of the code under test.
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"optimum\.exporters")
+            main_export(
+                model_name_or_path=str(model_dir),
+                output=staging,
+                task=task,
+                do_validation=False,
+                local_files_only=True,
+                **{"library_name": "transformers", **export_kwargs},
+            )
+        (staging / _EXPORT_MARKER).write_text(json.dumps(request, indent=1), encoding="utf-8")
+
+    return build_once(out_dir, build, finished)
 
 
 def _texts(batch: int, seq: int, rng: np.random.Generator) -> list[str]:

@@ -53,10 +53,16 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Availability:
-    """What an engine's probe found: usable or not, and why, in words a user can act on."""
+    """What a probe (an engine's, or a provider plugin's) found: usable or not, and why, in words a user
+    can act on.
+
+    ``emulated`` says the default device would be a host emulator or simulator rather than the
+    hardware: usable when named, never chosen by ``provider="auto"``.
+    """
 
     available: bool
-    reason: str
+    detail: str = ""
+    emulated: bool = False
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from optimum_ipu_backend.engines.base import Availability, CompileOptions, EngineContractError
-from optimum_ipu_backend.engines.probe import DEVICE_KINDS, module_origin
+from optimum_ipu_backend.engines.base import CompileOptions, EngineContractError
+from optimum_ipu_backend.engines.probe import DEVICE_KINDS
 from optimum_ipu_backend.engines.worker import WorkerEngine
-from optimum_ipu_backend.engines.worker_server import recovery_action_name
+from optimum_ipu_backend.engines.worker_server import Backend, recovery_action_name
 from optimum_ipu_backend.errors import InstallationError
 
 # A Mk2/Bow or C600 IPU; createIpuModelDevice defaults to 4 tiles otherwise.
@@ -62,22 +62,12 @@ _NUMPY_TYPES = {
 class PopARTEngine(WorkerEngine):
     name = "popart"
     devices = ("ipu", "ipu-model")
-    priority = 20
-    thread_safe = False
-    sdk_module = "popart"
     shards = True
+    priority = 20
+    sdk_module = "popart"
+    sdk_label = "PopART"
+    sdk_install = "enable the SDK in this environment (source <sdk>/enable)"
     backend = "optimum_ipu_backend.engines.popart:PopARTBackend"
-
-    @classmethod
-    def probe(cls) -> Availability:
-        origin = module_origin("popart")
-        if origin is None:
-            return Availability(
-                False,
-                "the Python module popart of Graphcore's Poplar SDK was not found; enable the SDK in this "
-                "environment (source <sdk>/enable)",
-            )
-        return Availability(True, f"PopART found ({origin}); the SDK lists the IPUs when a session starts")
 
     def key_settings(self, options: CompileOptions) -> dict[str, Any]:
         return {**super().key_settings(options), "tiles_per_ipu": TILES_PER_IPU}
@@ -146,7 +136,7 @@ def _popdist_popart() -> Any:
     return popdist.popart
 
 
-class PopARTBackend:
+class PopARTBackend(Backend[_Session]):
     def __init__(self) -> None:
         import popart
 

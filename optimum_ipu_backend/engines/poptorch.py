@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from optimum_ipu_backend.engines.base import Availability, EngineContractError
-from optimum_ipu_backend.engines.probe import DEVICE_KINDS, module_origin
+from optimum_ipu_backend.engines.base import EngineContractError
+from optimum_ipu_backend.engines.probe import DEVICE_KINDS
 from optimum_ipu_backend.engines.worker import WorkerEngine
-from optimum_ipu_backend.engines.worker_server import recovery_action_name
+from optimum_ipu_backend.engines.worker_server import Backend, recovery_action_name
 from optimum_ipu_backend.errors import InstallationError
 
 _IPU_VERSIONS = {"ipu2": 2, "ipu21": 21}
@@ -55,22 +55,13 @@ class PopTorchEngine(WorkerEngine):
     name = "poptorch"
     devices = ("ipu", "ipu-model")
     priority = 10
-    thread_safe = False
-    pip_extra = "poptorch"
     sdk_module = "poptorch"
+    sdk_label = "PopTorch"
+    sdk_install = (
+        "enable the SDK and install its PopTorch wheel (pip install optimum-ipu-backend[poptorch] for the "
+        "host side)"
+    )
     backend = "optimum_ipu_backend.engines.poptorch:PopTorchBackend"
-
-    @classmethod
-    def probe(cls) -> Availability:
-        origin = module_origin("poptorch")
-        if origin is None:
-            return Availability(
-                False,
-                "the Python module poptorch of Graphcore's Poplar SDK was not found; enable the SDK and "
-                "install "
-                "its PopTorch wheel (pip install optimum-ipu-backend[poptorch] for the host side)",
-            )
-        return Availability(True, f"PopTorch found ({origin}); the SDK lists the IPUs when a session starts")
 
 
 # -- worker side ---------------------------------------------------------------------------------------
@@ -93,7 +84,7 @@ class _DeviceShare:
     label: str
 
 
-class PopTorchBackend:
+class PopTorchBackend(Backend[_Executor]):
     def __init__(self) -> None:
         import poptorch
         import torch

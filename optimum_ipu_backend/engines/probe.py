@@ -280,8 +280,8 @@ def _resolve(device: str, engine: str | None) -> DeviceResolution:
         availability = cls.probe()
         if availability.available:
             emulated = DEVICE_KINDS[device].host_emulation
-            return DeviceResolution(device, cls.name, emulated, availability.reason)
-        reasons.append(f"engine {cls.name!r}: {availability.reason}")
+            return DeviceResolution(device, cls.name, emulated, availability.detail)
+        reasons.append(f"engine {cls.name!r}: {availability.detail}")
     probe = probe_sdk()
     hint = (
         "Enable the SDK (source <sdk>/enable) in this environment, or ask for another device. "

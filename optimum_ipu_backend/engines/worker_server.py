@@ -29,7 +29,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -39,6 +39,52 @@ from optimum_ipu_backend.engines.worker import create_buffer, map_buffer
 from optimum_ipu_backend.errors import InstallationError
 
 RESETTABLE = ("IPU_RESET", "LINK_RESET")
+
+
+class Built(Protocol):
+    """A backend's executable: its tensors as plain specs (``{"name", "shape", "dtype"}``, the dtype a numpy
+    name) and the device it went to, in words."""
+
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    device_label: str
+
+
+BuiltT = TypeVar("BuiltT", bound=Built)
+
+
+class Backend(Protocol[BuiltT]):
+    """What an SDK implements inside the worker process (``PopARTBackend``, ``PopTorchBackend``); the
+    ``Server`` below does residency and faults. The constructor takes no arguments and imports the SDK.
+    ``hello`` reports ``sdk_version``, ``ipus`` and ``ipu_version``; ``open_device`` gives a device handle,
+    or None when not ``required`` and none is free; ``build`` compiles a graph for a handle (loading it
+    unless offline, artifacts into ``artifacts``); ``run`` reads ``inputs`` and writes ``outputs`` in place;
+    ``load``/``unload`` move an executable on or off its device; ``reset`` is the documented recovery of
+    a recoverable error; ``classify`` gives ``{"kind": ...}`` for an SDK exception, None for others."""
+
+    def hello(self) -> dict[str, Any]: ...
+
+    def open_device(
+        self, device: str, ipus: int, offline: bool, ipu_version: str, options: dict, required: bool
+    ) -> Any: ...
+
+    def close_device(self, handle: Any) -> None: ...
+
+    def build(
+        self, graph: str, artifacts: str | None, options: dict, device: Any, device_name: str, offline: bool
+    ) -> BuiltT: ...
+
+    def run(self, built: BuiltT, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None: ...
+
+    def load(self, built: BuiltT) -> None: ...
+
+    def unload(self, built: BuiltT) -> None: ...
+
+    def reset(self, built: BuiltT) -> None: ...
+
+    def release(self, built: BuiltT) -> None: ...
+
+    def classify(self, exc: BaseException) -> dict[str, Any] | None: ...
 
 
 def recovery_action_name(action: Any) -> str:
@@ -72,7 +118,7 @@ class _Slot:
 
 @dataclass
 class _Executable:
-    built: Any
+    built: Built
     slot: _Slot
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
@@ -80,7 +126,7 @@ class _Executable:
 
 
 class Server:
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Backend[Any]) -> None:
         self.backend = backend
         self.slots: list[_Slot] = []
         self.executables: dict[int, _Executable] = {}

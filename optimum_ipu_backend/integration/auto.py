@@ -24,10 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from optimum_ipu_backend.errors import ConfigurationError
+from optimum_ipu_backend.errors import ConfigurationError, ProviderPluginError
 from optimum_ipu_backend.integration import AUTO
 from optimum_ipu_backend.integration.discovery import ProviderRegistry, get_registry
-from optimum_ipu_backend.integration.errors import ProviderPluginError
 from optimum_ipu_backend.integration.native_providers import (
     CPU,
     available_providers,

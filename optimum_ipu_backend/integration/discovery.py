@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from optimum_ipu_backend.integration.errors import ProviderPluginError
+from optimum_ipu_backend.engines.base import Availability
+from optimum_ipu_backend.errors import ProviderPluginError
 
 ENTRY_POINT_GROUP = "optimum.onnxruntime.providers"
 PLUGINS_ENV = "OPTIMUM_PROVIDER_PLUGINS"
@@ -52,19 +53,6 @@ NATIVE_PROVIDER_PREFIXES = (
 )
 
 _logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Availability:
-    """What a plugin's cheap probe found.
-
-    ``emulated`` says the default device would be a host emulator or simulator rather than the
-    hardware: usable when named, never chosen by ``provider="auto"``.
-    """
-
-    available: bool
-    detail: str = ""
-    emulated: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from optimum_ipu_backend.integration.discovery import Availability, ProviderSpec
+from optimum_ipu_backend.engines.base import Availability
+from optimum_ipu_backend.integration.discovery import ProviderSpec
 
 IPU_PROVIDER = ProviderSpec(
     name="IPUExecutionProvider",

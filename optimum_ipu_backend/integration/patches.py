@@ -27,8 +27,8 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from optimum_ipu_backend._bootstrap import PATCHED_GLOBALS
+from optimum_ipu_backend.errors import IntegrationError, ProviderPluginError
 from optimum_ipu_backend.integration import AUTO
-from optimum_ipu_backend.integration.errors import IntegrationError, ProviderPluginError
 
 # Discovery (entry points, dataclasses) is imported on the first plugin lookup, not when optimum-onnx
 # loads: these patches run inside `import optimum.onnxruntime`, whose cost we must not add to.

@@ -10,7 +10,7 @@ from typing import Any
 
 from optimum_ipu_backend.compiler.errors import LegalizationError
 from optimum_ipu_backend.engines.base import EngineUnavailableError
-from optimum_ipu_backend.engines.errors import DeviceFaultError
+from optimum_ipu_backend.engines.worker import DeviceFaultError
 from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session.inference_session import PROVIDER_NAME, IPUInferenceSession
 

@@ -12,7 +12,6 @@ import onnx
 import pytest
 from graph_testing import FLOAT, INT64, make_model, run_ort, tensor_info
 from matrix_testing import MATRIX, SEQ2SEQ_MODELS, merged_export
-from model_zoo import session_zoo
 from onnx import helper
 
 from optimum_ipu_backend.cli.check import UsageError, add_check_parser, main, parse_dim, parse_shape
@@ -20,8 +19,8 @@ from optimum_ipu_backend.runtime.default_sizes import config_dims, graph_sizes, 
 
 
 @pytest.fixture(scope="module")
-def bert_export(tmp_path_factory):
-    return session_zoo(tmp_path_factory).onnx("bert", "text-classification")
+def bert_export(zoo):
+    return zoo.onnx("bert", "text-classification")
 
 
 def _custom_op_model(path):
@@ -284,9 +283,8 @@ def test_merged_decoders_are_checked_once_per_branch(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SEQ2SEQ_MODELS)
-def test_defaults_pass_on_every_seq2seq_export(name, tmp_path_factory, capsys):
+def test_defaults_pass_on_every_seq2seq_export(name, zoo, capsys):
     """Every file of the export with its merged decoder, each branch, at the sizes the runtime compiles."""
-    zoo = session_zoo(tmp_path_factory)
     task = dict(MATRIX)[name]
     status = main([str(merged_export(zoo, name, task)), "--json"])
     files = json.loads(capsys.readouterr().out)["files"]
@@ -296,8 +294,8 @@ def test_defaults_pass_on_every_seq2seq_export(name, tmp_path_factory, capsys):
     assert step["input_shapes"]["input_ids"] == [1, 1]
 
 
-def test_a_checkpoint_is_exported_as_optimum_cli_would_then_checked(tmp_path, tmp_path_factory, capsys):
-    checkpoint = session_zoo(tmp_path_factory).model("bert", "text-classification")
+def test_a_checkpoint_is_exported_as_optimum_cli_would_then_checked(tmp_path, zoo, capsys):
+    checkpoint = zoo.model("bert", "text-classification")
     assert not list(checkpoint.glob("*.onnx"))
     export_dir = tmp_path / "export"
     status = main([str(checkpoint), "--export-dir", str(export_dir), "--json"])

@@ -9,7 +9,6 @@ import numpy as np
 import onnx
 import pytest
 from graph_testing import FLOAT, INT64, make_model, tensor_info
-from model_zoo import session_zoo
 from onnx import helper, numpy_helper
 
 from optimum_ipu_backend.cli.check import main
@@ -109,8 +108,8 @@ def test_explain_finds_nodes_a_pass_made_and_suggests_names(tmp_path, capsys):
     )
 
 
-def test_repro_writes_the_structure_with_random_weights(tmp_path, tmp_path_factory, capsys):
-    export = session_zoo(tmp_path_factory).onnx("bert", "text-classification")
+def test_repro_writes_the_structure_with_random_weights(tmp_path, zoo, capsys):
+    export = zoo.onnx("bert", "text-classification")
     repro = tmp_path / "repro"
     argv = ["--dim", "sequence_length=16", "--json"]
     assert main([str(export), "--repro", str(repro), *argv]) == 0

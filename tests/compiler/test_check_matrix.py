@@ -35,7 +35,6 @@ from matrix_testing import (
     only_inputs,
     seq2seq_steps,
 )
-from model_zoo import session_zoo
 
 from optimum_ipu_backend.cli.main import main
 from optimum_ipu_backend.conformance.zoo import ModelZoo, preprocessed_inputs
@@ -59,11 +58,6 @@ class CheckRun:
     directory: Path
     dims: dict[str, int]
     feeds: dict[FeedKey, dict[str, np.ndarray]] = field(default_factory=dict)
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory) -> ModelZoo:
-    return session_zoo(tmp_path_factory)
 
 
 def _check_runs(zoo: ModelZoo, name: str, task: str) -> list[CheckRun]:

@@ -6,16 +6,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
-from model_zoo import session_zoo
 
 from optimum_ipu_backend.cli.check import main
 from optimum_ipu_backend.session import IPUInferenceSession
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    return session_zoo(tmp_path_factory)
 
 
 def _document(capsys) -> dict:

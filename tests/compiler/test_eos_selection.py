@@ -15,7 +15,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from model_zoo import session_zoo
 from onnx import TensorProto, helper, numpy_helper
 
 from optimum_ipu_backend.compiler.graph_rewrites.eos_selection import SameTokenCount, select_last_eos
@@ -30,8 +29,7 @@ MODELS = ("bart", "mbart")
 
 
 @pytest.fixture(scope="session")
-def classification_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    zoo = session_zoo(tmp_path_factory)
+def classification_exports(zoo) -> dict[str, Path]:
     return {name: zoo.onnx(name, "text-classification") / "model.onnx" for name in MODELS}
 
 

@@ -8,7 +8,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from model_zoo import session_zoo
 from onnx import TensorProto, helper, numpy_helper
 
 from optimum_ipu_backend.compiler.analysis.index_ranges import IndexRanges, analyze_index_ranges
@@ -228,11 +227,6 @@ def test_the_result_round_trips_through_json():
 
 
 # -- exported models ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    return session_zoo(tmp_path_factory)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ import onnx
 import pytest
 from graph_testing import BOOL, FLOAT, INT64, make_model, run_ort, tensor_info
 from matrix_testing import merged_export
-from model_zoo import session_zoo
 from onnx import helper, numpy_helper
 
 from optimum_ipu_backend.compiler.errors import LegalizationError
@@ -228,11 +227,6 @@ def _legalize(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.Mode
     context = PassContext(input_shapes={name: value.shape for name, value in feeds.items()})
     model = FoldConstants().run(FixShapes().run(model, context), context)
     return LowerToOpset11().run(model, context)
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    return session_zoo(tmp_path_factory)
 
 
 def _export_cases(zoo):

@@ -18,7 +18,6 @@ import pytest
 from graph_testing import feeds_for_types, make_model, run_ort, tensor_info
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_zoo import session_zoo
 from onnx import TensorProto, helper
 
 from optimum_ipu_backend.compiler import legalize
@@ -42,11 +41,6 @@ SEQ2SEQ = [
     ("bart", "text2text-generation-with-past"),
     ("whisper", "automatic-speech-recognition-with-past"),
 ]
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    return session_zoo(tmp_path_factory)
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:

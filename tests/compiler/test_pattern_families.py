@@ -13,7 +13,6 @@ from class_zoo import class_inputs, class_zoo
 from family_zoo import falcon_feeds, family_export, family_root
 from graph_testing import run_ort
 from matrix_testing import assert_popart_ready, executable_feed
-from model_zoo import session_zoo
 
 from optimum_ipu_backend.compiler import legalize
 from optimum_ipu_backend.engines import load_engine
@@ -23,8 +22,8 @@ ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def families(tmp_path_factory):
-    return family_root(session_zoo(tmp_path_factory).root.parent)
+def families(zoo):
+    return family_root(zoo.root.parent)
 
 
 def _legalize_and_compare(
@@ -42,9 +41,9 @@ def _legalize_and_compare(
     return legalized.model
 
 
-def test_clip_text_tower_pooled_at_the_argmax_of_input_ids(tmp_path_factory, tmp_path):
+def test_clip_text_tower_pooled_at_the_argmax_of_input_ids(zoo, tmp_path):
     """CLIP pools its text tower at ArgMax(input_ids == eos): int64 indices feeding a Gather."""
-    zoo = class_zoo(session_zoo(tmp_path_factory))
+    zoo = class_zoo(zoo)
     model = onnx.load(zoo.class_onnx("clip") / "model.onnx")
     assert "ArgMax" in {node.op_type for node in model.graph.node}
     feeds = class_inputs("clip", zoo.class_model("clip"), batch=2)

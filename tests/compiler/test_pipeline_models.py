@@ -31,7 +31,6 @@ from matrix_testing import (
     only_inputs,
     seq2seq_steps,
 )
-from model_zoo import session_zoo
 from onnx import helper
 
 from optimum_ipu_backend.compiler import LegalizationError, find_unsupported_nodes, legalize
@@ -101,11 +100,6 @@ def test_legalize_errors_name_the_failing_pass_and_keep_earlier_reports():
     assert error.value.failed_pass == "fix_shapes" and "batch" in str(error.value)
     with pytest.raises(ValueError, match="precision"):
         legalize(_weights_model(), {"ids": (1, 3)}, precision="bf16")
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    return session_zoo(tmp_path_factory)
 
 
 def _cases(

@@ -21,7 +21,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from filelock import FileLock
-from model_zoo import conformance_work_dir, session_zoo
+from model_zoo import conformance_work_dir
 from subprocess_env import PLUGIN_SITE, python
 
 from optimum_ipu_backend.conformance.reports import report_schema
@@ -70,8 +70,7 @@ class Run:
 
 
 @pytest.fixture(scope="session")
-def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    zoo = session_zoo(tmp_path_factory)
+def cpu_run(tmp_path_factory: pytest.TempPathFactory, zoo) -> Run:
     transformers_dir = zoo.model("bert", "question-answering")  # exported by the command itself
     exported_dir = zoo.onnx("bert", "fill-mask")
     return Run.once(

@@ -25,7 +25,6 @@ from class_zoo import CLASS_CASES
 from integration.test_ortmodel_classes import ATOL as CLASS_ATOL
 from integration.test_ortmodel_classes import IMAGE_ATOL, class_case_specs
 from integration.test_ortmodels import ATOL, FORWARD, GENERATE, _onnx_dir
-from model_zoo import session_zoo
 from sdk_testing import call_log, sdk_environment
 from subprocess_env import python
 
@@ -93,8 +92,7 @@ def _cases(zoo, scratch: Path) -> dict:
     return cases
 
 
-def _run(tmp_path_factory, engine: str) -> tuple[dict, list[dict]]:
-    zoo = session_zoo(tmp_path_factory)
+def _run(tmp_path_factory, zoo, engine: str) -> tuple[dict, list[dict]]:
     scratch = tmp_path_factory.mktemp(f"matrix-{engine}")
     environment = sdk_environment(scratch, ipus=4)
     spec = scratch / "spec.json"

@@ -28,7 +28,7 @@ from sdk_testing import (
 from tiny_models import feed, reference, tiny_model
 
 from optimum_ipu_backend.engines.base import EngineContractError
-from optimum_ipu_backend.engines.errors import DeviceResetError
+from optimum_ipu_backend.engines.worker import DeviceResetError
 from optimum_ipu_backend.errors import InstallationError
 from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession

@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from sdk_testing import DOUBLE_DIR, IPUS, calls, configure
 from tiny_models import feed, reference
 
-from optimum_ipu_backend.engines.errors import IPUOutOfMemoryError
+from optimum_ipu_backend.engines.worker import IPUOutOfMemoryError
 from optimum_ipu_backend.errors import InstallationError
 from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession

@@ -20,7 +20,8 @@ from sdk_testing import IPUS, calls, clear_log, configure
 from tiny_models import feed, reference, tiny_model
 
 from optimum_ipu_backend.engines import EngineClosedError, engine_names
-from optimum_ipu_backend.engines.errors import (
+from optimum_ipu_backend.engines.probe import resolve_device
+from optimum_ipu_backend.engines.worker import (
     CompileTimeoutError,
     DeviceAcquisitionError,
     DeviceLostError,
@@ -29,7 +30,6 @@ from optimum_ipu_backend.engines.errors import (
     SdkError,
     WorkerDiedError,
 )
-from optimum_ipu_backend.engines.probe import resolve_device
 from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, ProviderOptionError
 from optimum_ipu_backend.session import IPUInferenceSession, create_session
 

@@ -19,7 +19,6 @@ from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
-from model_zoo import session_zoo
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from sdk_testing import sdk_environment, use_sdk_double
@@ -299,10 +298,9 @@ def _model_cases(zoo) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def ortmodel_results(sdk_python, tmp_path_factory) -> dict:
+def ortmodel_results(sdk_python, tmp_path_factory, zoo) -> dict:
     from subprocess_env import python
 
-    zoo = session_zoo(tmp_path_factory)
     scratch = tmp_path_factory.mktemp("sdk-python-ortmodels")
     cases, kinds = _model_cases(zoo)
     spec = scratch / "spec.json"

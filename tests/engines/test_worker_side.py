@@ -38,7 +38,6 @@ WORKER_SIDE_FILES = (
     "errors.py",
     "engines/__init__.py",
     "engines/base.py",
-    "engines/errors.py",
     "engines/probe.py",
     "engines/worker.py",
     "engines/worker_server.py",

@@ -45,7 +45,6 @@ import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, note, settings
 from hypothesis import strategies as st
-from model_zoo import session_zoo
 
 from optimum_ipu_backend.errors import DeviceError, IPUBackendError, UnsupportedModelError
 from optimum_ipu_backend.runtime.dim_expressions import DimExpression
@@ -136,8 +135,7 @@ class Harness:
 
 
 @pytest.fixture(scope="module")
-def harnesses(tmp_path_factory):
-    zoo = session_zoo(tmp_path_factory)
+def harnesses(tmp_path_factory, zoo):
     cache = tmp_path_factory.mktemp("fuzz-executables")
     built: dict[str, Harness] = {}
 

@@ -10,20 +10,14 @@ import types
 from importlib import metadata
 
 import pytest
-from model_zoo import session_zoo
 from subprocess_env import python, python_json
 
+from optimum_ipu_backend.engines.base import Availability
 from optimum_ipu_backend.integration import auto, native_providers
 from optimum_ipu_backend.integration.auto import Candidate, ProviderPreferenceError
-from optimum_ipu_backend.integration.discovery import ENTRY_POINT_GROUP, Availability, ProviderRegistry
+from optimum_ipu_backend.integration.discovery import ENTRY_POINT_GROUP, ProviderRegistry
 
 ATOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    zoo = session_zoo(tmp_path_factory)
-    return zoo.model("bert", "text-classification"), zoo.onnx("bert", "text-classification")
 
 
 # -- the order and the native table, in this process -------------------------------------------------
@@ -347,10 +341,9 @@ print(json.dumps(out))
 """
 
 
-def test_every_ortmodel_class_and_the_pipelines_take_the_auto_choice(tmp_path_factory):
+def test_every_ortmodel_class_and_the_pipelines_take_the_auto_choice(tmp_path_factory, zoo):
     from integration.test_ortmodels import FORWARD, GENERATE, _onnx_dir
 
-    zoo = session_zoo(tmp_path_factory)
     cases = {}
     for name, (cls, model, task) in FORWARD.items():
         if model == "minilm":  # the same class as the bert case; its export path depends on the venv

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import transformers
-from model_zoo import session_zoo
 
 from optimum_ipu_backend.conformance.zoo import CORPUS
 from optimum_ipu_backend.errors import InvalidFeedError
@@ -30,8 +29,7 @@ LABELS = ["weather", "animals", "travel and holidays"]
 
 
 @pytest.fixture(scope="session")
-def classification_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    zoo = session_zoo(tmp_path_factory)
+def classification_exports(zoo) -> dict[str, Path]:
     return {name: zoo.onnx(name, TASK) for name in MODELS}
 
 

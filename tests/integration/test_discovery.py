@@ -8,9 +8,9 @@ from importlib import metadata
 
 import pytest
 
+from optimum_ipu_backend.errors import ProviderPluginError
 from optimum_ipu_backend.integration.discovery import (
     ENTRY_POINT_GROUP,
-    ProviderPluginError,
     ProviderRegistry,
     ProviderSpec,
 )

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from model_zoo import session_zoo
 from subprocess_env import python_json
 
 from integration.one_node import save_one_node_model
@@ -148,8 +147,7 @@ def test_optimum_cli_ipu_env_prints_optimum_report_then_ours():
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    zoo = session_zoo(tmp_path_factory)
+def exported(tmp_path_factory, zoo):
     model_dir = zoo.model("bert", "text-classification")
     output = tmp_path_factory.mktemp("export-ipu") / "bert-ipu"
     result = _run(
@@ -230,12 +228,12 @@ def test_a_closed_stdout_ends_every_subcommand_quietly(command, tmp_path):
 
 
 def test_export_without_a_usable_device_writes_the_buckets_and_says_why_nothing_was_compiled(
-    tmp_path_factory, monkeypatch, capsys
+    tmp_path_factory, zoo, monkeypatch, capsys
 ):
     from optimum_ipu_backend.cli import export
     from optimum_ipu_backend.cli.main import build_parser
 
-    exported_gpt2 = session_zoo(tmp_path_factory).onnx("gpt2", "text-generation-with-past")
+    exported_gpt2 = zoo.onnx("gpt2", "text-generation-with-past")
     output = tmp_path_factory.mktemp("export-no-device") / "gpt2-ipu"
 
     def copy_export(model, out, task):  # the ONNX export itself is covered above

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from class_zoo import CLASS_CASES, class_inputs, class_zoo, diffusion_call
-from model_zoo import session_zoo
 from subprocess_env import python_json
 
 from integration.test_ortmodels import _assert_on_ipu_emulator
@@ -52,8 +51,7 @@ def class_case_specs(zoo, scratch: Path) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    zoo = session_zoo(tmp_path_factory)
+def results(tmp_path_factory, zoo) -> dict:
     scratch = tmp_path_factory.mktemp("ortmodel-classes")
     cases = class_case_specs(zoo, scratch)
     spec = scratch / "cases.json"

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-from model_zoo import session_zoo
 from subprocess_env import python
 
 from optimum_ipu_backend.conformance.zoo import export_onnx
@@ -67,8 +66,7 @@ def _onnx_dir(zoo, model: str, task: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    zoo = session_zoo(tmp_path_factory)
+def results(tmp_path_factory, zoo) -> dict:
     scratch = tmp_path_factory.mktemp("ortmodels")
     cases = {}
     for name, (cls, model, task) in FORWARD.items():

@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import pytest
-from model_zoo import session_zoo
 from subprocess_env import python
 
 from optimum_ipu_backend.conformance.zoo import PATTERN_TASKS
@@ -28,8 +27,7 @@ CASES = {case.model: (class_name, case.task) for class_name, cases in PATTERN_TA
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    zoo = session_zoo(tmp_path_factory)
+def results(tmp_path_factory, zoo) -> dict:
     cases = {
         model: {
             "kind": "generate" if "generation" in task else "forward",

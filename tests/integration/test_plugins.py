@@ -8,15 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from model_zoo import session_zoo
 from subprocess_env import python, python_json
-
-
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    zoo = session_zoo(tmp_path_factory)
-    return zoo.model("bert", "text-classification"), zoo.onnx("bert", "text-classification")
 
 
 def _compare_code(model_dir: Path, onnx_dir: Path, provider_lines: str) -> str:

@@ -23,7 +23,6 @@ import optimum.onnxruntime as ort_models
 import pytest
 import torch
 from audio_zoo import AUDIO_CASES, SAMPLING_RATE, audio_inputs, clip_lengths, real_size_zoo
-from model_zoo import session_zoo
 
 from integration.ortmodel_checks import CPU, IPU, _flatten, _max_diff, _session_facts
 from optimum_ipu_backend.conformance.zoo import CORPUS, minilm_dir, preprocessed_inputs
@@ -48,11 +47,6 @@ AUDIO_MATRIX = [
     *((name, samples) for name in _CTC_AND_CLASSIFICATION for samples in (ONE_SECOND, THIRTY_SECONDS)),
     *((name, ONE_SECOND) for name in _XVECTOR_AND_FRAMES),
 ]
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    return session_zoo(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

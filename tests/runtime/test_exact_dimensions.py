@@ -18,7 +18,6 @@ import onnx
 import pytest
 from audio_zoo import audio_inputs, real_size_zoo
 from emulator_sessions import cpu_outputs, emulator_session
-from model_zoo import session_zoo
 from onnx import TensorProto, helper
 
 from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
@@ -30,16 +29,15 @@ DECISIONS_LOGGER = "optimum_ipu_backend.runtime.padding"
 
 
 @pytest.fixture(scope="module")
-def w2v_group(tmp_path_factory) -> Path:
+def w2v_group(zoo) -> Path:
     """wav2vec2-base's convolution stack with its group norm (tests/audio_zoo.py): the first
     convolution's output is normalised over time, so the samples axis stays exact."""
-    return real_size_zoo(session_zoo(tmp_path_factory)).onnx("wav2vec2-group-ctc")
+    return real_size_zoo(zoo).onnx("wav2vec2-group-ctc")
 
 
 @pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    zoo = session_zoo(tmp_path_factory)
-    return zoo.model("bert", "token-classification"), zoo.onnx("bert", "token-classification")
+def bert_task() -> str:
+    return "token-classification"
 
 
 @pytest.mark.parametrize("samples", [16_000, 480_000])

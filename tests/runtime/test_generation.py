@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_zoo import session_zoo
 
 from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
 
@@ -28,11 +27,10 @@ def _sessions(model) -> dict:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_greedy_generation_is_token_identical_with_one_executable_per_bucket(tmp_path_factory, name):
+def test_greedy_generation_is_token_identical_with_one_executable_per_bucket(zoo, name):
     import optimum.onnxruntime as ort_models
 
     cls_name, task, per_token_part = CASES[name]
-    zoo = session_zoo(tmp_path_factory)
     model_dir, onnx_dir = zoo.model(name, task), zoo.onnx(name, task)
     cls = getattr(ort_models, cls_name)
     cpu = cls.from_pretrained(onnx_dir, provider="CPUExecutionProvider")

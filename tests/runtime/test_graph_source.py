@@ -8,15 +8,14 @@ import os
 
 import onnx
 import pytest
-from model_zoo import session_zoo
 
 from optimum_ipu_backend.runtime import graph_source
 from optimum_ipu_backend.runtime.graph_source import GraphSource
 
 
 @pytest.fixture(scope="module")
-def t5_dir(tmp_path_factory):
-    return session_zoo(tmp_path_factory).onnx("t5", "text2text-generation-with-past")
+def t5_dir(zoo):
+    return zoo.onnx("t5", "text2text-generation-with-past")
 
 
 def _copy(source_dir, target_dir, name):

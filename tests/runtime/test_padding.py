@@ -702,13 +702,6 @@ def test_a_padded_generation_loop_matches_an_unpadded_one(cached_decoder: Graph)
 # ----------------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory: pytest.TempPathFactory):
-    from model_zoo import session_zoo
-
-    return session_zoo(tmp_path_factory)
-
-
 def _config(onnx_dir: Path) -> dict:
     return json.loads((onnx_dir / "config.json").read_text(encoding="utf-8"))
 

@@ -20,7 +20,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from model_zoo import session_zoo
 
 from optimum_ipu_backend.compiler.external_data import save_graph
 from optimum_ipu_backend.conformance.zoo import PATTERN_TASKS, TASKS, preprocessed_inputs
@@ -92,8 +91,7 @@ def _cases():
 
 
 @pytest.mark.parametrize(("cls_name", "model", "task"), _cases())
-def test_padded_calls_return_the_unpadded_outputs(tmp_path_factory, cls_name, model, task):
-    zoo = session_zoo(tmp_path_factory)
+def test_padded_calls_return_the_unpadded_outputs(tmp_path_factory, zoo, cls_name, model, task):
     rng = np.random.default_rng(SEED + sum(map(ord, model + task)))
     recorded = _record_calls(cls_name, model, task, zoo, rng)
     assert recorded, "no ONNX file was called"

@@ -15,7 +15,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 from emulator_sessions import cpu_outputs, emulator_session
-from model_zoo import session_zoo
 from onnx import TensorProto, helper
 
 from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
@@ -24,11 +23,6 @@ from optimum_ipu_backend.runtime.buckets import InputTooLargeError
 from optimum_ipu_backend.session import IPUInferenceSession, create_session
 
 ATOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    return session_zoo(tmp_path_factory)
 
 
 def _outcome(session: IPUInferenceSession, feed) -> tuple[str, object]:

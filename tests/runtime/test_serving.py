@@ -13,7 +13,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from model_zoo import session_zoo
 from subprocess_env import python
 
 from optimum_ipu_backend.conformance.zoo import preprocessed_inputs
@@ -26,10 +25,8 @@ ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    zoo = session_zoo(tmp_path_factory)
-    model_dir = zoo.model("bert", "token-classification")
-    return model_dir, zoo.onnx("bert", "token-classification")
+def bert_task() -> str:
+    return "token-classification"
 
 
 def _session(onnx_dir: Path, cache_dir: Path | None = None, **options) -> IPUInferenceSession:

@@ -9,16 +9,10 @@ import json
 import numpy as np
 import onnxruntime as ort
 import pytest
-from model_zoo import session_zoo
 
 from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession
 from optimum_ipu_backend.session.inference_session import InvalidFeedError
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    return session_zoo(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ...graphs import GraphView, index_operand_sources, iter_nodes
+from optimum_ipu_backend.compiler.graphs import GraphView, index_operand_sources, iter_nodes
+
 from . import classes as C
 from .evaluate import EvaluationError, Evaluator
 from .rules import RULES, Context, ProofAborted, Value, as_data, describe, rule_not_followed

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..graphs import constant_node_value
+from optimum_ipu_backend.compiler.graphs import constant_node_value
 
 
 class EvaluationError(Exception):
