@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 
 import pytest
-from model_zoo import session_zoo
 
 from optimum_ipu_backend.cli.check import main as check_main
 from optimum_ipu_backend.compiler import pipeline
@@ -56,11 +55,6 @@ def _export(zoo: ModelZoo, name: str, task: str, *form: str) -> Path:
             zoo.model(name, task), task, zoo.root / "onnx" / f"{name}-merged", no_post_process=False
         )
     return zoo.onnx(name, task)
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelZoo:
-    return session_zoo(tmp_path_factory)
 
 
 @pytest.mark.parametrize("case", MODELS, ids=["-".join(case) for case in MODELS])
