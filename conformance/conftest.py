@@ -43,4 +43,4 @@ def _tests_model_zoo():
 @pytest.fixture(scope="session")
 def conformance_zoo(tmp_path_factory: pytest.TempPathFactory):
     """The tests' own zoo, so the test run builds and exports each tiny model once."""
-    return _tests_model_zoo().session_zoo(tmp_path_factory)
+    return _tests_model_zoo().session_model_zoo(tmp_path_factory)

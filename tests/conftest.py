@@ -25,11 +25,9 @@ if str(TESTS_DIR) not in sys.path:
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory: pytest.TempPathFactory):
     """The model zoo of this test session (tests/model_zoo.py says where it lives)."""
-    from model_zoo import zoo_dir
+    from model_zoo import session_model_zoo
 
-    from optimum_ipu_backend.conformance.zoo import ModelZoo, cache_fingerprint
-
-    return ModelZoo(zoo_dir(tmp_path_factory, "model-zoo", cache_fingerprint()))
+    return session_model_zoo(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -35,3 +35,11 @@ def conformance_work_dir() -> Path:
     if persistent:
         return Path(persistent).expanduser().resolve()
     return Path(tempfile.gettempdir()) / f"optimum-ipu-conformance-{os.getuid()}"
+
+
+def session_model_zoo(tmp_path_factory: pytest.TempPathFactory):
+    """The model zoo of this test session: the ``zoo`` fixture of tests/conftest.py, and the conformance
+    suite's when the project's tests run it."""
+    from optimum_ipu_backend.conformance.zoo import ModelZoo, cache_fingerprint
+
+    return ModelZoo(zoo_dir(tmp_path_factory, "model-zoo", cache_fingerprint()))
