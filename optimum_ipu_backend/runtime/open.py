@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +142,27 @@ def dynamic_dims(input_shapes: Mapping[str, Any]) -> list[str]:
     return dims
 
 
+def plan_buckets(
+    input_shapes: Mapping[str, Sequence[Any]],
+    elem_types: Mapping[str, int],
+    config: Mapping[str, Any],
+    runtime: IPURuntimeConfig,
+    model_dir: Path | None,
+) -> BucketPlan:
+    """The compiled sizes of a graph with these inputs: the one plan a session serves and `check` sizes
+    graphs at, from the model's ``config.json``, the settings and the audio sampling rate beside it."""
+    audio_dims = audio_sample_dims(input_shapes, elem_types)
+    rate = sampling_rate(model_dir) if audio_dims else 0
+    return BucketPlan.planned(
+        config,
+        dynamic_dims(input_shapes),
+        runtime.bucket_options(),
+        sizes_per_dimension=runtime.sizes_per_dimension,
+        step_dims=generation_step_dims(input_shapes),
+        audio_dims=dict.fromkeys(audio_dims, rate),
+    )
+
+
 def pipeline_device_iterations(runtime: IPURuntimeConfig, engine: Engine) -> int:
     """``device_iterations``, raised to fill the pipeline of a model sharded over several IPUs.
 
@@ -195,16 +216,7 @@ def _runner(
     config = _read_config(model_dir)
     input_shapes = {name: tuple(dims) for name, dims in description.served_inputs.items()}
     elem_types = {name: elem_type for name, _, elem_type in description.inputs}
-    audio_dims = audio_sample_dims(input_shapes, elem_types)
-    rate = sampling_rate(model_dir) if audio_dims else 0
-    plan = BucketPlan.planned(
-        config,
-        dynamic_dims(input_shapes),
-        runtime.bucket_options(),
-        sizes_per_dimension=runtime.sizes_per_dimension,
-        step_dims=generation_step_dims(input_shapes),
-        audio_dims=dict.fromkeys(audio_dims, rate),
-    )
+    plan = plan_buckets(input_shapes, elem_types, config, runtime, model_dir)
     table = ExecutableTable(
         source.served_model,
         engine,
