@@ -105,11 +105,6 @@ def _compile_smallest_shape(runner: StaticShapeRunner) -> None:
         compile_buckets(runner, limit=1)
 
 
-def _max_position_id(config: Mapping[str, Any]) -> int | None:
-    limit, _ = model_limit(config, "sequence_length")
-    return None if limit is None else limit - 1
-
-
 def _read_config(model_dir: Path | None) -> dict[str, Any]:
     """The model's config.json (bucket limits, pad token), or nothing for a bare .onnx file."""
     if model_dir is None or not (model_dir / "config.json").is_file():
@@ -227,6 +222,7 @@ def _runner(
         progress=options.progress,
         model_path=source.path,
     )
+    positions, _ = model_limit(config, "sequence_length")
     pad_token_id = config.get("pad_token_id") if isinstance(config.get("pad_token_id"), int) else None
     fills = {name: fill_value(name, pad_token_id) for name in input_shapes}
     masks = description.masks()
@@ -236,7 +232,7 @@ def _runner(
     serving = ServingConfig(
         plan=plan,
         fills=fills,
-        max_position_id=_max_position_id(config),
+        max_position_id=None if positions is None else positions - 1,
         device_iterations=device_iterations,
         replicas=runtime.replication_factor,
         left_padded_dims=left_padded,
