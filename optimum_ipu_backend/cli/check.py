@@ -517,7 +517,7 @@ def _check_all(
         file_shapes = {name: dims_ for name, dims_ in shapes.items() if name in file_inputs}
         # A merged decoder is static only once its branch is chosen: check each choice.
         for bindings in branch_bindings(served.model):
-            sizes = graph_sizes(served.model, config, explicit_dims, bindings)
+            sizes = graph_sizes(served.model, config, explicit_dims, bindings, model_dir)
             result = check_file(
                 path, served, sizes, file_shapes, args.precision, args.save, progress, bindings, sharding
             )

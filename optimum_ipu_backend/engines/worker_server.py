@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from optimum_ipu_backend.engines.base import EngineContractError
+from optimum_ipu_backend.engines.base import CompileOptions, EngineContractError
 from optimum_ipu_backend.engines.probe import DEVICE_KINDS
 from optimum_ipu_backend.engines.worker import create_buffer, map_buffer
 from optimum_ipu_backend.errors import InstallationError
@@ -191,11 +191,9 @@ class Server:
     def op_build(
         self, graph: str, artifacts: str | None, device: str, offline: bool, ipu_version: str, options: dict
     ) -> dict[str, Any]:
-        distributed = options.get("distributed") or {}
-        per_replica = int(options.get("ipus_per_replica", 1)) * int(distributed.get("ipus_per_replica", 1))
-        # Exactly the IPUs asked for: the configuration refused counts the SDK cannot take (not a power of
-        # two, runtime.ipu_config); rounding up here would change what the graph is compiled for.
-        ipus = options["replicas"] * per_replica
+        # Exactly the IPUs asked for, counted as the client's fault messages count them: the configuration
+        # refused counts the SDK cannot take (runtime.ipu_config); rounding up would change the graph.
+        ipus = CompileOptions(replicas=options["replicas"], ipus_per_replica=options["ipus_per_replica"]).ipus
         try:
             slot = self._slot_for(device, ipus, offline, ipu_version, options)
         except Exception as exc:

@@ -1,42 +1,27 @@
 """The sizes `optimum-ipu check` legalizes each graph at: those given on the command line, those the model
 config fixes, and otherwise those the runtime compiles by default, within the model's limits.
 
-The runtime is asked for sizes in one function, ``runtime_plan``, so that these defaults follow whatever
-sessions compile; dimension roles, dimension expressions and limits are the runtime's own
-(``runtime.roles``, ``runtime.dim_expressions``, ``runtime.buckets.model_limit``), so both agree.
+The plan is the session's own (``runtime.open.plan_buckets``, with the model directory's
+``ipu_config.json`` and sampling rate), as are dimension roles, expressions and limits, so both agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import onnx
 
-from optimum_ipu_backend.runtime.buckets import BucketPlan, model_limit
+from optimum_ipu_backend.runtime.buckets import model_limit
 from optimum_ipu_backend.runtime.dim_expressions import parse_dim
-from optimum_ipu_backend.runtime.ipu_config import IPURuntimeConfig
-from optimum_ipu_backend.runtime.open import dynamic_dims
+from optimum_ipu_backend.runtime.ipu_config import load_runtime_config
+from optimum_ipu_backend.runtime.open import dynamic_dims, plan_buckets
 from optimum_ipu_backend.runtime.roles import DimRole, dim_role, generation_step_dims
 
 #: Number of choices of a multiple-choice graph when none is given (the runtime feeds it as it comes).
 _DEFAULT_CHOICES = 2
-
-
-def runtime_plan(config: Mapping[str, Any], dims: Sequence[str], step_dims: Iterable[str] = ()) -> BucketPlan:
-    """The compiled sizes a session plans for ``dims`` with the default settings.
-
-    The one place `check` asks the runtime for sizes, so that its defaults follow whatever sessions compile.
-    """
-    runtime = IPURuntimeConfig()
-    return BucketPlan.for_dims(
-        config,
-        dims,
-        user_sizes=runtime.bucket_options(),
-        sizes_per_dimension=runtime.sizes_per_dimension,
-        step_dims=step_dims,
-    )
 
 
 def config_dims(config: Mapping[str, Any]) -> dict[str, int]:
@@ -90,6 +75,7 @@ def graph_sizes(
     config: Mapping[str, Any],
     explicit: Mapping[str, int],
     bindings: Mapping[str, bool] | None = None,
+    model_dir: Path | None = None,
 ) -> GraphSizes:
     """Sizes for the graph's dimensions: ``explicit`` ones, those the config fixes, else by the role the
     runtime gives each dimension (``runtime.roles``) and its default plan: the smallest batch, the largest
@@ -97,11 +83,13 @@ def graph_sizes(
     A merged decoder bound to its no-cache branch reads no past: the prompt gets the largest size and the
     past a placeholder. Other dimensions (the runtime compiles them as they come) need ``--dim``.
     """
-    input_shapes = {name: shape for name, (shape, _) in graph_inputs(model).items()}
+    inputs = graph_inputs(model)
+    input_shapes = {name: shape for name, (shape, _) in inputs.items()}
     names = dynamic_dims(input_shapes)  # ``past + sequence`` counts both names
     steps = generation_step_dims(input_shapes)
     fixed = config_dims(config)
-    plan = runtime_plan(config, [name for name in names if name not in explicit and name not in fixed], steps)
+    elem_types = {name: elem_type for name, (_, elem_type) in inputs.items()}
+    plan = plan_buckets(input_shapes, elem_types, config, load_runtime_config(model_dir), model_dir)
     reads_past = not bindings or all(bindings.values())
     sizes: dict[str, int] = {}
 

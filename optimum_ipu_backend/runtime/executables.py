@@ -100,11 +100,9 @@ class ExecutableTable:
         # The compiler is imported on the first cache miss, keeping it off warm loads.
         from optimum_ipu_backend.compiler import build_passes, legalize
         from optimum_ipu_backend.compiler.external_data import save_graph
-        from optimum_ipu_backend.compiler.passes.fold_constants import bind_constant_inputs
+        from optimum_ipu_backend.compiler.served_graph import bind_branches
 
-        model = self._load_model()
-        if branches:
-            model = bind_constant_inputs(model, branches)
+        model = bind_branches(self._load_model(), branches)
         sharding = self._sharding()
         passes = len(build_passes(self._options.precision, sharding))
         with step_progress(f"legalizing for {shapes}", passes, self._progress) as advance:

@@ -182,13 +182,8 @@ class IPURuntimeConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly settings (without ``sources``)."""
-        result: dict[str, Any] = {}
-        for item in fields(self):
-            if item.name == "sources":
-                continue
-            value = getattr(self, item.name)
-            result[item.name] = list(value) if isinstance(value, tuple) else value
-        return result
+        values = {item.name: getattr(self, item.name) for item in fields(self) if item.name != "sources"}
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in values.items()}
 
 
 # Every name a provider option or a file may use for a field.
@@ -226,30 +221,29 @@ def load_runtime_config(
     if path is not None:
         config = _apply_file(config, path)
 
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    unknown = []
-    for name, value in options.items():
-        if name == CONFIG_PATH_OPTION or name in other:
-            continue
-        if name not in RUNTIME_OPTION_NAMES:
-            unknown.append(name)
-            continue
-        target = _GRAPHCORE_ALIASES.get(name, name)
-        if target in values and name not in _GRAPHCORE_ALIASES:
-            continue  # the inference_* alias was given too and wins
-        values[target] = (name, value)
-        sources[target] = f"provider option {name!r}"
+    given = {
+        name: value for name, value in options.items() if name != CONFIG_PATH_OPTION and name not in other
+    }
+    unknown = sorted(set(given) - RUNTIME_OPTION_NAMES)
     if unknown:
         known = ", ".join(sorted(RUNTIME_OPTION_NAMES | {CONFIG_PATH_OPTION} | other))
         raise IPUConfigError(
-            f"unknown IPUExecutionProvider option(s) {', '.join(map(repr, sorted(unknown)))}; "
-            f"known options: {known}"
+            f"unknown IPUExecutionProvider option(s) {', '.join(map(repr, unknown))}; known options: {known}"
         )
-    updates = {
-        target: _convert(target, name, value, "provider option") for target, (name, value) in values.items()
-    }
+    values = _by_field(given)
+    sources = {target: f"provider option {name!r}" for target, (name, _) in values.items()}
+    updates = {target: _convert(target, value, sources[target]) for target, (_, value) in values.items()}
     return _sharding_defaults(_with_updates(config, updates, sources))
+
+
+def _by_field(given: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+    """Each field's (name it was given under, value); an ``inference_*`` alias wins over the plain name."""
+    values: dict[str, tuple[str, Any]] = {}
+    for name, value in given.items():
+        target = _GRAPHCORE_ALIASES.get(name, name)
+        if target not in values or name in _GRAPHCORE_ALIASES:
+            values[target] = (name, value)
+    return values
 
 
 def _sharding_defaults(config: IPURuntimeConfig) -> IPURuntimeConfig:
@@ -300,17 +294,9 @@ def _apply_file(config: IPURuntimeConfig, path: Path) -> IPURuntimeConfig:
             stacklevel=3,
         )
 
-    values: dict[str, tuple[str, Any]] = {}
-    for name, value in data.items():
-        if name not in RUNTIME_OPTION_NAMES:
-            continue
-        target = _GRAPHCORE_ALIASES.get(name, name)
-        if target in values and name not in _GRAPHCORE_ALIASES:
-            continue  # the inference_* twin wins
-        values[target] = (name, value)
-    source = str(path)
+    values = _by_field({name: value for name, value in data.items() if name in RUNTIME_OPTION_NAMES})
     updates = {
-        target: _convert(target, name, _pod_default(name, value, path), source)
+        target: _convert(target, _pod_default(name, value, path), f"field {name!r} in {path}")
         for target, (name, value) in values.items()
     }
     sources = {target: f"{path}: {name}" for target, (name, _) in values.items()}
@@ -346,8 +332,7 @@ def _with_updates(
     return replace(config, **updates, sources={**config.sources, **sources})
 
 
-def _convert(target: str, name: str, value: Any, source: str) -> Any:
-    where = f"{source} {name!r}" if source == "provider option" else f"field {name!r} in {source}"
+def _convert(target: str, value: Any, where: str) -> Any:
     if target in SIZE_FIELDS:
         try:
             return parse_sizes(target, value)

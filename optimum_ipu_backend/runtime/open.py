@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,11 +105,6 @@ def _compile_smallest_shape(runner: StaticShapeRunner) -> None:
         compile_buckets(runner, limit=1)
 
 
-def _max_position_id(config: Mapping[str, Any]) -> int | None:
-    limit, _ = model_limit(config, "sequence_length")
-    return None if limit is None else limit - 1
-
-
 def _read_config(model_dir: Path | None) -> dict[str, Any]:
     """The model's config.json (bucket limits, pad token), or nothing for a bare .onnx file."""
     if model_dir is None or not (model_dir / "config.json").is_file():
@@ -140,6 +135,27 @@ def dynamic_dims(input_shapes: Mapping[str, Any]) -> list[str]:
             if parsed is not None:
                 dims.extend(name for name in sorted(parsed.symbols) if name not in dims)
     return dims
+
+
+def plan_buckets(
+    input_shapes: Mapping[str, Sequence[Any]],
+    elem_types: Mapping[str, int],
+    config: Mapping[str, Any],
+    runtime: IPURuntimeConfig,
+    model_dir: Path | None,
+) -> BucketPlan:
+    """The compiled sizes of a graph with these inputs: the one plan a session serves and `check` sizes
+    graphs at, from the model's ``config.json``, the settings and the audio sampling rate beside it."""
+    audio_dims = audio_sample_dims(input_shapes, elem_types)
+    rate = sampling_rate(model_dir) if audio_dims else 0
+    return BucketPlan.planned(
+        config,
+        dynamic_dims(input_shapes),
+        runtime.bucket_options(),
+        sizes_per_dimension=runtime.sizes_per_dimension,
+        step_dims=generation_step_dims(input_shapes),
+        audio_dims=dict.fromkeys(audio_dims, rate),
+    )
 
 
 def pipeline_device_iterations(runtime: IPURuntimeConfig, engine: Engine) -> int:
@@ -195,16 +211,7 @@ def _runner(
     config = _read_config(model_dir)
     input_shapes = {name: tuple(dims) for name, dims in description.served_inputs.items()}
     elem_types = {name: elem_type for name, _, elem_type in description.inputs}
-    audio_dims = audio_sample_dims(input_shapes, elem_types)
-    rate = sampling_rate(model_dir) if audio_dims else 0
-    plan = BucketPlan.planned(
-        config,
-        dynamic_dims(input_shapes),
-        runtime.bucket_options(),
-        sizes_per_dimension=runtime.sizes_per_dimension,
-        step_dims=generation_step_dims(input_shapes),
-        audio_dims=dict.fromkeys(audio_dims, rate),
-    )
+    plan = plan_buckets(input_shapes, elem_types, config, runtime, model_dir)
     table = ExecutableTable(
         source.served_model,
         engine,
@@ -215,6 +222,7 @@ def _runner(
         progress=options.progress,
         model_path=source.path,
     )
+    positions, _ = model_limit(config, "sequence_length")
     pad_token_id = config.get("pad_token_id") if isinstance(config.get("pad_token_id"), int) else None
     fills = {name: fill_value(name, pad_token_id) for name in input_shapes}
     masks = description.masks()
@@ -224,7 +232,7 @@ def _runner(
     serving = ServingConfig(
         plan=plan,
         fills=fills,
-        max_position_id=_max_position_id(config),
+        max_position_id=None if positions is None else positions - 1,
         device_iterations=device_iterations,
         replicas=runtime.replication_factor,
         left_padded_dims=left_padded,

@@ -160,6 +160,28 @@ def test_defaults_follow_the_runtime_plan():
     }
 
 
+def test_defaults_plan_as_a_session_of_the_same_directory_would(tmp_path):
+    """check reads the directory's ipu_config.json and audio sampling rate, as a session does."""
+    encoder = make_model(
+        [helper.make_node("Identity", ["ids"], ["y"])],
+        [tensor_info("ids", INT64, ["batch_size", "sequence_length"])],
+        [tensor_info("y", INT64, ["batch_size", "sequence_length"])],
+    )
+    (tmp_path / "ipu_config.json").write_text(
+        json.dumps({"batch_size": [2, 4], "sequence_lengths": [16, 32]})
+    )
+    sizes = graph_sizes(encoder, {"max_position_embeddings": 64}, {}, model_dir=tmp_path)
+    assert sizes.dims == {"batch_size": 2, "sequence_length": 32}
+    audio = make_model(
+        [helper.make_node("Identity", ["input_values"], ["y"])],
+        [tensor_info("input_values", FLOAT, ["batch_size", "sequence_length"])],
+        [tensor_info("y", FLOAT, ["batch_size", "sequence_length"])],
+    )
+    (tmp_path / "ipu_config.json").unlink()
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"sampling_rate": 8000}))
+    assert graph_sizes(audio, {}, {}, model_dir=tmp_path).dims["sequence_length"] == 30 * 8000
+
+
 def test_config_fixed_sizes():
     vit = config_dims({"model_type": "vit", "image_size": 224, "num_channels": 3})
     assert (vit["height"], vit["width"], vit["num_channels"]) == (224, 224, 3)
