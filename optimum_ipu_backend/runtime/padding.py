@@ -277,12 +277,6 @@ def axis_maps(
     return tuple(maps)
 
 
-def _check_padded_sizes(actual_dims: Mapping[str, int], padded_dims: Mapping[str, int]) -> None:
-    for dim, padded in padded_dims.items():
-        if dim in actual_dims and padded < actual_dims[dim]:
-            raise ValueError(f"cannot pad {dim} from {actual_dims[dim]} down to {padded}")
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Padding
 # ----------------------------------------------------------------------------------------------------------
@@ -325,18 +319,22 @@ def pad_feed(
     if batch_fill not in ("repeat", "zeros"):
         raise ValueError(f"batch_fill must be 'repeat' or 'zeros', got {batch_fill!r}")
     actual = dict(infer_dims(feed, input_shapes) if actual_dims is None else actual_dims)
-    _check_padded_sizes(actual, padded_dims)
+    for dim, size in padded_dims.items():
+        if dim in actual and size < actual[dim]:
+            raise ValueError(f"cannot pad {dim} from {actual[dim]} down to {size}")
     padded = {dim: int(padded_dims.get(dim, size)) for dim, size in actual.items()}
     left = frozenset(left_padded_dims)
     fills = fill_values or {}
-
-    def pad(name: str, array: np.ndarray, shape: SymbolicShape) -> np.ndarray:
-        fill = fills.get(name, fill_value(name, pad_token_id))
-        return _pad_array(
-            name, np.asarray(array), shape, actual, padded, left, fill, batch_fill, max_position_id
-        )
-
-    return PaddedFeed(_map_declared(feed, input_shapes, pad), actual, padded)
+    result = {}
+    for name, array in feed.items():
+        shape = input_shapes.get(name)
+        if shape is not None:
+            fill = fills.get(name, fill_value(name, pad_token_id))
+            array = _pad_array(
+                name, np.asarray(array), shape, actual, padded, left, fill, batch_fill, max_position_id
+            )
+        result[name] = array
+    return PaddedFeed(result, actual, padded)
 
 
 def generated_mask(
@@ -460,19 +458,6 @@ def _continue_along(
         start += segment.padded
 
 
-def _map_declared(
-    arrays: Mapping[str, np.ndarray],
-    shapes: Mapping[str, SymbolicShape],
-    transform: Callable[[str, np.ndarray, SymbolicShape], np.ndarray],
-) -> dict[str, np.ndarray]:
-    """``transform(name, array, shape)`` for every array with a declared shape; the others pass through."""
-    result: dict[str, np.ndarray] = {}
-    for name, array in arrays.items():
-        shape = shapes.get(name)
-        result[name] = array if shape is None else transform(name, array, shape)
-    return result
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Cutting
 # ----------------------------------------------------------------------------------------------------------
@@ -536,16 +521,6 @@ class CallPadding:
     output_maps: dict[str, tuple[np.ndarray | None, ...]] = field(default_factory=dict)
 
 
-@dataclass
-class _Inputs:
-    """What the runtime feeds, as the proof needs it described."""
-
-    shapes: dict[str, SymbolicShape]
-    fills: dict[str, Any]
-    left_padded_dims: tuple[str, ...]
-    generated_masks: tuple[tuple[str, str], ...]
-
-
 def _symbols(shapes: Mapping[str, SymbolicShape]) -> set[str]:
     found: set[str] = set()
     for shape in shapes.values():
@@ -575,14 +550,16 @@ class PaddingDecisions:
         prove single calls): no verdicts, each call's own proof decides, and the batch's axes are proven
         at the call's sizes."""
         self._load_model = load_model
-        self._inputs = _Inputs(
-            dict(input_shapes), dict(fills), tuple(left_padded_dims), tuple(generated_masks)
-        )
+        # What the runtime feeds, as the proof needs it described.
+        self._shapes = dict(input_shapes)
+        self._fills = dict(fills)
+        self._left_padded_dims = tuple(left_padded_dims)
+        self._generated_masks = tuple(generated_masks)
         self._store = store
         self._per_call = canonical_sizes is None
         self._canonical = dict(canonical_sizes or {})
-        self._symbols = _symbols(self._inputs.shapes)
-        self._carriers = inputs_for_dims(self._inputs.shapes)
+        self._symbols = _symbols(self._shapes)
+        self._carriers = inputs_for_dims(self._shapes)
         self._analyzer_instance: PaddingAnalyzer | None = None
         self._proofs: dict[tuple, PaddingProof] = {}
         self._verdicts: dict[str, str] = {}
@@ -657,7 +634,7 @@ class PaddingDecisions:
         if carrier is not None:
             axis = next(
                 a
-                for a, d in enumerate(self._inputs.shapes[carrier])
+                for a, d in enumerate(self._shapes[carrier])
                 if (parsed := parse_dim(d)) is not None and parsed.is_single_name and parsed.symbols == {dim}
             )
             where = f"input {carrier!r} axis {axis} ({dim})"
@@ -786,19 +763,19 @@ class PaddingDecisions:
     ) -> PaddingProof:
         dims = {**actual, **padded}
         key: tuple = (_branch_key(branches), tuple(sorted(actual.items())), tuple(sorted(dims.items())))
-        if shapes is not None and dict(shapes) != self._inputs.shapes:
+        if shapes is not None and dict(shapes) != self._shapes:
             key += (tuple(sorted((name, tuple(map(str, shape))) for name, shape in shapes.items())),)
         proof = self._proofs.get(key)
         if proof is None:
             proof = self._load(key)
         if proof is None:
             inputs = padded_inputs(
-                self._inputs.shapes if shapes is None else shapes,
-                self._inputs.fills,
+                self._shapes if shapes is None else shapes,
+                self._fills,
                 actual,
                 dims,
-                left_padded_dims=self._inputs.left_padded_dims,
-                generated_masks=self._inputs.generated_masks,
+                left_padded_dims=self._left_padded_dims,
+                generated_masks=self._generated_masks,
                 branches=branches,
             )
             proof = self._analyzer().prove(inputs)
@@ -872,11 +849,10 @@ def _padded_axes(proof: PaddingProof) -> dict[str, int | None]:
     """Per output, the first axis a proof found padded (None: none); empty when the proof failed."""
     if not proof.exact:
         return {}
-    found: dict[str, int | None] = {}
-    for name, maps in proof.output_maps.items():
-        axes = [axis for axis, axis_map in enumerate(maps) if axis_map is not None]
-        found[name] = axes[0] if axes else None
-    return found
+    return {
+        name: next((axis for axis, axis_map in enumerate(maps) if axis_map is not None), None)
+        for name, maps in proof.output_maps.items()
+    }
 
 
 def _branch_key(branches: Mapping[str, bool]) -> tuple:
