@@ -199,3 +199,11 @@ def parse_dim(dim: SymbolicDim) -> DimExpression | None:
         return DimExpression.parse(dim)
     except DimExpressionError:
         return None
+
+
+def dim_name(dim: SymbolicDim) -> str | None:
+    """The name ``dim`` is when it is one name alone (``batch_size``, not ``2 * batch_size``), else None."""
+    expression = parse_dim(dim)
+    if expression is None or not expression.is_single_name:
+        return None
+    return str(expression.segments[0])  # type: ignore[index]

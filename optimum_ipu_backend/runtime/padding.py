@@ -61,7 +61,7 @@ from optimum_ipu_backend.compiler.padding import (
 )
 from optimum_ipu_backend.errors import InvalidFeedError
 from optimum_ipu_backend.runtime.cache_files import read_record, write_record
-from optimum_ipu_backend.runtime.dim_expressions import DimExpression, SymbolicDim, parse_dim
+from optimum_ipu_backend.runtime.dim_expressions import DimExpression, SymbolicDim, dim_name, parse_dim
 from optimum_ipu_backend.runtime.roles import CONTINUE, InputRole, fill_value, input_role, is_batch_dim
 
 _logger = logging.getLogger(__name__)
@@ -172,14 +172,10 @@ def separate_labels(
         return None
     separated: dict[str, tuple[SymbolicDim, ...]] = {}
     for index, (name, shape) in enumerate(input_shapes.items()):
-        renamed: list[SymbolicDim] = []
-        for axis, dim in enumerate(shape):
-            expression = parse_dim(dim)
-            if expression is not None and expression.is_single_name and expression.symbols <= disagreeing:
-                renamed.append(f"{next(iter(expression.symbols))}.{index}.{axis}")
-            else:
-                renamed.append(dim)
-        separated[name] = tuple(renamed)
+        separated[name] = tuple(
+            f"{label}.{index}.{axis}" if (label := dim_name(dim)) in disagreeing else dim
+            for axis, dim in enumerate(shape)
+        )
     return separated
 
 
@@ -189,9 +185,8 @@ def inputs_for_dims(input_shapes: Mapping[str, SymbolicShape]) -> dict[str, str]
     carriers: dict[str, str] = {}
     for name, shape in input_shapes.items():
         for dim in shape:
-            expression = parse_dim(dim)
-            if expression is not None and expression.is_single_name:
-                carriers.setdefault(str(expression.segments[0]), name)  # type: ignore[index]
+            if (label := dim_name(dim)) is not None:
+                carriers.setdefault(label, name)
     return carriers
 
 
@@ -377,7 +372,7 @@ def _pad_array(
                 f"input {name!r} has size {size} on axis {axis}, but {text!r} "
                 f"is {sum(s.actual for s in segments)} with {dict(sorted(actual.items()))}"
             )
-        if expression is not None and expression.is_single_name and is_batch_dim(str(expression.segments[0])):
+        if (label := dim_name(dim)) is not None and is_batch_dim(label):
             batch_axes.append(axis)
         layouts.append(segments)
 
@@ -632,11 +627,7 @@ class PaddingDecisions:
         carrier = self._carriers.get(dim)
         where = f"{dim!r}"
         if carrier is not None:
-            axis = next(
-                a
-                for a, d in enumerate(self._shapes[carrier])
-                if (parsed := parse_dim(d)) is not None and parsed.is_single_name and parsed.symbols == {dim}
-            )
+            axis = next(a for a, d in enumerate(self._shapes[carrier]) if dim_name(d) == dim)
             where = f"input {carrier!r} axis {axis} ({dim})"
         if is_batch_dim(dim):
             advice = "Call with a few fixed numbers of samples (split or group calls yourself)"

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from optimum_ipu_backend.runtime.dim_expressions import SymbolicDim, parse_dim
+from optimum_ipu_backend.runtime.dim_expressions import SymbolicDim, dim_name, parse_dim
 
 
 class InputRole(enum.Enum):
@@ -120,11 +120,9 @@ def generation_step_dims(input_shapes: Mapping[str, Sequence[SymbolicDim]]) -> f
         if input_role(name) not in (InputRole.TOKEN_IDS, InputRole.POSITIONS):
             continue
         for dim in shape:
-            expression = parse_dim(dim)
-            if expression is not None and expression.is_single_name:
-                label = str(expression.segments[0])  # type: ignore[index]
-                if not is_batch_dim(label):
-                    dims.add(label)
+            label = dim_name(dim)
+            if label is not None and not is_batch_dim(label):
+                dims.add(label)
     return frozenset(dims)
 
 
@@ -145,11 +143,9 @@ def audio_sample_dims(
             continue
         if elem_types.get(name) not in _FLOAT_ELEM_TYPES:
             continue
-        expression = parse_dim(shape[1])
-        if expression is not None and expression.is_single_name:
-            label = str(expression.segments[0])  # type: ignore[index]
-            if not is_batch_dim(label):
-                dims.add(label)
+        label = dim_name(shape[1])
+        if label is not None and not is_batch_dim(label):
+            dims.add(label)
     return frozenset(dims)
 
 
