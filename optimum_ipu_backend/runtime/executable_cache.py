@@ -63,6 +63,7 @@ from optimum_ipu_backend.runtime.cache_files import (
     UNUSED_RECORD_SECONDS,
     drop_unused_records,
     store_usage,
+    tree_usage,
 )
 
 if TYPE_CHECKING:
@@ -300,17 +301,9 @@ class CacheEntryInfo:
         return (self.manifest.get("key_inputs") or {}).get("graph_sha256")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "path": str(self.path),
-            "size_bytes": self.size_bytes,
-            "shared_bytes": self.shared_bytes,
-            "created": self.created,
-            "last_used": self.last_used,
-            "engine": self.engine,
-            "meta": self.meta,
-            "readable": self.readable,
-        }
+        """What ``optimum-ipu cache list --json`` shows of the entry (not its whole manifest)."""
+        shown = ("key", "size_bytes", "shared_bytes", "created", "last_used", "engine", "meta", "readable")
+        return {"path": str(self.path), **{name: getattr(self, name) for name in shown}}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -585,7 +578,9 @@ class ExecutableCache:
             last_used = _mtime(path / LAST_USED_NAME) or _mtime(path / MANIFEST_NAME) or _mtime(path) or 0.0
             if manifest is None or not isinstance(manifest.get("files"), dict):
                 infos.append(
-                    CacheEntryInfo(path.name, path, _tree_size(path), None, last_used, None, readable=False)
+                    CacheEntryInfo(
+                        path.name, path, tree_usage(path)["bytes"], None, last_used, None, readable=False
+                    )
                 )
                 continue
             items = [item for item in manifest["files"].values() if isinstance(item, dict)]
@@ -852,10 +847,6 @@ def _size_or_zero(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def _tree_size(path: Path) -> int:
-    return sum(_size_or_zero(item) for item in path.rglob("*") if item.is_file())
 
 
 def _fsync(path: Path, directory: bool = False) -> None:
