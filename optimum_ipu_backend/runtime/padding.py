@@ -40,6 +40,7 @@ forces it and what it costs on an IPU; otherwise at the first call that needs th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -757,8 +758,14 @@ class PaddingDecisions:
         if shapes is not None and dict(shapes) != self._shapes:
             key += (tuple(sorted((name, tuple(map(str, shape))) for name, shape in shapes.items())),)
         proof = self._proofs.get(key)
-        if proof is None:
-            proof = self._load(key)
+        if proof is not None:
+            return proof
+        name = hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+        path = None if self._store is None else self._store / f"{name}.json"
+        stored = None if path is None else read_record(path, PROOF_FORMAT, "padding proof")
+        # a stored proof that does not parse is made again
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            proof = None if stored is None else PaddingProof.from_json(stored)
         if proof is None:
             inputs = padded_inputs(
                 self._shapes if shapes is None else shapes,
@@ -770,7 +777,8 @@ class PaddingDecisions:
                 branches=branches,
             )
             proof = self._analyzer().prove(inputs)
-            self._save(key, proof)
+            if path is not None:
+                write_record(path, PROOF_FORMAT, proof.to_json(), "padding proof")
         self._proofs[key] = proof
         return proof
 
@@ -779,28 +787,6 @@ class PaddingDecisions:
             # Branch inputs are fed as constants, so one analyzer serves every branch.
             self._analyzer_instance = PaddingAnalyzer(self._load_model())
         return self._analyzer_instance
-
-    # -- the store ---------------------------------------------------------------------------------
-
-    def _file(self, key: tuple) -> Path | None:
-        if self._store is None:
-            return None
-        return self._store / f"{hashlib.sha256(repr(key).encode()).hexdigest()[:32]}.json"
-
-    def _load(self, key: tuple) -> PaddingProof | None:
-        path = self._file(key)
-        stored = None if path is None else read_record(path, PROOF_FORMAT, "padding proof")
-        if stored is None:
-            return None
-        try:
-            return PaddingProof.from_json(stored)
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    def _save(self, key: tuple, proof: PaddingProof) -> None:
-        path = self._file(key)
-        if path is not None:
-            write_record(path, PROOF_FORMAT, proof.to_json(), "padding proof")
 
 
 def padded_inputs(
