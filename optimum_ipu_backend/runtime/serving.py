@@ -271,23 +271,16 @@ class StaticShapeRunner:
         cap = self._config.max_executables
         if cap is None or self._table.has(shapes, branches) or self._table.count < cap:
             return
-        exact = {
-            dim: verdict
+        why = "; ".join(
+            f"{dim} is compiled at the size it comes in because {verdict.removeprefix(EXACT_PREFIX)}"
             for dim, verdict in self._decisions.verdicts().items()
             if verdict.startswith(EXACT_PREFIX)
-        }
-        why = (
-            "; ".join(
-                f"{dim} is compiled at the size it comes in because {verdict.removeprefix(EXACT_PREFIX)}"
-                for dim, verdict in exact.items()
-            )
-            if exact
-            else "every compiled size of the bucket plan has been used"
         )
         raise ExecutableLimitError(
             f"this call needs a new executable for input shapes {dict(shapes)}, but the session has compiled "
-            f"{self._table.count} and max_executables={cap}: {why}. Raise max_executables, or give sizes "
-            "the calls fit (sequence_lengths=..., batch_size=...)"
+            f"{self._table.count} and max_executables={cap}: "
+            f"{why or 'every compiled size of the bucket plan has been used'}. Raise max_executables, or "
+            "give sizes the calls fit (sequence_lengths=..., batch_size=...)"
         )
 
     # -- what the runtime feeds besides the caller's inputs ----------------------------------------
