@@ -427,8 +427,7 @@ class ExecutableCache:
             lock.acquire(timeout=0)
         except _lock_timeout():
             _logger.info("waiting for another process that is building cache entry %s", digest)
-            timeout = -1 if self.lock_timeout is None else self.lock_timeout
-            lock.acquire(timeout=timeout)
+            lock.acquire(timeout=-1 if self.lock_timeout is None else self.lock_timeout)
         try:
             entry = self._verified(digest, remove_corrupt=True)
             if entry is not None:
