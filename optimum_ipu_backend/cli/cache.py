@@ -110,19 +110,16 @@ def run_cache(args: argparse.Namespace) -> int:
 def _removal_report(
     cache: ExecutableCache, result_key: str, remove: Callable[[], Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run ``remove`` and report it: the root, its result under ``result_key`` and the bytes it freed.
-
-    Also returns ``cache.info()`` as it stands afterwards, for what each action adds to its report.
-    """
+    """Run ``remove`` and report it (the root, its result under ``result_key`` and the bytes it freed),
+    with ``cache.info()`` as it stands afterwards."""
     before = cache.info()
     result = remove()
     after = cache.info()
-    report = {
+    return {
         "root": str(cache.root),
         result_key: result,
         "freed_bytes": _on_disk(before) - _on_disk(after),
-    }
-    return report, after
+    }, after
 
 
 def _on_disk(info: dict[str, Any]) -> int:

@@ -485,9 +485,7 @@ def cut_output(array: np.ndarray, steps: Sequence[tuple[int, np.ndarray | slice]
     """An output with only its real elements (views where the real elements are contiguous)."""
     for axis, index in steps:
         if isinstance(index, slice):
-            selector: list[Any] = [slice(None)] * array.ndim
-            selector[axis] = index
-            array = array[tuple(selector)]
+            array = array[(slice(None),) * axis + (index,)]
         else:
             array = np.take(array, index, axis=axis)
     return array

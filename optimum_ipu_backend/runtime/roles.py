@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from optimum_ipu_backend.runtime.dim_expressions import SymbolicDim, dim_name, parse_dim
 
@@ -41,15 +40,9 @@ class DimRole(enum.Enum):
 CONTINUE = "continue"
 
 
-@dataclass(frozen=True)
-class _InputRule:
-    role: InputRole
-    pattern: re.Pattern[str]
-
-
 # First match wins; patterns are matched against the whole input name.
 _INPUT_RULES = tuple(
-    _InputRule(role, re.compile(pattern))
+    (role, re.compile(pattern))
     for role, pattern in (
         (InputRole.PAST, r"past_key_values(\..*)?|past_.*\.(key|value)"),
         (InputRole.CACHE_BRANCH, r"use_cache_branch"),
@@ -65,9 +58,9 @@ _INPUT_RULES = tuple(
 
 def input_role(name: str) -> InputRole:
     """The role of the graph input called ``name``."""
-    for rule in _INPUT_RULES:
-        if rule.pattern.fullmatch(name):
-            return rule.role
+    for role, pattern in _INPUT_RULES:
+        if pattern.fullmatch(name):
+            return role
     return InputRole.OTHER
 
 
