@@ -8,6 +8,7 @@ import datetime
 import json
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from optimum_ipu_backend.runtime.executable_cache import (
@@ -65,35 +66,24 @@ def run_cache(args: argparse.Namespace) -> int:
     """Run one ``cache`` action; returns the process exit status (2 for a bad ``--max-size``)."""
     cache = ExecutableCache(getattr(args, "cache_dir", None))
     action = args.cache_action
-    as_json = bool(getattr(args, "json", False))
-    if action == "list":
-        entries = [{**entry.to_dict(), **_facts(entry.manifest)} for entry in cache.list()]
-        if as_json:
-            _print_json(entries)
-        else:
-            _print_entries(cache, entries)
-        return 0
     if action == "info" and getattr(args, "key", None):
-        return _print_manifest(cache, args.key, as_json)
-    if action == "info":
-        info = cache.info()
-        if as_json:
-            _print_json(info)
-        else:
-            _print_info(info)
-        return 0
-    if action == "clear":
+        return _print_manifest(cache, args.key, bool(getattr(args, "json", False)))
+    if action == "list":
+        report: Any = [{**entry.to_dict(), **_facts(entry.manifest)} for entry in cache.list()]
+        text = partial(_print_entries, cache, report)
+    elif action == "info":
+        report = cache.info()
+        text = partial(_print_info, report)
+    elif action == "clear":
         report, after = _removal_report(cache, "removed", cache.clear)
         report["skipped_in_use"] = after["entries"]
-        if as_json:
-            _print_json(report)
-        else:
-            line = f"Removed {_entries(report['removed'])} ({format_byte_size(report['freed_bytes'])})"
-            if report["skipped_in_use"]:
-                line += f"; {report['skipped_in_use']} being built by another process were kept"
-            print(f"{line} from {cache.root}")
-        return 0
-    if action == "prune":
+        kept = f"; {after['entries']} being built by another process were kept" if after["entries"] else ""
+        text = partial(
+            print,
+            f"Removed {_entries(report['removed'])} ({format_byte_size(report['freed_bytes'])}){kept} "
+            f"from {cache.root}",
+        )
+    elif action == "prune":
         max_size = getattr(args, "max_size", None)
         try:
             max_bytes = cache.size_limit_bytes if max_size is None else parse_byte_size(max_size)
@@ -102,34 +92,34 @@ def run_cache(args: argparse.Namespace) -> int:
             return 2
         report, after = _removal_report(cache, "evicted", lambda: cache.prune(max_bytes))
         report.update(max_bytes=max_bytes, total_bytes=after["total_bytes"])
-        if as_json:
-            _print_json(report)
-        else:
-            print(
-                f"Evicted {_entries(len(report['evicted']))} "
-                f"({format_byte_size(report['freed_bytes'])}); {cache.root} now holds "
-                f"{format_byte_size(after['total_bytes'])} (limit {format_byte_size(max_bytes)})"
-            )
-        return 0
-    raise ValueError(f"unknown cache action {action!r}")
+        text = partial(
+            print,
+            f"Evicted {_entries(len(report['evicted']))} ({format_byte_size(report['freed_bytes'])}); "
+            f"{cache.root} now holds {format_byte_size(after['total_bytes'])} "
+            f"(limit {format_byte_size(max_bytes)})",
+        )
+    else:
+        raise ValueError(f"unknown cache action {action!r}")
+    if getattr(args, "json", False):
+        _print_json(report)
+    else:
+        text()
+    return 0
 
 
 def _removal_report(
     cache: ExecutableCache, result_key: str, remove: Callable[[], Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run ``remove`` and report it: the root, its result under ``result_key`` and the bytes it freed.
-
-    Also returns ``cache.info()`` as it stands afterwards, for what each action adds to its report.
-    """
+    """Run ``remove`` and report it (the root, its result under ``result_key`` and the bytes it freed),
+    with ``cache.info()`` as it stands afterwards."""
     before = cache.info()
     result = remove()
     after = cache.info()
-    report = {
+    return {
         "root": str(cache.root),
         result_key: result,
         "freed_bytes": _on_disk(before) - _on_disk(after),
-    }
-    return report, after
+    }, after
 
 
 def _on_disk(info: dict[str, Any]) -> int:
@@ -205,12 +195,9 @@ def _print_manifest(cache: ExecutableCache, key: str, as_json: bool) -> int:
             file=sys.stderr,
         )
         return 1
-    manifest = matches[0].manifest
-    if as_json:
-        _print_json(manifest)
-        return 0
-    print(f"entry: {matches[0].path}")
-    print(json.dumps(manifest, indent=2, sort_keys=True))
+    if not as_json:
+        print(f"entry: {matches[0].path}")
+    _print_json(matches[0].manifest)
     return 0
 
 

@@ -79,17 +79,19 @@ def graph_digest(content_key: str) -> str:
     return hashlib.sha256(content_key.encode()).hexdigest()
 
 
+def tree_usage(directory: Path) -> dict[str, int]:
+    """The number of ``files`` under ``directory`` and their ``bytes``."""
+    sizes = []
+    for path in directory.rglob("*"):
+        with contextlib.suppress(OSError):  # removed while counted
+            if path.is_file():
+                sizes.append(path.stat().st_size)
+    return {"files": len(sizes), "bytes": sum(sizes)}
+
+
 def store_usage(root: Path) -> dict[str, dict[str, int]]:
     """The number of files and their bytes in each of ``STORES`` under ``root``."""
-    usage = {}
-    for store in STORES:
-        sizes = []
-        for path in (root / store).rglob("*"):
-            with contextlib.suppress(OSError):  # removed while counted
-                if path.is_file():
-                    sizes.append(path.stat().st_size)
-        usage[store] = {"files": len(sizes), "bytes": sum(sizes)}
-    return usage
+    return {store: tree_usage(root / store) for store in STORES}
 
 
 def drop_unused_records(

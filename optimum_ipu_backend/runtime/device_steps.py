@@ -67,10 +67,6 @@ class StepPlan:
         start = step * self.samples_per_step
         return start, min(start + self.samples_per_step, self.samples)
 
-    def device_prefix(self) -> tuple[int, int]:
-        """The two leading dimensions of every device buffer: ``(device_iterations, replicas)``."""
-        return self.device_iterations, self.replicas
-
 
 def plan_steps(samples: int, micro_batch: int, device_iterations: int = 1, replicas: int = 1) -> StepPlan:
     """Plan ``samples`` samples as steps of ``micro_batch x device_iterations x replicas``.
@@ -142,7 +138,7 @@ def from_device_layout(
     ``batch_axis`` of the anchor shape. Give ``anchor_shape`` (one micro-batch's output shape) when
     dimensions equal to 1 were dropped from the buffer, as PopART does; it is reshaped first.
     """
-    prefix = plan.device_prefix()
+    prefix = (plan.device_iterations, plan.replicas)
     if anchor_shape is not None:
         full_shape = (*prefix, *anchor_shape)
         if int(np.prod(full_shape)) != array.size:
@@ -159,9 +155,8 @@ def from_device_layout(
             f"axis {batch_axis} of the anchor shape {array.shape[2:]} should be the micro-batch "
             f"{plan.micro_batch}"
         )
-    samples = np.moveaxis(array, 2 + batch_axis, 2).reshape(
-        plan.samples_per_step, *_without(array.shape[2:], batch_axis)
-    )
+    sample_shape = [size for axis, size in enumerate(array.shape[2:]) if axis != batch_axis]
+    samples = np.moveaxis(array, 2 + batch_axis, 2).reshape(plan.samples_per_step, *sample_shape)
     start, stop = plan.step_range(step)
     return np.moveaxis(samples[: stop - start], 0, batch_axis)
 
@@ -186,7 +181,7 @@ def split_feed(
     }
     return [
         {
-            name: np.broadcast_to(array, (*plan.device_prefix(), *array.shape))
+            name: np.broadcast_to(array, (plan.device_iterations, plan.replicas, *array.shape))
             if name not in batched
             else _step_buffer(*batched[name], plan, step, fill)
             for name, array in feed.items()
@@ -231,7 +226,3 @@ def _normalize_axis(axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"batch axis {axis} is out of range for {ndim} dimension(s)")
     return axis % ndim
-
-
-def _without(shape: Sequence[int], axis: int) -> tuple[int, ...]:
-    return tuple(size for index, size in enumerate(shape) if index != axis)

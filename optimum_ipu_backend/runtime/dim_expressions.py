@@ -70,16 +70,10 @@ class _Parser:
         """The whole expression and its top-level additive terms in written order (signs folded in)."""
         if not self.tokens:
             raise DimExpressionError(f"empty dimension expression {self.text!r}")
-        terms = [self._term()]
-        while self._peek() in ("+", "-"):
-            sign = 1 if self._next() == "+" else -1
-            terms.append(_poly_mul({(): sign}, self._term()))
+        terms = self._terms()
         if self.index != len(self.tokens):
             raise DimExpressionError(f"unexpected {self.tokens[self.index][1]!r} in dimension {self.text!r}")
-        total: _Polynomial = {}
-        for term in terms:
-            total = _poly_add(total, term)
-        return total, terms
+        return functools.reduce(_poly_add, terms, {}), terms
 
     def _peek(self) -> str | None:
         return self.tokens[self.index][1] if self.index < len(self.tokens) else None
@@ -91,12 +85,12 @@ class _Parser:
         self.index += 1
         return value
 
-    def _expr(self) -> _Polynomial:
-        result = self._term()
+    def _terms(self) -> list[_Polynomial]:
+        terms = [self._term()]
         while self._peek() in ("+", "-"):
             sign = 1 if self._next() == "+" else -1
-            result = _poly_add(result, self._term(), sign)
-        return result
+            terms.append(_poly_mul({(): sign}, self._term()))
+        return terms
 
     def _term(self) -> _Polynomial:
         result = self._factor()
@@ -115,7 +109,7 @@ class _Parser:
         if kind == "name":
             return {(value,): 1}
         if value == "(":
-            inner = self._expr()
+            inner = functools.reduce(_poly_add, self._terms(), {})
             if self._next() != ")":
                 raise DimExpressionError(f"unbalanced parentheses in dimension {self.text!r}")
             return inner
@@ -199,3 +193,11 @@ def parse_dim(dim: SymbolicDim) -> DimExpression | None:
         return DimExpression.parse(dim)
     except DimExpressionError:
         return None
+
+
+def dim_name(dim: SymbolicDim) -> str | None:
+    """The name ``dim`` is when it is one name alone (``batch_size``, not ``2 * batch_size``), else None."""
+    expression = parse_dim(dim)
+    if expression is None or not expression.is_single_name:
+        return None
+    return str(expression.segments[0])  # type: ignore[index]

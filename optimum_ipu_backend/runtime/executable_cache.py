@@ -51,6 +51,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -62,6 +63,7 @@ from optimum_ipu_backend.runtime.cache_files import (
     UNUSED_RECORD_SECONDS,
     drop_unused_records,
     store_usage,
+    tree_usage,
 )
 
 if TYPE_CHECKING:
@@ -299,17 +301,9 @@ class CacheEntryInfo:
         return (self.manifest.get("key_inputs") or {}).get("graph_sha256")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "path": str(self.path),
-            "size_bytes": self.size_bytes,
-            "shared_bytes": self.shared_bytes,
-            "created": self.created,
-            "last_used": self.last_used,
-            "engine": self.engine,
-            "meta": self.meta,
-            "readable": self.readable,
-        }
+        """What ``optimum-ipu cache list --json`` shows of the entry (not its whole manifest)."""
+        shown = ("key", "size_bytes", "shared_bytes", "created", "last_used", "engine", "meta", "readable")
+        return {"path": str(self.path), **{name: getattr(self, name) for name in shown}}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -433,8 +427,7 @@ class ExecutableCache:
             lock.acquire(timeout=0)
         except _lock_timeout():
             _logger.info("waiting for another process that is building cache entry %s", digest)
-            timeout = -1 if self.lock_timeout is None else self.lock_timeout
-            lock.acquire(timeout=timeout)
+            lock.acquire(timeout=-1 if self.lock_timeout is None else self.lock_timeout)
         try:
             entry = self._verified(digest, remove_corrupt=True)
             if entry is not None:
@@ -464,7 +457,7 @@ class ExecutableCache:
             for path in sorted(_payload_files(staging)):
                 name = path.relative_to(staging).as_posix()
                 if name != shared:  # the shared file is synced only if it is kept (_place_in_group)
-                    _fsync_file(path)
+                    _fsync(path)
                 files[name] = {"size": path.stat().st_size, CHECKSUM: checksum_file(path)}
             if shared is not None and shared in files:
                 group_lock.enter_context(self._lock(f"blob-{files[shared][CHECKSUM]}"))
@@ -488,13 +481,13 @@ class ExecutableCache:
                 json.dump(manifest, stream, indent=1, sort_keys=True)
                 stream.flush()
                 os.fsync(stream.fileno())
-            _fsync_dir(staging)
+            _fsync(staging, directory=True)
             final = self.root / digest[:2] / digest
             final.parent.mkdir(parents=True, exist_ok=True)
             if final.exists():
                 self._remove_dir(final)  # a corrupt leftover that could not be removed earlier
             os.replace(staging, final)
-            _fsync_dir(final.parent)
+            _fsync(final.parent, directory=True)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -528,7 +521,7 @@ class ExecutableCache:
         else:
             if target.exists():
                 _logger.warning("shared cache file %s is corrupt; replacing it", target)
-            _fsync_file(staged)
+            _fsync(staged)
             os.replace(staged, target)
         item.update(shared=checksum, at=target.relative_to(self.root).as_posix())
         for name in beside:
@@ -536,15 +529,7 @@ class ExecutableCache:
                 companion = group / f"{digest}.{PurePosixPath(name).name}"
                 os.replace(staging / PurePosixPath(name), companion)
                 files[name]["at"] = companion.relative_to(self.root).as_posix()
-        _fsync_dir(group)
-
-    def _groups(self) -> Iterator[Path]:
-        directory = self.root / BLOBS_DIR
-        if not directory.is_dir():
-            return
-        for shard in sorted(directory.iterdir()):
-            if shard.is_dir():
-                yield from (path for path in sorted(shard.iterdir()) if _BLOB_PATTERN.match(path.name))
+        _fsync(group, directory=True)
 
     def _drop_unreferenced(
         self, gone: Set[str] = frozenset(), min_age: float = UNUSED_RECORD_SECONDS
@@ -556,7 +541,7 @@ class ExecutableCache:
         drop_unused_records(self.root, {entry.graph for entry in entries if entry.graph}, gone, min_age)
         referenced = {blob for entry in entries for blob in entry.blobs}
         keys = {entry.key for entry in entries}
-        for group in self._groups():
+        for group in _sharded(self.root / BLOBS_DIR, _BLOB_PATTERN):
             with self._if_free(f"blob-{group.name}") as free:
                 if not free:
                     continue
@@ -572,21 +557,15 @@ class ExecutableCache:
     def _drop_corrupt_shared(self, manifest: dict[str, Any] | None) -> None:
         """An entry is being removed as corrupt: drop the shared files it uses that fail their checksum,
         so no other entry is served from them and the next build stores them again."""
-        for item in ((manifest or {}).get("files") or {}).values():
-            if not (isinstance(item, dict) and item.get("shared") and isinstance(item.get("at"), str)):
-                continue
-            path = _located(self.root, item["at"])
-            if path is not None and path.is_file() and checksum_file(path) != item.get(CHECKSUM):
+        for item, path in _grouped_files(self.root, manifest):
+            if item.get("shared") and path.is_file() and checksum_file(path) != item.get(CHECKSUM):
                 path.unlink(missing_ok=True)
 
     def _remove_entry_files(self, path: Path) -> None:
         """Remove an entry's files that live in a group directory (its graph beside the shared weights)."""
-        manifest, _ = _read_manifest(path)
-        for item in ((manifest or {}).get("files") or {}).values():
-            if isinstance(item, dict) and isinstance(item.get("at"), str) and not item.get("shared"):
-                located = _located(self.root, item["at"])
-                if located is not None and located.name.startswith(f"{path.name}."):
-                    located.unlink(missing_ok=True)
+        for item, located in _grouped_files(self.root, _read_manifest(path)[0]):
+            if not item.get("shared") and located.name.startswith(f"{path.name}."):
+                located.unlink(missing_ok=True)
 
     # -- maintenance ---------------------------------------------------------------------------------------
 
@@ -596,31 +575,30 @@ class ExecutableCache:
         for path in self._entry_dirs():
             manifest, _ = _read_manifest(path)
             last_used = _mtime(path / LAST_USED_NAME) or _mtime(path / MANIFEST_NAME) or _mtime(path) or 0.0
-            if manifest is not None and isinstance(manifest.get("files"), dict):
-                items = [item for item in manifest["files"].values() if isinstance(item, dict)]
-                size = sum(int(item.get("size", 0)) for item in items)
-                size += _size_or_zero(path / MANIFEST_NAME)
-                shared = [item for item in items if isinstance(item.get("shared"), str)]
+            if manifest is None or not isinstance(manifest.get("files"), dict):
                 infos.append(
                     CacheEntryInfo(
-                        key=path.name,
-                        path=path,
-                        size_bytes=size,
-                        created=manifest.get("created"),
-                        last_used=last_used,
-                        engine=manifest.get("engine"),
-                        meta=dict(manifest.get("meta") or {}),
-                        shared_bytes=sum(int(item.get("size", 0)) for item in shared),
-                        blobs=tuple(item["shared"] for item in shared),
-                        manifest=manifest,
+                        path.name, path, tree_usage(path)["bytes"], None, last_used, None, readable=False
                     )
                 )
-            else:
-                infos.append(
-                    CacheEntryInfo(
-                        path.name, path, _tree_size(path), None, last_used, None, {}, readable=False
-                    )
+                continue
+            items = [item for item in manifest["files"].values() if isinstance(item, dict)]
+            shared = [item for item in items if isinstance(item.get("shared"), str)]
+            infos.append(
+                CacheEntryInfo(
+                    key=path.name,
+                    path=path,
+                    size_bytes=sum(int(item.get("size", 0)) for item in items)
+                    + _size_or_zero(path / MANIFEST_NAME),
+                    created=manifest.get("created"),
+                    last_used=last_used,
+                    engine=manifest.get("engine"),
+                    meta=dict(manifest.get("meta") or {}),
+                    shared_bytes=sum(int(item.get("size", 0)) for item in shared),
+                    blobs=tuple(item["shared"] for item in shared),
+                    manifest=manifest,
                 )
+            )
         infos.sort(key=lambda info: info.last_used, reverse=True)
         return infos
 
@@ -628,14 +606,14 @@ class ExecutableCache:
         """Location, entry count, total size of the entries (shared blobs counted once), cap, and the files
         and bytes of each record store (``stores``)."""
         entries = self.list()
-        shared = sum(_shared_sizes(entries).values())
+        total, blob_sizes = _disk_usage(entries)
         return {
             "root": str(self.root),
             "root_source": self.root_source,
             "environment_variable": CACHE_ENV,
             "entries": len(entries),
-            "total_bytes": _total_bytes(entries, shared),
-            "shared_bytes": shared,
+            "total_bytes": total,
+            "shared_bytes": sum(blob_sizes.values()),
             "size_limit_bytes": self.size_limit_bytes,
             "stores": store_usage(self.root),
         }
@@ -643,10 +621,7 @@ class ExecutableCache:
     def remove(self, key: CacheKey | str) -> bool:
         """Remove one entry; False when it does not exist or another process holds its lock."""
         digest = _digest(key)
-        path = self.entry_path(digest)
-        if not path.exists():
-            return False
-        return self._remove_if_unlocked(digest)
+        return self.entry_path(digest).exists() and self._remove_if_unlocked(digest)
 
     def clear(self) -> int:
         """Remove everything under the root that no other process is using: every entry (skipping any
@@ -671,12 +646,8 @@ class ExecutableCache:
 
     def _evict(self, max_bytes: int, keep: str | None = None) -> list[str]:
         entries = self.list()
-        blob_sizes = _shared_sizes(entries)
-        total = _total_bytes(entries, sum(blob_sizes.values()))
-        users: dict[str, int] = {}
-        for entry in entries:
-            for blob in entry.blobs:
-                users[blob] = users.get(blob, 0) + 1
+        total, blob_sizes = _disk_usage(entries)
+        users = Counter(blob for entry in entries for blob in entry.blobs)
         evicted, evicted_graphs = [], set()
         for entry in reversed(entries):  # least recently used first
             if total <= max_bytes:
@@ -751,14 +722,7 @@ class ExecutableCache:
                     path.unlink(missing_ok=True)
 
     def _entry_dirs(self) -> Iterator[Path]:
-        if not self.root.is_dir():
-            return
-        for shard in sorted(self.root.iterdir()):
-            if len(shard.name) != 2 or not shard.is_dir():
-                continue
-            for path in sorted(shard.iterdir()):
-                if _KEY_PATTERN.match(path.name) and path.name[:2] == shard.name and path.is_dir():
-                    yield path
+        return _sharded(self.root, _KEY_PATTERN)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -766,13 +730,25 @@ class ExecutableCache:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _shared_sizes(entries: Sequence[CacheEntryInfo]) -> dict[str, int]:
-    """The size of each shared file the entries use, once per file."""
+def _sharded(directory: Path, pattern: re.Pattern[str]) -> Iterator[Path]:
+    """The directories ``<directory>/<name[:2]>/<name>`` whose name matches ``pattern``, sorted."""
+    if not directory.is_dir():
+        return
+    for shard in sorted(directory.iterdir()):
+        if len(shard.name) == 2 and shard.is_dir():
+            for path in sorted(shard.iterdir()):
+                if pattern.match(path.name) and path.name[:2] == shard.name and path.is_dir():
+                    yield path
+
+
+def _disk_usage(entries: Sequence[CacheEntryInfo]) -> tuple[int, dict[str, int]]:
+    """What the entries hold on disk (each entry's own files, each shared file once), and the size of
+    each shared file they use."""
     sizes: dict[str, int] = {}
     for entry in entries:
         for blob in entry.blobs:
             sizes[blob] = entry.shared_bytes // max(1, len(entry.blobs))
-    return sizes
+    return sum(entry.size_bytes - entry.shared_bytes for entry in entries) + sum(sizes.values()), sizes
 
 
 def _located(root: Path, at: str) -> Path | None:
@@ -783,9 +759,13 @@ def _located(root: Path, at: str) -> Path | None:
     return root / relative
 
 
-def _total_bytes(entries: Sequence[CacheEntryInfo], blob_bytes: int) -> int:
-    """What the cache holds on disk: each entry's own files, and each shared blob once."""
-    return sum(entry.size_bytes - entry.shared_bytes for entry in entries) + blob_bytes
+def _grouped_files(root: Path, manifest: dict[str, Any] | None) -> Iterator[tuple[dict[str, Any], Path]]:
+    """Each of a manifest's files that lives in a group directory, with where it is."""
+    for item in ((manifest or {}).get("files") or {}).values():
+        if isinstance(item, dict) and isinstance(item.get("at"), str):
+            located = _located(root, item["at"])
+            if located is not None:
+                yield item, located
 
 
 def _digest(key: CacheKey | str) -> str:
@@ -868,23 +848,10 @@ def _size_or_zero(path: Path) -> int:
         return 0
 
 
-def _tree_size(path: Path) -> int:
-    return sum(_size_or_zero(item) for item in path.rglob("*") if item.is_file())
-
-
-def _fsync_file(path: Path) -> None:
-    flags = os.O_RDONLY if os.name != "nt" else os.O_RDWR
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    if os.name == "nt":
+def _fsync(path: Path, directory: bool = False) -> None:
+    if directory and os.name == "nt":
         return  # directories cannot be opened for fsync on Windows; NTFS journals the rename
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDWR if os.name == "nt" else os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

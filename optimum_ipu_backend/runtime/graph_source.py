@@ -3,11 +3,10 @@
 Creating a session needs only a description of the graph: its inputs and outputs, the operators the
 compiler cannot take, the inputs that pick a merged decoder's branch, the masks the runtime generates
 for the rewrites it gets, what the rewrites need of each call's feed, and a content hash for the
-executable cache. Parsing a large export is the
-slowest part of a warm load, so the description is kept beside the executable cache, keyed by the
-content of the model file and its external data files (XXH3, so every re-export of one model shares
-it), and checked with a hash of its own: a warm load hashes the files, reads it and parses nothing. The
-graph itself is parsed on the first cache miss.
+executable cache. Parsing a large export is the slowest part of a warm load, so the description is kept
+beside the executable cache, keyed by the content of the model file and its external data files (XXH3,
+so every re-export of one model shares it), and checked with a hash of its own: a warm load hashes the
+files, reads it and parses nothing. The graph itself is parsed on the first cache miss.
 """
 
 from __future__ import annotations

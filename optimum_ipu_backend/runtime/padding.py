@@ -40,6 +40,7 @@ forces it and what it costs on an IPU; otherwise at the first call that needs th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -61,7 +62,7 @@ from optimum_ipu_backend.compiler.padding import (
 )
 from optimum_ipu_backend.errors import InvalidFeedError
 from optimum_ipu_backend.runtime.cache_files import read_record, write_record
-from optimum_ipu_backend.runtime.dim_expressions import DimExpression, SymbolicDim, parse_dim
+from optimum_ipu_backend.runtime.dim_expressions import DimExpression, SymbolicDim, dim_name, parse_dim
 from optimum_ipu_backend.runtime.roles import CONTINUE, InputRole, fill_value, input_role, is_batch_dim
 
 _logger = logging.getLogger(__name__)
@@ -172,14 +173,10 @@ def separate_labels(
         return None
     separated: dict[str, tuple[SymbolicDim, ...]] = {}
     for index, (name, shape) in enumerate(input_shapes.items()):
-        renamed: list[SymbolicDim] = []
-        for axis, dim in enumerate(shape):
-            expression = parse_dim(dim)
-            if expression is not None and expression.is_single_name and expression.symbols <= disagreeing:
-                renamed.append(f"{next(iter(expression.symbols))}.{index}.{axis}")
-            else:
-                renamed.append(dim)
-        separated[name] = tuple(renamed)
+        separated[name] = tuple(
+            f"{label}.{index}.{axis}" if (label := dim_name(dim)) in disagreeing else dim
+            for axis, dim in enumerate(shape)
+        )
     return separated
 
 
@@ -189,9 +186,8 @@ def inputs_for_dims(input_shapes: Mapping[str, SymbolicShape]) -> dict[str, str]
     carriers: dict[str, str] = {}
     for name, shape in input_shapes.items():
         for dim in shape:
-            expression = parse_dim(dim)
-            if expression is not None and expression.is_single_name:
-                carriers.setdefault(str(expression.segments[0]), name)  # type: ignore[index]
+            if (label := dim_name(dim)) is not None:
+                carriers.setdefault(label, name)
     return carriers
 
 
@@ -277,12 +273,6 @@ def axis_maps(
     return tuple(maps)
 
 
-def _check_padded_sizes(actual_dims: Mapping[str, int], padded_dims: Mapping[str, int]) -> None:
-    for dim, padded in padded_dims.items():
-        if dim in actual_dims and padded < actual_dims[dim]:
-            raise ValueError(f"cannot pad {dim} from {actual_dims[dim]} down to {padded}")
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Padding
 # ----------------------------------------------------------------------------------------------------------
@@ -325,18 +315,22 @@ def pad_feed(
     if batch_fill not in ("repeat", "zeros"):
         raise ValueError(f"batch_fill must be 'repeat' or 'zeros', got {batch_fill!r}")
     actual = dict(infer_dims(feed, input_shapes) if actual_dims is None else actual_dims)
-    _check_padded_sizes(actual, padded_dims)
+    for dim, size in padded_dims.items():
+        if dim in actual and size < actual[dim]:
+            raise ValueError(f"cannot pad {dim} from {actual[dim]} down to {size}")
     padded = {dim: int(padded_dims.get(dim, size)) for dim, size in actual.items()}
     left = frozenset(left_padded_dims)
     fills = fill_values or {}
-
-    def pad(name: str, array: np.ndarray, shape: SymbolicShape) -> np.ndarray:
-        fill = fills.get(name, fill_value(name, pad_token_id))
-        return _pad_array(
-            name, np.asarray(array), shape, actual, padded, left, fill, batch_fill, max_position_id
-        )
-
-    return PaddedFeed(_map_declared(feed, input_shapes, pad), actual, padded)
+    result = {}
+    for name, array in feed.items():
+        shape = input_shapes.get(name)
+        if shape is not None:
+            fill = fills.get(name, fill_value(name, pad_token_id))
+            array = _pad_array(
+                name, np.asarray(array), shape, actual, padded, left, fill, batch_fill, max_position_id
+            )
+        result[name] = array
+    return PaddedFeed(result, actual, padded)
 
 
 def generated_mask(
@@ -379,7 +373,7 @@ def _pad_array(
                 f"input {name!r} has size {size} on axis {axis}, but {text!r} "
                 f"is {sum(s.actual for s in segments)} with {dict(sorted(actual.items()))}"
             )
-        if expression is not None and expression.is_single_name and is_batch_dim(str(expression.segments[0])):
+        if (label := dim_name(dim)) is not None and is_batch_dim(label):
             batch_axes.append(axis)
         layouts.append(segments)
 
@@ -460,19 +454,6 @@ def _continue_along(
         start += segment.padded
 
 
-def _map_declared(
-    arrays: Mapping[str, np.ndarray],
-    shapes: Mapping[str, SymbolicShape],
-    transform: Callable[[str, np.ndarray, SymbolicShape], np.ndarray],
-) -> dict[str, np.ndarray]:
-    """``transform(name, array, shape)`` for every array with a declared shape; the others pass through."""
-    result: dict[str, np.ndarray] = {}
-    for name, array in arrays.items():
-        shape = shapes.get(name)
-        result[name] = array if shape is None else transform(name, array, shape)
-    return result
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Cutting
 # ----------------------------------------------------------------------------------------------------------
@@ -504,9 +485,7 @@ def cut_output(array: np.ndarray, steps: Sequence[tuple[int, np.ndarray | slice]
     """An output with only its real elements (views where the real elements are contiguous)."""
     for axis, index in steps:
         if isinstance(index, slice):
-            selector: list[Any] = [slice(None)] * array.ndim
-            selector[axis] = index
-            array = array[tuple(selector)]
+            array = array[(slice(None),) * axis + (index,)]
         else:
             array = np.take(array, index, axis=axis)
     return array
@@ -534,16 +513,6 @@ class CallPadding:
     batch_paddable: bool = True
     #: Per output and axis, where each real element is (every axis, the batch included); see the proof.
     output_maps: dict[str, tuple[np.ndarray | None, ...]] = field(default_factory=dict)
-
-
-@dataclass
-class _Inputs:
-    """What the runtime feeds, as the proof needs it described."""
-
-    shapes: dict[str, SymbolicShape]
-    fills: dict[str, Any]
-    left_padded_dims: tuple[str, ...]
-    generated_masks: tuple[tuple[str, str], ...]
 
 
 def _symbols(shapes: Mapping[str, SymbolicShape]) -> set[str]:
@@ -575,14 +544,16 @@ class PaddingDecisions:
         prove single calls): no verdicts, each call's own proof decides, and the batch's axes are proven
         at the call's sizes."""
         self._load_model = load_model
-        self._inputs = _Inputs(
-            dict(input_shapes), dict(fills), tuple(left_padded_dims), tuple(generated_masks)
-        )
+        # What the runtime feeds, as the proof needs it described.
+        self._shapes = dict(input_shapes)
+        self._fills = dict(fills)
+        self._left_padded_dims = tuple(left_padded_dims)
+        self._generated_masks = tuple(generated_masks)
         self._store = store
         self._per_call = canonical_sizes is None
         self._canonical = dict(canonical_sizes or {})
-        self._symbols = _symbols(self._inputs.shapes)
-        self._carriers = inputs_for_dims(self._inputs.shapes)
+        self._symbols = _symbols(self._shapes)
+        self._carriers = inputs_for_dims(self._shapes)
         self._analyzer_instance: PaddingAnalyzer | None = None
         self._proofs: dict[tuple, PaddingProof] = {}
         self._verdicts: dict[str, str] = {}
@@ -655,11 +626,7 @@ class PaddingDecisions:
         carrier = self._carriers.get(dim)
         where = f"{dim!r}"
         if carrier is not None:
-            axis = next(
-                a
-                for a, d in enumerate(self._inputs.shapes[carrier])
-                if (parsed := parse_dim(d)) is not None and parsed.is_single_name and parsed.symbols == {dim}
-            )
+            axis = next(a for a, d in enumerate(self._shapes[carrier]) if dim_name(d) == dim)
             where = f"input {carrier!r} axis {axis} ({dim})"
         if is_batch_dim(dim):
             advice = "Call with a few fixed numbers of samples (split or group calls yourself)"
@@ -786,23 +753,30 @@ class PaddingDecisions:
     ) -> PaddingProof:
         dims = {**actual, **padded}
         key: tuple = (_branch_key(branches), tuple(sorted(actual.items())), tuple(sorted(dims.items())))
-        if shapes is not None and dict(shapes) != self._inputs.shapes:
+        if shapes is not None and dict(shapes) != self._shapes:
             key += (tuple(sorted((name, tuple(map(str, shape))) for name, shape in shapes.items())),)
         proof = self._proofs.get(key)
-        if proof is None:
-            proof = self._load(key)
+        if proof is not None:
+            return proof
+        name = hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+        path = None if self._store is None else self._store / f"{name}.json"
+        stored = None if path is None else read_record(path, PROOF_FORMAT, "padding proof")
+        # a stored proof that does not parse is made again
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            proof = None if stored is None else PaddingProof.from_json(stored)
         if proof is None:
             inputs = padded_inputs(
-                self._inputs.shapes if shapes is None else shapes,
-                self._inputs.fills,
+                self._shapes if shapes is None else shapes,
+                self._fills,
                 actual,
                 dims,
-                left_padded_dims=self._inputs.left_padded_dims,
-                generated_masks=self._inputs.generated_masks,
+                left_padded_dims=self._left_padded_dims,
+                generated_masks=self._generated_masks,
                 branches=branches,
             )
             proof = self._analyzer().prove(inputs)
-            self._save(key, proof)
+            if path is not None:
+                write_record(path, PROOF_FORMAT, proof.to_json(), "padding proof")
         self._proofs[key] = proof
         return proof
 
@@ -811,28 +785,6 @@ class PaddingDecisions:
             # Branch inputs are fed as constants, so one analyzer serves every branch.
             self._analyzer_instance = PaddingAnalyzer(self._load_model())
         return self._analyzer_instance
-
-    # -- the store ---------------------------------------------------------------------------------
-
-    def _file(self, key: tuple) -> Path | None:
-        if self._store is None:
-            return None
-        return self._store / f"{hashlib.sha256(repr(key).encode()).hexdigest()[:32]}.json"
-
-    def _load(self, key: tuple) -> PaddingProof | None:
-        path = self._file(key)
-        stored = None if path is None else read_record(path, PROOF_FORMAT, "padding proof")
-        if stored is None:
-            return None
-        try:
-            return PaddingProof.from_json(stored)
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    def _save(self, key: tuple, proof: PaddingProof) -> None:
-        path = self._file(key)
-        if path is not None:
-            write_record(path, PROOF_FORMAT, proof.to_json(), "padding proof")
 
 
 def padded_inputs(
@@ -872,11 +824,10 @@ def _padded_axes(proof: PaddingProof) -> dict[str, int | None]:
     """Per output, the first axis a proof found padded (None: none); empty when the proof failed."""
     if not proof.exact:
         return {}
-    found: dict[str, int | None] = {}
-    for name, maps in proof.output_maps.items():
-        axes = [axis for axis, axis_map in enumerate(maps) if axis_map is not None]
-        found[name] = axes[0] if axes else None
-    return found
+    return {
+        name: next((axis for axis, axis_map in enumerate(maps) if axis_map is not None), None)
+        for name, maps in proof.output_maps.items()
+    }
 
 
 def _branch_key(branches: Mapping[str, bool]) -> tuple:

@@ -31,9 +31,7 @@ def compile_buckets(
     signatures.sort(key=lambda signature: sorted(signature[0].items()))
     if limit is not None:
         signatures = signatures[:limit]
-    workers = parallel or 1
-    if not table.engine_thread_safe:
-        workers = 1
+    workers = (parallel or 1) if table.engine_thread_safe else 1
 
     def build(signature) -> dict[str, Any]:
         shapes, branches = signature

@@ -13,9 +13,8 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from optimum_ipu_backend.runtime.dim_expressions import SymbolicDim, parse_dim
+from optimum_ipu_backend.runtime.dim_expressions import SymbolicDim, dim_name, parse_dim
 
 
 class InputRole(enum.Enum):
@@ -41,15 +40,9 @@ class DimRole(enum.Enum):
 CONTINUE = "continue"
 
 
-@dataclass(frozen=True)
-class _InputRule:
-    role: InputRole
-    pattern: re.Pattern[str]
-
-
 # First match wins; patterns are matched against the whole input name.
 _INPUT_RULES = tuple(
-    _InputRule(role, re.compile(pattern))
+    (role, re.compile(pattern))
     for role, pattern in (
         (InputRole.PAST, r"past_key_values(\..*)?|past_.*\.(key|value)"),
         (InputRole.CACHE_BRANCH, r"use_cache_branch"),
@@ -65,9 +58,9 @@ _INPUT_RULES = tuple(
 
 def input_role(name: str) -> InputRole:
     """The role of the graph input called ``name``."""
-    for rule in _INPUT_RULES:
-        if rule.pattern.fullmatch(name):
-            return rule.role
+    for role, pattern in _INPUT_RULES:
+        if pattern.fullmatch(name):
+            return role
     return InputRole.OTHER
 
 
@@ -120,11 +113,9 @@ def generation_step_dims(input_shapes: Mapping[str, Sequence[SymbolicDim]]) -> f
         if input_role(name) not in (InputRole.TOKEN_IDS, InputRole.POSITIONS):
             continue
         for dim in shape:
-            expression = parse_dim(dim)
-            if expression is not None and expression.is_single_name:
-                label = str(expression.segments[0])  # type: ignore[index]
-                if not is_batch_dim(label):
-                    dims.add(label)
+            label = dim_name(dim)
+            if label is not None and not is_batch_dim(label):
+                dims.add(label)
     return frozenset(dims)
 
 
@@ -145,11 +136,9 @@ def audio_sample_dims(
             continue
         if elem_types.get(name) not in _FLOAT_ELEM_TYPES:
             continue
-        expression = parse_dim(shape[1])
-        if expression is not None and expression.is_single_name:
-            label = str(expression.segments[0])  # type: ignore[index]
-            if not is_batch_dim(label):
-                dims.add(label)
+        label = dim_name(shape[1])
+        if label is not None and not is_batch_dim(label):
+            dims.add(label)
     return frozenset(dims)
 
 

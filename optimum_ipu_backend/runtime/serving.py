@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -221,11 +221,9 @@ class StaticShapeRunner:
 
     def _micro_batch(self, samples: int) -> int:
         per_step = self._config.device_iterations * self._config.replicas
-        wanted = min(-(-samples // per_step), self.plan.largest(self._batch_dim()))
-        return self.plan.choose(self._batch_dim(), wanted, self._carriers.get(self._batch_dim()))
-
-    def _batch_dim(self) -> str:
-        return next(dim for dim in self.plan.sizes if is_batch_dim(dim))
+        batch_dim = next(dim for dim in self.plan.sizes if is_batch_dim(dim))
+        wanted = min(-(-samples // per_step), self.plan.largest(batch_dim))
+        return self.plan.choose(batch_dim, wanted, self._carriers.get(batch_dim))
 
     def _run_batched(
         self,
@@ -273,23 +271,16 @@ class StaticShapeRunner:
         cap = self._config.max_executables
         if cap is None or self._table.has(shapes, branches) or self._table.count < cap:
             return
-        exact = {
-            dim: verdict
+        why = "; ".join(
+            f"{dim} is compiled at the size it comes in because {verdict.removeprefix(EXACT_PREFIX)}"
             for dim, verdict in self._decisions.verdicts().items()
             if verdict.startswith(EXACT_PREFIX)
-        }
-        why = (
-            "; ".join(
-                f"{dim} is compiled at the size it comes in because {verdict.removeprefix(EXACT_PREFIX)}"
-                for dim, verdict in exact.items()
-            )
-            if exact
-            else "every compiled size of the bucket plan has been used"
         )
         raise ExecutableLimitError(
             f"this call needs a new executable for input shapes {dict(shapes)}, but the session has compiled "
-            f"{self._table.count} and max_executables={cap}: {why}. Raise max_executables, or give sizes "
-            "the calls fit (sequence_lengths=..., batch_size=...)"
+            f"{self._table.count} and max_executables={cap}: "
+            f"{why or 'every compiled size of the bucket plan has been used'}. Raise max_executables, or "
+            "give sizes the calls fit (sequence_lengths=..., batch_size=...)"
         )
 
     # -- what the runtime feeds besides the caller's inputs ----------------------------------------
@@ -302,11 +293,7 @@ class StaticShapeRunner:
         for name in self._past_inputs:
             if name in feed:
                 shape = [
-                    1
-                    if isinstance(dim, str) and is_past_dim(dim)
-                    else known.get(dim, dim)
-                    if isinstance(dim, str)
-                    else dim
+                    (1 if is_past_dim(dim) else known.get(dim, dim)) if isinstance(dim, str) else dim
                     for dim in self._input_shapes[name]
                 ]
                 others[name] = np.zeros(shape, dtype=feed[name].dtype)
@@ -384,14 +371,11 @@ class StaticShapeRunner:
                     if axis is not None:
                         full[axis] = full_length
                     results[index] = np.zeros(full, dtype=output.dtype)
-                target = results[index]
-                if axis is None:
-                    target[rows] = output
-                else:
-                    selector = [slice(None)] * target.ndim
-                    selector[0] = rows
+                selector: list[Any] = [slice(None)] * output.ndim
+                selector[0] = rows
+                if axis is not None:
                     selector[axis] = slice(0, width)
-                    target[tuple(selector)] = output
+                results[index][tuple(selector)] = output  # type: ignore[index]
         masked = np.asarray(feed[mask_name]) == 0
         for name, result in zip(output_names, results, strict=True):
             axis = sequence_axes.get(name)
