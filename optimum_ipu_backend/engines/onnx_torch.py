@@ -89,14 +89,6 @@ def _reduce(fn: Callable[..., torch.Tensor]) -> Op:
     return op
 
 
-def _reduce_max(data: torch.Tensor, dims: list[int], keep: bool) -> torch.Tensor:
-    return torch.amax(data, dim=dims, keepdim=keep)
-
-
-def _reduce_min(data: torch.Tensor, dims: list[int], keep: bool) -> torch.Tensor:
-    return torch.amin(data, dim=dims, keepdim=keep)
-
-
 def _reduce_prod(data: torch.Tensor, dims: list[int], keep: bool) -> torch.Tensor:
     for dim in sorted(dims, reverse=True):
         data = torch.prod(data, dim=dim, keepdim=keep)
@@ -192,10 +184,6 @@ def _expand(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     data, shape = inputs
     target = torch.broadcast_shapes(tuple(data.shape), tuple(_ints(shape)))
     return data.expand(target)
-
-
-def _cast(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
-    return inputs[0].to(_TORCH_TYPES[attrs["to"]])
 
 
 def _constant_of_shape(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
@@ -441,10 +429,6 @@ def _pool(kind: str) -> Op:
     return op
 
 
-def _where(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
-    return torch.where(inputs[0].to(torch.bool), inputs[1], inputs[2])
-
-
 def _pow(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     base, exponent = inputs
     return torch.pow(base, exponent.to(base.dtype))
@@ -463,10 +447,6 @@ def _one_hot(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     axis = _axis(attrs.get("axis", -1), indices.dim() + 1)
     hot = torch.movedim(hot, -1, axis)
     return torch.where(hot.to(torch.bool), values[1], values[0])
-
-
-def _tile(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
-    return inputs[0].repeat(_ints(inputs[1]))
 
 
 def _flatten(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
@@ -492,7 +472,7 @@ OPS: dict[str, Op] = {
     "Atan": _unary(torch.atan),
     "AveragePool": _pool("AveragePool"),
     "BatchNormalization": _batch_norm,
-    "Cast": _cast,
+    "Cast": lambda inputs, attrs: inputs[0].to(_TORCH_TYPES[attrs["to"]]),
     "Ceil": _unary(torch.ceil),
     "Clip": _clip,
     "Concat": lambda inputs, attrs: torch.cat(list(inputs), dim=attrs["axis"]),
@@ -550,9 +530,9 @@ OPS: dict[str, Op] = {
     "ReduceL2": _reduce(lambda d, dims, keep: d.pow(2).sum(dim=dims, keepdim=keep).sqrt()),
     "ReduceLogSum": _reduce(lambda d, dims, keep: d.sum(dim=dims, keepdim=keep).log()),
     "ReduceLogSumExp": _reduce(lambda d, dims, keep: torch.logsumexp(d, dim=dims, keepdim=keep)),
-    "ReduceMax": _reduce(_reduce_max),
+    "ReduceMax": _reduce(lambda d, dims, keep: torch.amax(d, dim=dims, keepdim=keep)),
     "ReduceMean": _reduce(lambda d, dims, keep: d.mean(dim=dims, keepdim=keep)),
-    "ReduceMin": _reduce(_reduce_min),
+    "ReduceMin": _reduce(lambda d, dims, keep: torch.amin(d, dim=dims, keepdim=keep)),
     "ReduceProd": _reduce(_reduce_prod),
     "ReduceSum": _reduce(lambda d, dims, keep: d.sum(dim=dims, keepdim=keep).to(d.dtype)),
     "ReduceSumSquare": _reduce(lambda d, dims, keep: (d * d).sum(dim=dims, keepdim=keep)),
@@ -580,13 +560,13 @@ OPS: dict[str, Op] = {
     "Sum": _variadic(torch.add),
     "Tan": _unary(torch.tan),
     "Tanh": _unary(torch.tanh),
-    "Tile": _tile,
+    "Tile": lambda inputs, attrs: inputs[0].repeat(_ints(inputs[1])),
     "TopK": _topk,
     "Transpose": lambda inputs, attrs: inputs[0].permute(
         attrs.get("perm", list(reversed(range(inputs[0].dim()))))
     ),
     "Unsqueeze": _unsqueeze,
-    "Where": _where,
+    "Where": lambda inputs, attrs: torch.where(inputs[0].to(torch.bool), inputs[1], inputs[2]),
 }
 
 
@@ -673,6 +653,13 @@ def _inferred_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
         if shape is not None:
             shapes[value.name] = shape
     return shapes
+
+
+def _run(op_type: str, args: list[Any], attrs: Attrs, output_names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """One operator's results by output name (an unnamed, omitted output is dropped)."""
+    result = OPS[op_type](args, attrs)
+    results = [result] if isinstance(result, torch.Tensor) else list(result)
+    return {name: value for name, value in zip(output_names, results) if name}
 
 
 def _to_numpy(value: Any) -> np.ndarray:
@@ -765,11 +752,8 @@ class _Resolver:
             None if not name else self.known[name] if index in statics else torch.from_numpy(self.known[name])
             for index, name in enumerate(node.input)
         ]
-        result = OPS[node.op_type](args, _attributes(node))
-        results = [result] if isinstance(result, torch.Tensor) else list(result)
-        for name, value in zip(node.output, results):
-            if name:
-                self.known[name] = _to_numpy(value)
+        for name, value in _run(node.op_type, args, _attributes(node), node.output).items():
+            self.known[name] = _to_numpy(value)
 
     def statics(self, node: onnx.NodeProto) -> dict[int, np.ndarray]:
         """The static operands of a node that stays in ``forward``."""
@@ -852,11 +836,7 @@ class OnnxGraphModule(torch.nn.Module):
                 statics[index] if index in statics else values[name] if name else None
                 for index, name in enumerate(input_names)
             ]
-            result = OPS[op_type](args, attrs)
-            results = [result] if isinstance(result, torch.Tensor) else list(result)
-            for name, value in zip(output_names, results):
-                if name:
-                    values[name] = value
+            values.update(_run(op_type, args, attrs, output_names))
         return tuple(values[name] for name in self.output_names)
 
 
