@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from optimum_ipu_backend.compiler.op_table import DEFAULT_DOMAINS
 from optimum_ipu_backend.conformance.definition import Tier
-from optimum_ipu_backend.conformance.providers import DEFAULT_DOMAINS, OperatorSupport, ProviderUnderTest
+from optimum_ipu_backend.conformance.providers import OperatorSupport, ProviderUnderTest, operator_name
 from optimum_ipu_backend.conformance.results import (
     ERROR,
     FAILED,
@@ -81,10 +82,6 @@ def _value_kinds(model: Any) -> tuple[set[str], list[str]]:
         else:
             non_tensor.append(value.name)
     return element_types, non_tensor
-
-
-def _operator_name(domain: str, op_type: str) -> str:
-    return op_type if domain in DEFAULT_DOMAINS else f"{domain}::{op_type}"
 
 
 def _value_format(value_info: Any) -> tuple[Any, Any, Any]:
@@ -150,7 +147,7 @@ def _generate(root: Path) -> None:
         index.append(
             {
                 "name": case.name,
-                "operator": _operator_name(tested.domain, tested.op_type),
+                "operator": operator_name(tested.domain, tested.op_type),
                 "operators": sorted(_graph_operators(case.model.graph)),
                 "element_types": sorted(element_types),
                 "non_tensor": non_tensor,
