@@ -610,12 +610,17 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray:
     )
 
 
-def _static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
-    tensor_type = value.type.tensor_type
-    if not tensor_type.HasField("shape"):
-        return None
-    dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
-    return None if any(d < 0 for d in dims) else dims
+def _static_shapes(values: Sequence[onnx.ValueInfoProto]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the values whose every dimension is a number, by name."""
+    shapes = {}
+    for value in values:
+        tensor_type = value.type.tensor_type
+        if not tensor_type.HasField("shape"):
+            continue
+        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
+        if all(d >= 0 for d in dims):
+            shapes[value.name] = dims
+    return shapes
 
 
 # Initializers up to this size stay in the copy shape inference reads (their values may decide shapes,
@@ -647,12 +652,7 @@ def _inferred_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
         ir_version=model.ir_version,
     )
     inferred = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
-    shapes = {}
-    for value in list(inferred.value_info) + list(inferred.output):
-        shape = _static_shape(value)
-        if shape is not None:
-            shapes[value.name] = shape
-    return shapes
+    return _static_shapes([*inferred.value_info, *inferred.output])
 
 
 def _run(op_type: str, args: list[Any], attrs: Attrs, output_names: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -660,6 +660,15 @@ def _run(op_type: str, args: list[Any], attrs: Attrs, output_names: Sequence[str
     result = OPS[op_type](args, attrs)
     results = [result] if isinstance(result, torch.Tensor) else list(result)
     return {name: value for name, value in zip(output_names, results) if name}
+
+
+def _static_inputs(node: onnx.NodeProto) -> dict[int, str]:
+    """The node's inputs read as static operands (STATIC_OPERANDS), by index; omitted ones are left out."""
+    return {
+        index: node.input[index]
+        for index in STATIC_OPERANDS.get(node.op_type, {})
+        if index < len(node.input) and node.input[index]
+    }
 
 
 def _to_numpy(value: Any) -> np.ndarray:
@@ -686,20 +695,16 @@ class _Resolver:
             initializer.name: np.array(numpy_helper.to_array(initializer))
             for initializer in graph.initializer
         }
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        for value in list(graph.input) + list(graph.value_info) + list(graph.output):
-            shape = _static_shape(value)
-            if shape is not None:
-                self.shapes[value.name] = shape
+        self.shapes = _static_shapes([*graph.input, *graph.value_info, *graph.output])
         self._inferred: dict[str, tuple[int, ...]] | None = None
         producers = {name: node for node in graph.node for name in node.output if name}
         # Each value needed on the host -> (the node that reads it statically, the operand's role and name)
         self.needed: dict[str, tuple[onnx.NodeProto, str, str]] = {}
-        pending = []
-        for node in graph.node:
-            for index, role in STATIC_OPERANDS.get(node.op_type, {}).items():
-                if index < len(node.input) and node.input[index]:
-                    pending.append((node.input[index], (node, role, node.input[index])))
+        pending = [
+            (name, (node, STATIC_OPERANDS[node.op_type][index], name))
+            for node in graph.node
+            for index, name in _static_inputs(node).items()
+        ]
         while pending:
             name, reader = pending.pop()
             if name in self.needed:
@@ -758,12 +763,10 @@ class _Resolver:
     def statics(self, node: onnx.NodeProto) -> dict[int, np.ndarray]:
         """The static operands of a node that stays in ``forward``."""
         resolved = {}
-        for index in STATIC_OPERANDS.get(node.op_type, {}):
-            if index < len(node.input) and node.input[index]:
-                name = node.input[index]
-                if name not in self.known:
-                    raise self._refuse(node, name)
-                resolved[index] = self.known[name]
+        for index, name in _static_inputs(node).items():
+            if name not in self.known:
+                raise self._refuse(node, name)
+            resolved[index] = self.known[name]
         return resolved
 
 
