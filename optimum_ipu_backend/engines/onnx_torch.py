@@ -45,10 +45,9 @@ _TORCH_TYPES = {
     onnx.TensorProto.BOOL: torch.bool,
 }
 
-# Operands PopART needs at compile time, by operator: input index -> role. PopTorch traces ``forward`` on
-# the IPU device, where a value cannot be read on the host (``.item()``, ``.tolist()``, ``float(t)``
-# raise), so these are resolved to numpy arrays when the module is built, from initializers, Constant
-# nodes, static shapes and the small computations between them; ``forward`` receives them as numpy.
+# Operands PopART needs at compile time, by operator: input index -> role. Resolved to numpy arrays when the
+# module is built, from initializers, Constant nodes, static shapes and the small computations between them
+# (``.item()``, ``.tolist()`` and ``float(t)`` raise while PopTorch traces); ``forward`` receives numpy.
 STATIC_OPERANDS: dict[str, dict[int, str]] = {
     "ConstantOfShape": {0: "input"},
     "CumSum": {1: "axis"},
@@ -771,13 +770,9 @@ class _Resolver:
 
 
 class OnnxGraphModule(torch.nn.Module):
-    """Runs one static ONNX graph with torch operators.
-
-    What PopART needs at compile time (a Reshape's shape, a Slice's bounds, a Pad's pads, ...) is resolved
-    when the module is built (``_Resolver``) and baked into the nodes as numpy arrays, so ``forward`` never
-    reads a tensor's value: PopTorch traces it on the IPU device, where such a read fails. Constant values
-    that ``forward`` uses as tensors (initializers, folded values) are buffers, uploaded like weights.
-    """
+    """Runs one static ONNX graph with torch operators, its static operands baked into the nodes as numpy
+    arrays (``_Resolver``). Constant values that ``forward`` reads as tensors (initializers, folded values)
+    are buffers, uploaded like weights."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         super().__init__()
