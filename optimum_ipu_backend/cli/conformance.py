@@ -33,22 +33,22 @@ def add_conformance_parser(subparsers: Any) -> None:
         required=True,
         help="a plugin provider (name or alias, e.g. ipu) or one of onnxruntime's",
     )
-    parser.add_argument(
+
+    def repeatable(flag: str, metavar: str, help_text: str) -> None:
+        parser.add_argument(flag, action="append", default=[], metavar=metavar, help=help_text)
+
+    repeatable(
         "--provider-option",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="a provider option, repeatable (ipu: device=emulator, precision=fp16, sequence_lengths=16,32)",
+        "K=V",
+        "a provider option, repeatable (ipu: device=emulator, precision=fp16, sequence_lengths=16,32)",
     )
     parser.add_argument(
         "--models", nargs="+", default=[], metavar="ENTRY", help="matrix entries to run (globs)"
     )
-    parser.add_argument(
+    repeatable(
         "--model-dir",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="also check your exported or transformers model directory (task from its config); repeatable",
+        "PATH",
+        "also check your exported or transformers model directory (task from its config); repeatable",
     )
     parser.add_argument(
         "--ops", nargs="+", default=[], metavar="OP", help="operator types to run ('none': no operator level)"
@@ -66,13 +66,7 @@ def add_conformance_parser(subparsers: Any) -> None:
         help="where built models, exports and generated node cases are kept between runs "
         "(default: $OPTIMUM_IPU_CONFORMANCE_DIR, else conformance/ in the executable cache directory)",
     )
-    parser.add_argument(
-        "--expectations",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="an extra expectation file; repeatable",
-    )
+    repeatable("--expectations", "FILE", "an extra expectation file; repeatable")
     parser.add_argument(
         "--jobs",
         default="auto",
@@ -122,16 +116,14 @@ def pytest_arguments(args: argparse.Namespace, jobs: int) -> list[str]:
         "--report",
         str(Path(args.report).resolve()),
     ]
-    for option in args.provider_option:
-        arguments += ["--provider-option", option]
-    for name in args.models:
-        arguments += ["--models", name]
-    for path in args.model_dir:
-        arguments += ["--model-dir", str(Path(path).resolve())]
-    if args.ops:
-        arguments += ["--ops", ",".join(args.ops)]
-    for path in args.expectations:
-        arguments += ["--expectations", str(Path(path).resolve())]
+    repeated = {
+        "--provider-option": args.provider_option,
+        "--models": args.models,
+        "--model-dir": [str(Path(path).resolve()) for path in args.model_dir],
+        "--ops": [",".join(args.ops)] if args.ops else [],
+        "--expectations": [str(Path(path).resolve()) for path in args.expectations],
+    }
+    arguments += [word for flag, values in repeated.items() for value in values for word in (flag, value)]
     if args.quick:
         arguments.append("--quick")
     if args.work_dir:

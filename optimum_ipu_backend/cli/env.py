@@ -62,15 +62,6 @@ def optimum_report() -> tuple[dict[str, Any], str]:
     return dict(info), printed.getvalue()
 
 
-def _version(distribution: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return "not installed"
-
-
 def worker_python_report(python: str | None = None) -> dict[str, str]:
     """The Python the SDK's worker runs on (``python``, else ``OPTIMUM_IPU_SDK_PYTHON``, else this one),
     asked in a subprocess for its version and its popart, poptorch and torch versions ("not found" where
@@ -114,6 +105,7 @@ def backend_report() -> dict[str, Any]:
 
     from optimum_ipu_backend import __version__, _bootstrap
     from optimum_ipu_backend.cli.providers import auto_report, ipu_devices
+    from optimum_ipu_backend.conformance.reports import installed_version
     from optimum_ipu_backend.engines.probe import default_device, probe_sdk
     from optimum_ipu_backend.integration import patches
     from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
@@ -128,11 +120,11 @@ def backend_report() -> dict[str, Any]:
     auto = auto_report()
     return {
         "optimum-ipu-backend version": __version__,
-        "optimum-onnx version": _version("optimum-onnx"),
+        "optimum-onnx version": installed_version("optimum-onnx"),
         "optimum-onnx range the patches were checked against": patches.SUPPORTED_OPTIMUM_ONNX,
         "optimum-onnx within that range": patches.optimum_onnx_supported(),
-        "onnxruntime version": _version("onnxruntime"),
-        "onnx version": _version("onnx"),
+        "onnxruntime version": installed_version("onnxruntime"),
+        "onnx version": installed_version("onnx"),
         "activation hook installed": _bootstrap.is_installed(),
         "patches": {**patches.patch_report(), **unimportable},
         "Poplar SDK found": sdk.sdk_found,

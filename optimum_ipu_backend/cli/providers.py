@@ -49,19 +49,10 @@ def ipu_devices() -> list[dict[str, Any]]:
         try:
             resolution = resolve_device(device)
         except Exception as exc:  # the reason is the output
-            rows.append(
-                {"device": device, "usable": False, "engine": None, "emulated": None, "why": str(exc)}
-            )
+            usable, engine, emulated, why = False, None, None, str(exc)
         else:
-            rows.append(
-                {
-                    "device": device,
-                    "usable": True,
-                    "engine": resolution.engine,
-                    "emulated": resolution.emulated,
-                    "why": resolution.reason,
-                }
-            )
+            usable, engine, emulated, why = True, resolution.engine, resolution.emulated, resolution.reason
+        rows.append({"device": device, "usable": usable, "engine": engine, "emulated": emulated, "why": why})
     return rows
 
 

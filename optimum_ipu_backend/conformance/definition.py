@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -196,29 +196,23 @@ class Tier:
     operator_atol: float | None = None
 
     def thresholds(self) -> dict[str, float]:
-        keys = (
-            "atol",
-            "rtol",
-            "top1_agreement",
-            "span_agreement",
-            "embedding_cosine",
-            "identical_new_tokens",
-            "operator_rtol",
-            "operator_atol",
-        )
-        return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
+        values = {key: getattr(self, key) for key in _THRESHOLDS}
+        return {key: value for key, value in values.items() if value is not None}
 
     def operator_tolerance(self, rtol: float, atol: float) -> tuple[float, float]:
         """The tolerances a node case is judged with in this tier."""
         return max(rtol, self.operator_rtol or 0.0), max(atol, self.operator_atol or 0.0)
 
 
+# Every field of a Tier after its name and description, in their order.
+_THRESHOLDS = tuple(item.name for item in fields(Tier)[2:])
+
+
 def load_tiers(directory: Path | None = None) -> dict[str, Tier]:
     path = (directory or definition_dir()) / TIERS_FILE
     raw = read_toml(path)
     tiers = {}
-    numeric = {"atol", "rtol", "top1_agreement", "span_agreement", "embedding_cosine"}
-    numeric |= {"operator_rtol", "operator_atol"}
+    numeric = set(_THRESHOLDS) - {"identical_new_tokens"}
     for name, table in raw.items():
         where = f"{path} [{name}]"
         _check_keys(where, table, {"description", "identical_new_tokens", *numeric}, {"description"})
@@ -344,7 +338,7 @@ def _expectation(path: str, kind: str, index: int, raw: Mapping[str, Any]) -> Ex
         kind=kind,
         cases=cases,
         reason=" ".join(raw["reason"].split()),
-        source=f"{path} [[{kind}]] #{index + 1}",
+        source=where,
         tier=raw.get("tier"),
         options={str(key): str(value) for key, value in options.items()},
     )
@@ -352,16 +346,7 @@ def _expectation(path: str, kind: str, index: int, raw: Mapping[str, Any]) -> Ex
 
 def _operator_declaration(path: str, raw: Mapping[str, Any]) -> OperatorDeclaration:
     where = f"{path} [operators]"
-    allowed = {
-        "table",
-        "compile_time_operands",
-        "element_types",
-        "element_types_reason",
-        "non_tensor_values",
-        "non_tensor_reason",
-        "provider_options",
-    }
-    _check_keys(where, raw, allowed)
+    _check_keys(where, raw, {item.name for item in fields(OperatorDeclaration)} - {"source"})
     non_tensor_values = raw.get("non_tensor_values", True)
     if not isinstance(non_tensor_values, bool):
         raise DefinitionError(f"{where} non_tensor_values: expected true or false")

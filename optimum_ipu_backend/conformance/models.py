@@ -26,6 +26,7 @@ from optimum_ipu_backend.conformance.results import (
     OutputComparison,
     TaskMetric,
     finite,
+    first_line,
 )
 from optimum_ipu_backend.conformance.zoo import (
     TASK_ROUTES,
@@ -263,7 +264,7 @@ def run_model_case(
         check.run(input_sets, generation_inputs)
     except Exception as exc:  # the provider's (or the reference's) error is the finding
         result.status = ERROR
-        result.message = f"{case.case_id}: {check.phase} raised {type(exc).__name__}: {_first_line(exc)}"
+        result.message = f"{case.case_id}: {check.phase} raised {type(exc).__name__}: {first_line(exc)}"
         result.detail = traceback.format_exc()
     else:
         if result.failures:
@@ -273,11 +274,6 @@ def run_model_case(
             result.detail = "\n".join(result.failures)
     result.duration_s = round(time.perf_counter() - started, 3)
     return result
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def _torch(inputs: Mapping[str, np.ndarray], drop: Sequence[str] = ()) -> dict[str, Any]:

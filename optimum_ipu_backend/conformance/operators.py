@@ -10,8 +10,6 @@ it is done once per onnx version into the work directory, in ONNX's directory fo
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import tempfile
 import time
 import traceback
@@ -23,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from optimum_ipu_backend.compiler.op_table import DEFAULT_DOMAINS
 from optimum_ipu_backend.conformance.definition import Tier
-from optimum_ipu_backend.conformance.providers import DEFAULT_DOMAINS, OperatorSupport, ProviderUnderTest
+from optimum_ipu_backend.conformance.providers import OperatorSupport, ProviderUnderTest, operator_name
 from optimum_ipu_backend.conformance.results import (
     ERROR,
     FAILED,
@@ -34,7 +33,9 @@ from optimum_ipu_backend.conformance.results import (
     PASSED,
     CaseResult,
     finite,
+    first_line,
 )
+from optimum_ipu_backend.conformance.zoo import build_once
 
 _INDEX_FILE = "index.json"
 _INDEX_FORMAT = 1
@@ -83,47 +84,35 @@ def _value_kinds(model: Any) -> tuple[set[str], list[str]]:
     return element_types, non_tensor
 
 
-def _operator_name(domain: str, op_type: str) -> str:
-    return op_type if domain in DEFAULT_DOMAINS else f"{domain}::{op_type}"
+def _value_format(value_info: Any) -> tuple[Any, Any, Any]:
+    """How ONNX's test data holds a value of this type: (proto class, reader, writer)."""
+    import onnx
+    from onnx import numpy_helper as helper
+
+    return {
+        "sequence_type": (onnx.SequenceProto, helper.to_list, helper.from_list),
+        "optional_type": (onnx.OptionalProto, helper.to_optional, helper.from_optional),
+        "map_type": (onnx.MapProto, helper.to_dict, helper.from_dict),
+    }.get(
+        value_info.type.WhichOneof("value"),
+        (onnx.TensorProto, helper.to_array, lambda value, name: helper.from_array(np.asarray(value), name)),
+    )
 
 
 def _serialise(value: Any, value_info: Any, name: str) -> bytes:
     """A case value in ONNX's test-data format, as onnx's own generate-data tool writes it."""
     import onnx
-    from onnx import numpy_helper
 
-    kind = value_info.type.WhichOneof("value")
     if isinstance(value, onnx.TensorProto):
         return value.SerializeToString()
-    if kind == "sequence_type":
-        return numpy_helper.from_list(value, name).SerializeToString()
-    if kind == "optional_type":
-        return numpy_helper.from_optional(value, name).SerializeToString()
-    if kind == "map_type":
-        return numpy_helper.from_dict(value, name).SerializeToString()
-    return numpy_helper.from_array(np.asarray(value), name).SerializeToString()
+    return _value_format(value_info)[2](value, name).SerializeToString()
 
 
 def _deserialise(data: bytes, value_info: Any) -> Any:
-    import onnx
-    from onnx import numpy_helper
-
-    kind = value_info.type.WhichOneof("value")
-    if kind == "sequence_type":
-        proto = onnx.SequenceProto()
-        proto.ParseFromString(data)
-        return numpy_helper.to_list(proto)
-    if kind == "optional_type":
-        proto = onnx.OptionalProto()
-        proto.ParseFromString(data)
-        return numpy_helper.to_optional(proto)
-    if kind == "map_type":
-        proto = onnx.MapProto()
-        proto.ParseFromString(data)
-        return numpy_helper.to_dict(proto)
-    proto = onnx.TensorProto()
+    proto_class, read, _ = _value_format(value_info)
+    proto = proto_class()
     proto.ParseFromString(data)
-    return numpy_helper.to_array(proto)
+    return read(proto)
 
 
 def _write_case(case: Any, directory: Path) -> None:
@@ -158,7 +147,7 @@ def _generate(root: Path) -> None:
         index.append(
             {
                 "name": case.name,
-                "operator": _operator_name(tested.domain, tested.op_type),
+                "operator": operator_name(tested.domain, tested.op_type),
                 "operators": sorted(_graph_operators(case.model.graph)),
                 "element_types": sorted(element_types),
                 "non_tensor": non_tensor,
@@ -179,20 +168,7 @@ class NodeCaseStore:
 
     def ensure(self) -> NodeCaseStore:
         """Generate the cases once (file-locked, renamed into place: a half-written store is never read)."""
-        from filelock import FileLock
-
-        if (self.root / _INDEX_FILE).is_file():
-            return self
-        self.root.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.root) + ".lock"):
-            if (self.root / _INDEX_FILE).is_file():
-                return self
-            staging = Path(tempfile.mkdtemp(prefix=f".{self.root.name}.", dir=self.root.parent))
-            try:
-                _generate(staging)
-                os.replace(staging, self.root)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
+        build_once(self.root, _generate, lambda root: (root / _INDEX_FILE).is_file())
         return self
 
     def cases(self) -> list[NodeCase]:
@@ -341,8 +317,9 @@ def run_operator_case(
                     break
     except Exception as exc:  # the provider's refusal or crash is the finding
         result.status = ERROR
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        result.message = f"{case.case_id} ({case.operator}): {phase} raised {type(exc).__name__}: {first}"
+        result.message = (
+            f"{case.case_id} ({case.operator}): {phase} raised {type(exc).__name__}: {first_line(exc)}"
+        )
         result.failures.append(result.message)
         result.detail = traceback.format_exc()
     result.duration_s = round(time.perf_counter() - started, 4)

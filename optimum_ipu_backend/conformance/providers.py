@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from optimum_ipu_backend.compiler.op_table import DEFAULT_DOMAINS
 from optimum_ipu_backend.conformance.definition import (
     DISTRIBUTION_EXPECTATIONS_FILE,
     DefinitionError,
@@ -28,8 +29,12 @@ from optimum_ipu_backend.integration.discovery import (
     resolve_qualname,
 )
 
-DEFAULT_DOMAINS = ("", "ai.onnx")
 REFERENCE_PROVIDER = "CPUExecutionProvider"
+
+
+def operator_name(domain: str, op_type: str) -> str:
+    """How the suite names an operator: ``Op``, or ``domain::Op`` outside the default domain."""
+    return op_type if domain in DEFAULT_DOMAINS else f"{domain}::{op_type}"
 
 
 class ProviderNotFoundError(ConfigurationError, LookupError):
@@ -58,9 +63,7 @@ class OperatorSupport:
             for domain, op_type in operators
             if (("" if domain in DEFAULT_DOMAINS else domain), op_type) not in self.table
         }
-        return sorted(
-            op_type if domain in DEFAULT_DOMAINS else f"{domain}::{op_type}" for domain, op_type in missing
-        )
+        return sorted(operator_name(domain, op_type) for domain, op_type in missing)
 
     def foreign_element_types(self, element_types: Iterable[str]) -> list[str]:
         if self.element_types is None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +13,16 @@ from optimum_ipu_backend.conformance.reports import (
     STATUS_LABELS,
     Report,
     figure_text,
+    options_line,
     provider_line,
     run_line,
 )
 from optimum_ipu_backend.conformance.results import (
     ERROR,
     FAILED,
+    MODEL,
     NOT_APPLICABLE,
+    OPERATOR,
     OUT_OF_TABLE,
     PASSED,
     STATUSES,
@@ -165,6 +167,15 @@ def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] = frozen
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _status_table(title: str, rows: dict[str, dict[str, int]]) -> str:
+    """A table of case counts by status, one row per key of ``rows``."""
+    return _table(
+        [title, *(STATUS_LABELS[s] for s in STATUSES)],
+        [[name, *(counts.get(s, 0) for s in STATUSES)] for name, counts in rows.items()],
+        set(range(1, len(STATUSES) + 1)),
+    )
+
+
 def render(report: Report) -> str:
     data = report.data
     provider = data["provider"]
@@ -182,10 +193,7 @@ def render(report: Report) -> str:
             ["", ""],
             [
                 ["provider", provider_line(provider)],
-                [
-                    "options",
-                    json.dumps(provider["options"], sort_keys=True) if provider["options"] else "none",
-                ],
+                ["options", options_line(provider)],
                 ["tier", f"{data['tier']['name']}: {data['tier']['description']}"],
                 ["expectation files", ", ".join(provider["expectation_files"]) or "none"],
                 ["operator support", provider["operator_support"]],
@@ -194,14 +202,7 @@ def render(report: Report) -> str:
             ],
         ),
         "<h2>Summary</h2>",
-        _table(
-            ["level", *(STATUS_LABELS[s] for s in STATUSES)],
-            [
-                [level, *(data["summary"][level].get(s, 0) for s in STATUSES)]
-                for level in ("model", "operator")
-            ],
-            numeric=set(range(1, len(STATUSES) + 1)),
-        ),
+        _status_table("level", {level: data["summary"][level] for level in (MODEL, OPERATOR)}),
     ]
     failing = [r for r in report.results if r.is_failing]
     parts.append(f'<h2 id="failures">Failures ({len(failing)})</h2>')
@@ -273,14 +274,7 @@ def render(report: Report) -> str:
             if metrics:
                 parts.append(_table(["case", "input set", "task measure", "value", "required"], metrics, {3}))
         else:
-            rows = [[op, *(counts.get(s, 0) for s in STATUSES)] for op, counts in data["operators"].items()]
-            parts.append(
-                _table(
-                    ["operator", *(STATUS_LABELS[s] for s in STATUSES)],
-                    rows,
-                    set(range(1, len(STATUSES) + 1)),
-                )
-            )
+            parts.append(_status_table("operator", data["operators"]))
 
     expected = [r for r in report.results if r.status in (XFAIL, NOT_APPLICABLE) and r.expectation]
     if expected:

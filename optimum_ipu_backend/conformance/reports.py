@@ -54,7 +54,7 @@ def report_schema() -> dict[str, Any]:
     return json.loads(resources.files(__package__).joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
 
 
-def _version(distribution: str) -> str:
+def installed_version(distribution: str) -> str:
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
@@ -69,7 +69,7 @@ def environment() -> dict[str, str]:
         "cpu_count": str(os.cpu_count()),
     }
     for distribution in ("onnx", "onnxruntime", "torch", "transformers", "optimum-onnx"):
-        facts[distribution] = _version(distribution)
+        facts[distribution] = installed_version(distribution)
     return facts
 
 
@@ -92,7 +92,7 @@ class Report:
         passed = not interrupted and not any(result.is_failing for result in results)
         data = {
             "schema_version": SCHEMA_VERSION,
-            "tool": {"name": "optimum-ipu-backend", "version": _version("optimum-ipu-backend")},
+            "tool": {"name": "optimum-ipu-backend", "version": installed_version("optimum-ipu-backend")},
             "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
             "duration_s": round(max(datetime.now(timezone.utc).timestamp() - started, 0.0), 2),
             "interrupted": interrupted,
@@ -194,6 +194,13 @@ def write_json(report: Report, path: Path) -> Path:
     return path
 
 
+# JUnit's element for a failing case, by status: (suite counter, element tag, type attribute).
+_JUNIT_FAULTS = {
+    FAILED: ("failures", "failure", "ConformanceFailure"),
+    ERROR: ("errors", "error", "ConformanceError"),
+}
+
+
 def write_junit(report: Report, path: Path) -> Path:
     """One testsuite per level; failures carry the case, the output and the error in their message."""
     data = report.data
@@ -218,18 +225,10 @@ def write_junit(report: Report, path: Path) -> Path:
             case = ElementTree.SubElement(
                 suite, "testcase", classname=classname, name=result.case_id, time=f"{result.duration_s:.3f}"
             )
-            if result.status == FAILED:
-                counts["failures"] += 1
-                element = ElementTree.SubElement(
-                    case, "failure", message=result.message, type="ConformanceFailure"
-                )
-                element.text = result.detail
-            elif result.status == ERROR:
-                counts["errors"] += 1
-                element = ElementTree.SubElement(
-                    case, "error", message=result.message, type="ConformanceError"
-                )
-                element.text = result.detail
+            if result.status in _JUNIT_FAULTS:
+                count, tag, kind = _JUNIT_FAULTS[result.status]
+                counts[count] += 1
+                ElementTree.SubElement(case, tag, message=result.message, type=kind).text = result.detail
             elif result.status in (XFAIL, NOT_APPLICABLE, OUT_OF_TABLE):
                 counts["skipped"] += 1
                 reason = result.expectation["reason"] if result.expectation else result.message
@@ -288,6 +287,19 @@ def figure_text(value: Any) -> str:
     return str(value)
 
 
+def _status_table(title: str, rows: dict[str, dict[str, int]]) -> list[str]:
+    """A Markdown table of case counts by status, one row per key of ``rows``."""
+    lines = [
+        "| " + " | ".join([title, *(STATUS_LABELS[s] for s in STATUSES)]) + " |",
+        "|---|" + "---:|" * len(STATUSES),
+    ]
+    lines += [
+        f"| {name} | " + " | ".join(str(counts.get(s, 0)) for s in STATUSES) + " |"
+        for name, counts in rows.items()
+    ]
+    return lines
+
+
 def markdown(report: Report) -> str:
     data = report.data
     provider = data["provider"]
@@ -309,12 +321,8 @@ def markdown(report: Report) -> str:
         "",
         "## Summary",
         "",
-        "| level | " + " | ".join(STATUS_LABELS[s] for s in STATUSES) + " |",
-        "|---|" + "---:|" * len(STATUSES),
+        *_status_table("level", {level: data["summary"][level] for level in (MODEL, OPERATOR)}),
     ]
-    for level in (MODEL, OPERATOR):
-        counts = data["summary"][level]
-        lines.append(f"| {level} | " + " | ".join(str(counts.get(s, 0)) for s in STATUSES) + " |")
     failing = [r for r in report.results if r.is_failing]
     lines += ["", f"## Failures ({len(failing)})", ""]
     if failing:
@@ -355,15 +363,8 @@ def markdown(report: Report) -> str:
                     f"{figure_text(metric.value)} | {required_line(metric.threshold)} |"
                 )
     if data["operators"]:
-        lines += [
-            "",
-            "## Operators: cases per operator under test",
-            "",
-            "| operator | " + " | ".join(STATUS_LABELS[s] for s in STATUSES) + " |",
-            "|---|" + "---:|" * len(STATUSES),
-        ]
-        for operator, counts in data["operators"].items():
-            lines.append(f"| {operator} | " + " | ".join(str(counts.get(s, 0)) for s in STATUSES) + " |")
+        lines += ["", "## Operators: cases per operator under test", ""]
+        lines += _status_table("operator", data["operators"])
     expected = [r for r in report.results if r.status in (XFAIL, NOT_APPLICABLE) and r.expectation]
     if expected:
         lines += ["", "## Expected failures and cases not applicable, with their reasons", ""]

@@ -61,9 +61,8 @@ class CaseResult:
     failures: list[str] = field(default_factory=list)  # one line per failed check
     outputs: list[OutputComparison] = field(default_factory=list)
     metrics: list[TaskMetric] = field(default_factory=list)
-    info: dict[str, Any] = field(
-        default_factory=dict
-    )  # level-specific facts (ORTModel class, bound operands)
+    # Level-specific facts (ORTModel class, bound operands).
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_failing(self) -> bool:
@@ -76,15 +75,16 @@ class CaseResult:
         return json.dumps(self.to_dict(), allow_nan=False)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> CaseResult:
-        raw = dict(raw)
+    def from_json(cls, text: str) -> CaseResult:
+        raw = json.loads(text)
         raw["outputs"] = [OutputComparison(**item) for item in raw.get("outputs", [])]
         raw["metrics"] = [TaskMetric(**item) for item in raw.get("metrics", [])]
         return cls(**raw)
 
-    @classmethod
-    def from_json(cls, text: str) -> CaseResult:
-        return cls.from_dict(json.loads(text))
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def finite(value: float) -> float | None:

@@ -152,7 +152,7 @@ class ConformanceRun:
         else:
             chosen_ops = self.operators.select(settings.quick, settings.ops)
         for case in model_cases:
-            self._add(case.case_id, MODEL, "", model=case)
+            self._add(case.case_id, MODEL, case.group, model=case)
         if chosen_ops != frozenset():
             for node in select_cases(self.node_store().cases(), chosen_ops):
                 ruled_out = static_status(node, self.provider.operator_support)
@@ -170,12 +170,10 @@ class ConformanceRun:
     def _add(self, case_id: str, level: str, group: str, **case: Any) -> None:
         not_applicable = self._expectation(case_id, "not_applicable")
         if not_applicable is not None:
-            result = CaseResult(case_id, level, group or case_id, NOT_APPLICABLE, message=f"{case_id}: ")
-            result.message += not_applicable["reason"]
-            result.expectation = not_applicable
-            if case.get("model") is not None:
-                result.group = case["model"].group
-            self.decided.append(result)
+            message = f"{case_id}: {not_applicable['reason']}"
+            self.decided.append(
+                CaseResult(case_id, level, group, NOT_APPLICABLE, message=message, expectation=not_applicable)
+            )
             return
         self.planned.append(
             PlannedCase(case_id, level, known_failure=self._expectation(case_id, "known_failure"), **case)

@@ -28,6 +28,7 @@ import warnings
 import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -226,7 +227,7 @@ def _wordpiece_tokenizer(out_dir: Path, tokenizer_class_name: str) -> transforme
 def _byte_level_tokenizer(
     out_dir: Path, tokenizer_class_name: str, special_tokens: Sequence[str], **tokenizer_kwargs: Any
 ) -> transformers.PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on the corpus (unsaved: Whisper's is saved by its processor)."""
+    """A byte-level BPE tokenizer trained on the corpus, saved to ``out_dir``."""
     import transformers
     from tokenizers import ByteLevelBPETokenizer
 
@@ -245,13 +246,14 @@ def _byte_level_tokenizer(
         merges = Path(merges_file).read_text(encoding="utf-8")
     (out_dir / "vocab.json").write_text(vocab, encoding="utf-8")
     (out_dir / "merges.txt").write_text(merges, encoding="utf-8")
-    tokenizer_class = getattr(transformers, tokenizer_class_name)
-    return tokenizer_class(
+    tokenizer = getattr(transformers, tokenizer_class_name)(
         vocab_file=str(out_dir / "vocab.json"),
         merges_file=str(out_dir / "merges.txt"),
         model_max_length=TINY_MAX_POSITIONS,
         **tokenizer_kwargs,
     )
+    tokenizer.save_pretrained(out_dir)
+    return tokenizer
 
 
 def _unigram_pieces(special_tokens: Sequence[str]) -> list[tuple[str, float]]:
@@ -353,7 +355,7 @@ _ENCODER_DECODER_SIZES: Mapping[str, int] = {
 
 
 def _bert_like(
-    out_dir: Path, tokenizer_class_name: str, config_class_name: str, **config_kwargs: Any
+    tokenizer_class_name: str, config_class_name: str, out_dir: Path, **config_kwargs: Any
 ) -> transformers.PretrainedConfig:
     import transformers
 
@@ -365,15 +367,6 @@ def _bert_like(
         pad_token_id=tokenizer.pad_token_id,
         **config_kwargs,
     )
-
-
-def _bert(out_dir: Path) -> transformers.PretrainedConfig:
-    return _bert_like(out_dir, "BertTokenizerFast", "BertConfig", type_vocab_size=2)
-
-
-def _electra(out_dir: Path) -> transformers.PretrainedConfig:
-    # An embedding size below hidden, so that the embeddings projection is exported too.
-    return _bert_like(out_dir, "ElectraTokenizerFast", "ElectraConfig", embedding_size=16)
 
 
 def _distilbert(out_dir: Path) -> transformers.PretrainedConfig:
@@ -408,7 +401,6 @@ def _roberta_style_config(
 
 def _roberta(out_dir: Path) -> transformers.PretrainedConfig:
     tokenizer = _byte_level_tokenizer(out_dir, "RobertaTokenizerFast", _ROBERTA_SPECIALS)
-    tokenizer.save_pretrained(out_dir)
     return _roberta_style_config("RobertaConfig", tokenizer)
 
 
@@ -459,11 +451,9 @@ def _albert(out_dir: Path) -> transformers.PretrainedConfig:
 def _decoder_tokenizer(out_dir: Path) -> transformers.PreTrainedTokenizerFast:
     """GPT-2's byte-level tokenizer, saved in ``out_dir``. GPT-2 has no pad token; reusing EOS is the usual
     convention. Left padding is what batched generation needs for a decoder-only model."""
-    tokenizer = _byte_level_tokenizer(
+    return _byte_level_tokenizer(
         out_dir, "GPT2TokenizerFast", ["<|endoftext|>"], pad_token="<|endoftext|>", padding_side="left"
     )
-    tokenizer.save_pretrained(out_dir)
-    return tokenizer
 
 
 def _gpt2(out_dir: Path) -> transformers.PretrainedConfig:
@@ -484,14 +474,13 @@ def _gpt2(out_dir: Path) -> transformers.PretrainedConfig:
 
 
 def _bart_layout(
-    out_dir: Path, config_class_name: str, forced_eos: bool = False, **settings: Any
+    config_class_name: str, out_dir: Path, forced_eos: bool = False, **settings: Any
 ) -> transformers.PretrainedConfig:
     """A BART-layout encoder-decoder of the zoo's size: BART's byte-level tokenizer and special ids, the
     decoder started with </s> (and, with ``forced_eos``, generation ended with it)."""
     import transformers
 
     tokenizer = _byte_level_tokenizer(out_dir, "BartTokenizerFast", _ROBERTA_SPECIALS)
-    tokenizer.save_pretrained(out_dir)
     if forced_eos:
         settings["forced_eos_token_id"] = tokenizer.eos_token_id
     return getattr(transformers, config_class_name)(
@@ -502,10 +491,6 @@ def _bart_layout(
         **settings,
         **_ids(tokenizer),
     )
-
-
-def _bart(out_dir: Path) -> transformers.PretrainedConfig:
-    return _bart_layout(out_dir, "BartConfig", forced_eos=True, forced_bos_token_id=None, init_std=0.1)
 
 
 #: MBart's stand-in takes texts of the length users feed a zero-shot classifier (512 tokens), which the
@@ -552,25 +537,24 @@ def _widen_bart_decoder_positions(model: transformers.PreTrainedModel) -> None:
         decoder.embed_positions.weight.mul_(4.0)
 
 
-def _t5_family_tokenizer(out_dir: Path):
-    """T5's layout, shared by LongT5: pad=0 doubles as the decoder start token, eos=1, unk=2."""
-    return unigram_tokenizer(
+def _t5_family(config_class_name: str, out_dir: Path, **architecture: Any) -> transformers.PretrainedConfig:
+    """A T5-family model of the zoo's size with T5's special tokens: pad=0 doubles as the decoder start token,
+    eos=1, unk=2.
+
+    Tied, a random T5 decoder echoes its input token (greedy output is all pad); untied like T5 v1.1 it
+    varies, and a small factor keeps logits near 1-5, where fp32 comparisons at 1e-4 stay meaningful
+    (initializer_factor=8 gives logits near 200).
+    """
+    import transformers
+
+    tokenizer = unigram_tokenizer(
         out_dir,
         special_tokens=["<pad>", "</s>", "<unk>"],
         templates=("$A </s>", "$A </s> $B </s>"),
         model_input_names=["input_ids", "attention_mask"],
         token_roles={"pad_token": "<pad>", "eos_token": "</s>"},
     )
-
-
-def _t5_family_config(config_class: type, tokenizer, **architecture) -> transformers.PretrainedConfig:
-    """A T5-family config of the zoo's size with ``tokenizer``'s special tokens.
-
-    Tied, a random T5 decoder echoes its input token (greedy output is all pad); untied like T5 v1.1 it
-    varies, and a small factor keeps logits near 1-5, where fp32 comparisons at 1e-4 stay meaningful
-    (initializer_factor=8 gives logits near 200).
-    """
-    return config_class(
+    return getattr(transformers, config_class_name)(
         vocab_size=len(tokenizer),
         d_model=TINY_HIDDEN,
         d_kv=TINY_HIDDEN // TINY_HEADS,
@@ -586,13 +570,6 @@ def _t5_family_config(config_class: type, tokenizer, **architecture) -> transfor
         decoder_start_token_id=tokenizer.pad_token_id,
         **architecture,
     )
-
-
-def _t5(out_dir: Path) -> transformers.PretrainedConfig:
-    import transformers
-
-    tokenizer = _t5_family_tokenizer(out_dir)
-    return _t5_family_config(transformers.T5Config, tokenizer, relative_attention_num_buckets=8)
 
 
 def _vit(out_dir: Path) -> transformers.PretrainedConfig:
@@ -666,21 +643,6 @@ def _whisper_generation_config(model_dir: Path, config: transformers.PretrainedC
 # ----------------------------------------------------------------------------------------------------
 
 
-def _convbert(out_dir: Path) -> transformers.PretrainedConfig:
-    import transformers
-
-    tokenizer = _wordpiece_tokenizer(out_dir, "ConvBertTokenizerFast")
-    return transformers.ConvBertConfig(
-        vocab_size=len(tokenizer),
-        **TINY_ENCODER_SIZES,
-        max_position_embeddings=TINY_MAX_POSITIONS,
-        embedding_size=TINY_HIDDEN,
-        head_ratio=2,
-        conv_kernel_size=3,  # the span-based dynamic convolution reads neighbouring positions
-        pad_token_id=tokenizer.pad_token_id,
-    )
-
-
 # ESM's protein alphabet, in the order its tokenizer expects (special tokens first, <mask> last).
 _ESM_TOKENS = (
     "<cls>",
@@ -711,26 +673,6 @@ def _esm(out_dir: Path) -> transformers.PretrainedConfig:
         token_dropout=False,
         pad_token_id=tokenizer.pad_token_id,
         mask_token_id=tokenizer.mask_token_id,
-    )
-
-
-def _m2m100(out_dir: Path) -> transformers.PretrainedConfig:
-    # Small, unscaled token embeddings leave the sinusoidal positions in charge of a random decoder;
-    # otherwise it echoes its input token (1-3 distinct tokens in 16 for the seeds tried, 4-7 this way).
-    return _bart_layout(out_dir, "M2M100Config", scale_embedding=False, init_std=0.02)
-
-
-def _longt5(out_dir: Path) -> transformers.PretrainedConfig:
-    import transformers
-
-    tokenizer = _t5_family_tokenizer(out_dir)
-    return _t5_family_config(
-        transformers.LongT5Config,
-        tokenizer,
-        encoder_attention_type="local",  # blocks of local_radius tokens, built with Pad
-        local_radius=4,
-        global_block_size=4,
-        relative_attention_num_buckets=16,  # with 8, greedy decoding of the zoo's seed cycles over 3 tokens
     )
 
 
@@ -796,21 +738,38 @@ _AFTER_INIT: Mapping[str, Callable[[transformers.PreTrainedModel], None]] = {
 }
 
 _BUILDERS: Mapping[str, Callable[[Path], transformers.PretrainedConfig]] = {
-    "bert": _bert,
+    "bert": partial(_bert_like, "BertTokenizerFast", "BertConfig", type_vocab_size=2),
     "roberta": _roberta,
     "camembert": _camembert,
     "distilbert": _distilbert,
     "albert": _albert,
-    "electra": _electra,
+    # An embedding size below hidden, so that the embeddings projection is exported too.
+    "electra": partial(_bert_like, "ElectraTokenizerFast", "ElectraConfig", embedding_size=16),
     "gpt2": _gpt2,
-    "t5": _t5,
-    "bart": _bart,
+    "t5": partial(_t5_family, "T5Config", relative_attention_num_buckets=8),
+    "bart": partial(_bart_layout, "BartConfig", forced_eos=True, forced_bos_token_id=None, init_std=0.1),
     "vit": _vit,
     "whisper": _whisper,
-    "convbert": _convbert,
+    "convbert": partial(
+        _bert_like,
+        "ConvBertTokenizerFast",
+        "ConvBertConfig",
+        embedding_size=TINY_HIDDEN,
+        head_ratio=2,
+        conv_kernel_size=3,  # the span-based dynamic convolution reads neighbouring positions
+    ),
     "esm": _esm,
-    "m2m100": _m2m100,
-    "longt5": _longt5,
+    # Small, unscaled token embeddings leave the sinusoidal positions in charge of a random decoder;
+    # otherwise it echoes its input token (1-3 distinct tokens in 16 for the seeds tried, 4-7 this way).
+    "m2m100": partial(_bart_layout, "M2M100Config", scale_embedding=False, init_std=0.02),
+    "longt5": partial(
+        _t5_family,
+        "LongT5Config",
+        encoder_attention_type="local",  # blocks of local_radius tokens, built with Pad
+        local_radius=4,
+        global_block_size=4,
+        relative_attention_num_buckets=16,  # with 8, greedy decoding of the zoo's seed cycles over 3 tokens
+    ),
     "qwen3_moe": _qwen3_moe,
     "wav2vec2": wav2vec2_config,
     "mbart": _mbart,

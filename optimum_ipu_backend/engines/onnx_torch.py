@@ -45,10 +45,9 @@ _TORCH_TYPES = {
     onnx.TensorProto.BOOL: torch.bool,
 }
 
-# Operands PopART needs at compile time, by operator: input index -> role. PopTorch traces ``forward`` on
-# the IPU device, where a value cannot be read on the host (``.item()``, ``.tolist()``, ``float(t)``
-# raise), so these are resolved to numpy arrays when the module is built, from initializers, Constant
-# nodes, static shapes and the small computations between them; ``forward`` receives them as numpy.
+# Operands PopART needs at compile time, by operator: input index -> role. Resolved to numpy arrays when the
+# module is built, from initializers, Constant nodes, static shapes and the small computations between them
+# (``.item()``, ``.tolist()`` and ``float(t)`` raise while PopTorch traces); ``forward`` receives numpy.
 STATIC_OPERANDS: dict[str, dict[int, str]] = {
     "ConstantOfShape": {0: "input"},
     "CumSum": {1: "axis"},
@@ -87,14 +86,6 @@ def _reduce(fn: Callable[..., torch.Tensor]) -> Op:
         return fn(data, dims, keep)
 
     return op
-
-
-def _reduce_max(data: torch.Tensor, dims: list[int], keep: bool) -> torch.Tensor:
-    return torch.amax(data, dim=dims, keepdim=keep)
-
-
-def _reduce_min(data: torch.Tensor, dims: list[int], keep: bool) -> torch.Tensor:
-    return torch.amin(data, dim=dims, keepdim=keep)
 
 
 def _reduce_prod(data: torch.Tensor, dims: list[int], keep: bool) -> torch.Tensor:
@@ -192,10 +183,6 @@ def _expand(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     data, shape = inputs
     target = torch.broadcast_shapes(tuple(data.shape), tuple(_ints(shape)))
     return data.expand(target)
-
-
-def _cast(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
-    return inputs[0].to(_TORCH_TYPES[attrs["to"]])
 
 
 def _constant_of_shape(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
@@ -441,10 +428,6 @@ def _pool(kind: str) -> Op:
     return op
 
 
-def _where(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
-    return torch.where(inputs[0].to(torch.bool), inputs[1], inputs[2])
-
-
 def _pow(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     base, exponent = inputs
     return torch.pow(base, exponent.to(base.dtype))
@@ -463,10 +446,6 @@ def _one_hot(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     axis = _axis(attrs.get("axis", -1), indices.dim() + 1)
     hot = torch.movedim(hot, -1, axis)
     return torch.where(hot.to(torch.bool), values[1], values[0])
-
-
-def _tile(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
-    return inputs[0].repeat(_ints(inputs[1]))
 
 
 def _flatten(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
@@ -492,7 +471,7 @@ OPS: dict[str, Op] = {
     "Atan": _unary(torch.atan),
     "AveragePool": _pool("AveragePool"),
     "BatchNormalization": _batch_norm,
-    "Cast": _cast,
+    "Cast": lambda inputs, attrs: inputs[0].to(_TORCH_TYPES[attrs["to"]]),
     "Ceil": _unary(torch.ceil),
     "Clip": _clip,
     "Concat": lambda inputs, attrs: torch.cat(list(inputs), dim=attrs["axis"]),
@@ -550,9 +529,9 @@ OPS: dict[str, Op] = {
     "ReduceL2": _reduce(lambda d, dims, keep: d.pow(2).sum(dim=dims, keepdim=keep).sqrt()),
     "ReduceLogSum": _reduce(lambda d, dims, keep: d.sum(dim=dims, keepdim=keep).log()),
     "ReduceLogSumExp": _reduce(lambda d, dims, keep: torch.logsumexp(d, dim=dims, keepdim=keep)),
-    "ReduceMax": _reduce(_reduce_max),
+    "ReduceMax": _reduce(lambda d, dims, keep: torch.amax(d, dim=dims, keepdim=keep)),
     "ReduceMean": _reduce(lambda d, dims, keep: d.mean(dim=dims, keepdim=keep)),
-    "ReduceMin": _reduce(_reduce_min),
+    "ReduceMin": _reduce(lambda d, dims, keep: torch.amin(d, dim=dims, keepdim=keep)),
     "ReduceProd": _reduce(_reduce_prod),
     "ReduceSum": _reduce(lambda d, dims, keep: d.sum(dim=dims, keepdim=keep).to(d.dtype)),
     "ReduceSumSquare": _reduce(lambda d, dims, keep: (d * d).sum(dim=dims, keepdim=keep)),
@@ -580,13 +559,13 @@ OPS: dict[str, Op] = {
     "Sum": _variadic(torch.add),
     "Tan": _unary(torch.tan),
     "Tanh": _unary(torch.tanh),
-    "Tile": _tile,
+    "Tile": lambda inputs, attrs: inputs[0].repeat(_ints(inputs[1])),
     "TopK": _topk,
     "Transpose": lambda inputs, attrs: inputs[0].permute(
         attrs.get("perm", list(reversed(range(inputs[0].dim()))))
     ),
     "Unsqueeze": _unsqueeze,
-    "Where": _where,
+    "Where": lambda inputs, attrs: torch.where(inputs[0].to(torch.bool), inputs[1], inputs[2]),
 }
 
 
@@ -630,12 +609,17 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray:
     )
 
 
-def _static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
-    tensor_type = value.type.tensor_type
-    if not tensor_type.HasField("shape"):
-        return None
-    dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
-    return None if any(d < 0 for d in dims) else dims
+def _static_shapes(values: Sequence[onnx.ValueInfoProto]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the values whose every dimension is a number, by name."""
+    shapes = {}
+    for value in values:
+        tensor_type = value.type.tensor_type
+        if not tensor_type.HasField("shape"):
+            continue
+        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
+        if all(d >= 0 for d in dims):
+            shapes[value.name] = dims
+    return shapes
 
 
 # Initializers up to this size stay in the copy shape inference reads (their values may decide shapes,
@@ -667,12 +651,23 @@ def _inferred_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
         ir_version=model.ir_version,
     )
     inferred = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
-    shapes = {}
-    for value in list(inferred.value_info) + list(inferred.output):
-        shape = _static_shape(value)
-        if shape is not None:
-            shapes[value.name] = shape
-    return shapes
+    return _static_shapes([*inferred.value_info, *inferred.output])
+
+
+def _run(op_type: str, args: list[Any], attrs: Attrs, output_names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """One operator's results by output name (an unnamed, omitted output is dropped)."""
+    result = OPS[op_type](args, attrs)
+    results = [result] if isinstance(result, torch.Tensor) else list(result)
+    return {name: value for name, value in zip(output_names, results) if name}
+
+
+def _static_inputs(node: onnx.NodeProto) -> dict[int, str]:
+    """The node's inputs read as static operands (STATIC_OPERANDS), by index; omitted ones are left out."""
+    return {
+        index: node.input[index]
+        for index in STATIC_OPERANDS.get(node.op_type, {})
+        if index < len(node.input) and node.input[index]
+    }
 
 
 def _to_numpy(value: Any) -> np.ndarray:
@@ -699,20 +694,16 @@ class _Resolver:
             initializer.name: np.array(numpy_helper.to_array(initializer))
             for initializer in graph.initializer
         }
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        for value in list(graph.input) + list(graph.value_info) + list(graph.output):
-            shape = _static_shape(value)
-            if shape is not None:
-                self.shapes[value.name] = shape
+        self.shapes = _static_shapes([*graph.input, *graph.value_info, *graph.output])
         self._inferred: dict[str, tuple[int, ...]] | None = None
         producers = {name: node for node in graph.node for name in node.output if name}
         # Each value needed on the host -> (the node that reads it statically, the operand's role and name)
         self.needed: dict[str, tuple[onnx.NodeProto, str, str]] = {}
-        pending = []
-        for node in graph.node:
-            for index, role in STATIC_OPERANDS.get(node.op_type, {}).items():
-                if index < len(node.input) and node.input[index]:
-                    pending.append((node.input[index], (node, role, node.input[index])))
+        pending = [
+            (name, (node, STATIC_OPERANDS[node.op_type][index], name))
+            for node in graph.node
+            for index, name in _static_inputs(node).items()
+        ]
         while pending:
             name, reader = pending.pop()
             if name in self.needed:
@@ -765,32 +756,23 @@ class _Resolver:
             None if not name else self.known[name] if index in statics else torch.from_numpy(self.known[name])
             for index, name in enumerate(node.input)
         ]
-        result = OPS[node.op_type](args, _attributes(node))
-        results = [result] if isinstance(result, torch.Tensor) else list(result)
-        for name, value in zip(node.output, results):
-            if name:
-                self.known[name] = _to_numpy(value)
+        for name, value in _run(node.op_type, args, _attributes(node), node.output).items():
+            self.known[name] = _to_numpy(value)
 
     def statics(self, node: onnx.NodeProto) -> dict[int, np.ndarray]:
         """The static operands of a node that stays in ``forward``."""
         resolved = {}
-        for index in STATIC_OPERANDS.get(node.op_type, {}):
-            if index < len(node.input) and node.input[index]:
-                name = node.input[index]
-                if name not in self.known:
-                    raise self._refuse(node, name)
-                resolved[index] = self.known[name]
+        for index, name in _static_inputs(node).items():
+            if name not in self.known:
+                raise self._refuse(node, name)
+            resolved[index] = self.known[name]
         return resolved
 
 
 class OnnxGraphModule(torch.nn.Module):
-    """Runs one static ONNX graph with torch operators.
-
-    What PopART needs at compile time (a Reshape's shape, a Slice's bounds, a Pad's pads, ...) is resolved
-    when the module is built (``_Resolver``) and baked into the nodes as numpy arrays, so ``forward`` never
-    reads a tensor's value: PopTorch traces it on the IPU device, where such a read fails. Constant values
-    that ``forward`` uses as tensors (initializers, folded values) are buffers, uploaded like weights.
-    """
+    """Runs one static ONNX graph with torch operators, its static operands baked into the nodes as numpy
+    arrays (``_Resolver``). Constant values that ``forward`` reads as tensors (initializers, folded values)
+    are buffers, uploaded like weights."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         super().__init__()
@@ -852,11 +834,7 @@ class OnnxGraphModule(torch.nn.Module):
                 statics[index] if index in statics else values[name] if name else None
                 for index, name in enumerate(input_names)
             ]
-            result = OPS[op_type](args, attrs)
-            results = [result] if isinstance(result, torch.Tensor) else list(result)
-            for name, value in zip(output_names, results):
-                if name:
-                    values[name] = value
+            values.update(_run(op_type, args, attrs, output_names))
         return tuple(values[name] for name in self.output_names)
 
 

@@ -101,7 +101,9 @@ class PopTorchBackend(Backend[_Executor]):
         while ipus < 1024 and poptorch.ipuHardwareIsAvailable(max(ipus * 2, 1)):
             ipus = max(ipus * 2, 1)
         self._capacity = ipus
-        version = {2: "ipu2", 21: "ipu21"}.get(poptorch.ipuHardwareVersion()) if ipus else None
+        version = (
+            {v: k for k, v in _IPU_VERSIONS.items()}.get(poptorch.ipuHardwareVersion()) if ipus else None
+        )
         return {"sdk_version": poptorch.__version__, "ipus": ipus, "ipu_version": version}
 
     def open_device(
@@ -175,17 +177,13 @@ class PopTorchBackend(Backend[_Executor]):
         executor = self.poptorch.inferenceModel(module, opts)
         for spec in inputs:  # the shape PopTorch takes, fixed from here on
             spec["host_shape"] = _leading_axis(spec["shape"], steps)
-        examples = [
-            torch.zeros(spec["host_shape"], dtype=_torch_dtype(torch, spec["dtype"])) for spec in inputs
-        ]
+        examples = [torch.zeros(spec["host_shape"], dtype=getattr(torch, spec["dtype"])) for spec in inputs]
         executor.compile(*examples)
         return _Executor(executor, inputs, outputs, steps, device.label)
 
     def run(self, built: _Executor, inputs: dict, outputs: dict) -> None:
         torch = self.torch
-        args = []
-        for spec in built.inputs:
-            args.append(torch.from_numpy(inputs[spec["name"]].reshape(spec["host_shape"])))
+        args = [torch.from_numpy(inputs[spec["name"]].reshape(spec["host_shape"])) for spec in built.inputs]
         results = built.executor(*args)
         if isinstance(results, torch.Tensor):
             results = (results,)
@@ -264,7 +262,3 @@ def _leading_axis(shape: tuple[int, ...], steps: int) -> tuple[int, ...]:
     """The shape PopTorch takes for one step's ``steps`` micro-batches of an ONNX ``shape``: dim 0
     multiplied by the steps, and a scalar given a dim 0 of its own."""
     return (shape[0] * steps, *shape[1:]) if shape else (steps,)
-
-
-def _torch_dtype(torch: Any, name: str) -> Any:
-    return getattr(torch, {"float32": "float32", "float16": "float16", "bool": "bool"}.get(name, name))
