@@ -6,8 +6,7 @@
   serialize the whole model, and no pass needs a weight's values, so initializers of ``WEIGHT_MIN_BYTES``
   or more travel as typed graph inputs. One threshold for every such copy.
 * Fresh names that clash with nothing in the model (``NameAllocator``).
-* Who produces and who reads each tensor (``TensorIndex``), and which tensors feed a table's indices
-  (``index_operand_sources``).
+* Which tensors feed a table's indices (``index_operand_sources``).
 * One shape inference (``infer_shapes``), always on a weight-free copy, so a model above protobuf's 2 GiB
   limit is inferred like any other; a node's attributes (``attribute``); a tensor's bytes
   (``value_bytes``).
@@ -146,8 +145,13 @@ def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
+def attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    """The Python value of each attribute of a node, by name."""
+    return {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
+
+
 def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
-    """The Python value of a node attribute, or ``default`` when absent."""
+    """The Python value of a node attribute, or ``default`` when absent (the others are not read)."""
     for attr in node.attribute:
         if attr.name == name:
             return helper.get_attribute_value(attr)
@@ -290,42 +294,6 @@ class NameAllocator:
 # -- producers and consumers ---------------------------------------------------------------------------
 
 
-class TensorIndex:
-    """Who produces and who reads each tensor: in the graph alone, or with ``subgraphs`` in every scope.
-
-    ``consumers[name]`` lists ``(node, input index)`` pairs; ``producer[name]`` is the node that outputs
-    ``name`` (absent for graph inputs and initializers). ``read_in_subgraphs`` holds the names the nodes
-    of nested subgraphs read (outer-scope values an If branch captures).
-    """
-
-    def __init__(self, graph: onnx.GraphProto, *, subgraphs: bool = True) -> None:
-        self.producer: dict[str, onnx.NodeProto] = {}
-        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
-        self.graph_outputs: set[str] = set()
-        for sub in iter_graphs(graph) if subgraphs else (graph,):
-            for node in sub.node:
-                for index, name in enumerate(node.input):
-                    if name:
-                        self.consumers[name].append((node, index))
-                for name in node.output:
-                    if name:
-                        self.producer[name] = node
-            self.graph_outputs.update(output.name for output in sub.output)
-        self.read_in_subgraphs: set[str] = set()
-        for node in graph.node:
-            for sub in subgraphs_of(node):
-                self.read_in_subgraphs |= names_read(sub)
-
-    def slots(self, name: str) -> list[tuple[str, int]]:
-        """The (op_type, input index) operand slots that read ``name``."""
-        return [(node.op_type, index) for node, index in self.consumers.get(name, ())]
-
-    def only_feeds(self, name: str, allowed: frozenset[tuple[str, int]]) -> bool:
-        """Whether ``name`` is read, and only read, by the given operand slots (and is no graph output)."""
-        slots = self.slots(name)
-        return bool(slots) and name not in self.graph_outputs and all(slot in allowed for slot in slots)
-
-
 def reach(starts: Iterable[str], step: Callable[[str], Iterable[str]]) -> set[str]:
     """Every name reached from ``starts`` by following ``step`` (the names one name leads to), each
     visited once, depth first; empty names (absent optional inputs) are skipped."""
@@ -450,26 +418,51 @@ class GraphView:
         return {id(node): index for index, node in enumerate(self.nodes)}
 
     @cached_property
-    def _index(self) -> TensorIndex:
-        _ = self.nodes  # holds the node objects the index hands out
-        return TensorIndex(self.graph, subgraphs=self._subgraphs)
+    def _links(
+        self,
+    ) -> tuple[dict[str, onnx.NodeProto], dict[str, list[tuple[onnx.NodeProto, int]]], set[str]]:
+        _ = self.nodes  # holds the node objects the links hand out
+        producer: dict[str, onnx.NodeProto] = {}
+        consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+        graph_outputs: set[str] = set()
+        for sub in iter_graphs(self.graph) if self._subgraphs else (self.graph,):
+            for node in sub.node:
+                for index, name in enumerate(node.input):
+                    if name:
+                        consumers[name].append((node, index))
+                for name in node.output:
+                    if name:
+                        producer[name] = node
+            graph_outputs.update(output.name for output in sub.output)
+        return producer, consumers, graph_outputs
 
     @property
     def producer(self) -> dict[str, onnx.NodeProto]:
-        return self._index.producer
+        """The node that outputs each tensor (absent for graph inputs and initializers)."""
+        return self._links[0]
 
     @property
     def consumers(self) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
-        return self._index.consumers
+        """The ``(node, input index)`` pairs that read each tensor."""
+        return self._links[1]
 
     @property
     def graph_outputs(self) -> set[str]:
-        return self._index.graph_outputs
+        return self._links[2]
 
-    @property
+    @cached_property
     def subgraph_reads(self) -> set[str]:
         """The names the nodes of nested subgraphs read (outer-scope values an If branch captures)."""
-        return self._index.read_in_subgraphs
+        return {name for node in self.graph.node for sub in subgraphs_of(node) for name in names_read(sub)}
+
+    def slots(self, name: str) -> list[tuple[str, int]]:
+        """The (op_type, input index) operand slots that read ``name``."""
+        return [(node.op_type, index) for node, index in self.consumers.get(name, ())]
+
+    def only_feeds(self, name: str, allowed: frozenset[tuple[str, int]]) -> bool:
+        """Whether ``name`` is read, and only read, by the given operand slots (and is no graph output)."""
+        slots = self.slots(name)
+        return bool(slots) and name not in self.graph_outputs and all(slot in allowed for slot in slots)
 
     # -- types and shapes ----------------------------------------------------------------------------
 

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ..graphs import attributes
 from . import classes as C
-from .evaluate import EvaluationError, Evaluator, attributes, reshape_target, slice_indices
+from .evaluate import EvaluationError, Evaluator, reshape_target, slice_indices
 from .values import (
     AxisMap,
     Concrete,

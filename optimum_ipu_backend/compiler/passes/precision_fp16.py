@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..graphs import NameAllocator, TensorIndex, iter_graphs
+from ..graphs import GraphView, NameAllocator, iter_graphs
 from ..op_table import FLOAT32_ONLY_OPERANDS
 from .base import GraphPass, PassContext
 from .fix_shapes import refresh_shapes
@@ -178,7 +178,8 @@ class ToFloat16(GraphPass):
             keep_fp32 |= constants
             island_casts |= casts
             counts["variance reductions kept in float32"] += len(islands)
-        consumers = TensorIndex(model.graph)
+        consumers = GraphView(model.graph, subgraphs=True)
+        _ = consumers.consumers  # read before the graphs change
         for graph in iter_graphs(model.graph):
             self._convert_graph(graph, consumers, keep_fp32, island_casts, counts)
         self.notes.extend(f"{what}: {count}" for what, count in sorted(counts.items()) if count)
@@ -193,7 +194,7 @@ class ToFloat16(GraphPass):
     def _convert_graph(
         self,
         graph: onnx.GraphProto,
-        consumers: TensorIndex,
+        consumers: GraphView,
         keep_fp32: set[str],
         island_casts: set[str],
         counts: dict[str, int],

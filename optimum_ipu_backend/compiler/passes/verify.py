@@ -16,7 +16,7 @@ from ..errors import (
     LegalizationError,
     UnsupportedNode,
 )
-from ..graphs import TensorIndex, attribute, infer_shapes, iter_graphs, iter_nodes
+from ..graphs import GraphView, attribute, infer_shapes, iter_graphs, iter_nodes
 from ..op_table import (
     COMPILE_TIME_OPERANDS,
     DEFAULT_DOMAINS,
@@ -109,7 +109,7 @@ def _tensor_problems(
     return problems
 
 
-def _narrowed_where_produced(graph: onnx.GraphProto, consumers: TensorIndex) -> set[str]:
+def _narrowed_where_produced(graph: onnx.GraphProto, consumers: GraphView) -> set[str]:
     """int64-typed outputs PopART computes as INT32 whose every reader is a Cast to int32: no int64 value
     exists on the device (``op_table.POPART_INT32_OUTPUTS``)."""
     narrowed = set()
@@ -141,7 +141,7 @@ def _verify(model: onnx.ModelProto) -> tuple[list[UnsupportedNode], onnx.ModelPr
     inferred, inference_ok = _strict_inference(model, problems)
     _check(model, problems)
 
-    consumers = TensorIndex(inferred.graph)
+    consumers = GraphView(inferred.graph, subgraphs=True)
     constants: set[str] = set()
     types: dict[str, onnx.ValueInfoProto] = {}
     for graph in iter_graphs(inferred.graph):
