@@ -49,6 +49,18 @@ INDEX_OPERANDS: Mapping[str, int] = {
     "OneHot": 0,
 }
 
+#: ONNX integer element types and their numpy types.
+INTEGER_TYPES: Mapping[int, type[np.integer]] = {
+    onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.INT16: np.int16,
+    onnx.TensorProto.UINT16: np.uint16,
+    onnx.TensorProto.INT32: np.int32,
+    onnx.TensorProto.UINT32: np.uint32,
+    onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.UINT64: np.uint64,
+}
+
 #: Operators whose outputs depend on the shape of their input, not on its values.
 SHAPE_ONLY = frozenset({"Shape", "Size", "ConstantOfShape", "EyeLike"})
 
@@ -289,6 +301,59 @@ class NameAllocator:
             name = f"{base}__{self._counter}"
         self._taken.add(name)
         return name
+
+
+class NodeSplice:
+    """Nodes a rewrite adds to ``model``'s main graph (a copy the rewrite owns), under fresh names that
+    start with ``prefix``: each list of ``before`` runs just before the node at that position, ``front``
+    before all; ``renamed_input[(position, slot)]`` becomes that node's input; ``replaced`` positions are
+    dropped. Nothing changes in the graph until ``splice``."""
+
+    def __init__(self, model: onnx.ModelProto, prefix: str) -> None:
+        self.graph = model.graph
+        self._names = NameAllocator.for_model(model)
+        self._prefix = prefix
+        self.front: list[onnx.NodeProto] = []
+        self.before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
+        self.renamed_input: dict[tuple[int, int], str] = {}
+        self.replaced: set[int] = set()
+
+    def fresh(self, hint: str) -> str:
+        return self._names.fresh(f"{self._prefix}{hint}")
+
+    def node(
+        self,
+        where: list[onnx.NodeProto],
+        op_type: str,
+        inputs: list[str],
+        hint: str,
+        output: str | None = None,
+        **attributes: object,
+    ) -> str:
+        """Append a node to ``where``; return its output's name."""
+        output = output or self.fresh(f"{hint}_output")
+        where.append(helper.make_node(op_type, inputs, [output], name=self.fresh(hint), **attributes))
+        return output
+
+    def constant(self, value: np.ndarray, hint: str) -> str:
+        """The name of a new initializer holding ``value``."""
+        name = self.fresh(hint)
+        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def splice(self) -> None:
+        for (index, slot), name in self.renamed_input.items():
+            self.graph.node[index].input[slot] = name
+        nodes = list(self.front)
+        for index, node in enumerate(self.graph.node):
+            nodes.extend(self.before.get(index, []))
+            if index in self.replaced:
+                continue
+            copied = onnx.NodeProto()
+            copied.CopyFrom(node)
+            nodes.append(copied)
+        del self.graph.node[:]
+        self.graph.node.extend(nodes)
 
 
 # -- producers and consumers ---------------------------------------------------------------------------
