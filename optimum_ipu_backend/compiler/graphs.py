@@ -117,6 +117,14 @@ def names_read(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
+def node_reads(node: onnx.NodeProto) -> set[str]:
+    """The names a node reads: its inputs, and what the subgraphs it holds read."""
+    read = {name for name in node.input if name}
+    for sub in subgraphs_of(node):
+        read |= names_read(sub)
+    return read
+
+
 def names_defined(graph: onnx.GraphProto) -> set[str]:
     """Every tensor name the graph or its subgraphs define (initializers, inputs, node outputs)."""
     names: set[str] = set()
@@ -382,7 +390,7 @@ def index_operand_sources(view: GraphView) -> set[str]:
         producer = view.producer.get(name)
         if producer is None or producer.op_type in SHAPE_ONLY:
             return []
-        return [*producer.input, *(read for sub in subgraphs_of(producer) for read in names_read(sub))]
+        return node_reads(producer)
 
     return reach(
         (

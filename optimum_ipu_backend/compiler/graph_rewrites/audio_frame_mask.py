@@ -36,6 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 from optimum_ipu_backend.compiler.graphs import GraphView, NodeSplice, attribute, infer_shapes, shape_view
 from optimum_ipu_backend.compiler.padding.evaluate import EvaluationError, Evaluator
 from optimum_ipu_backend.compiler.padding.rules import reshape_groups
+from optimum_ipu_backend.compiler.passes.rewrites.common import FLOAT_TYPES
 
 MASK_INPUT = "ipu_sample_mask"
 PADDING_SIDE = "right"
@@ -44,7 +45,6 @@ PADDING_SIDE = "right"
 #: with different batches and lengths: an axis follows the frames only where both agree it does.
 _PROBES = ((2, 16000), (3, 23917))
 
-_FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16})
 _SAME_LAYOUT = frozenset(
     {
         "Identity",
@@ -119,7 +119,7 @@ def add_audio_frame_mask(model: onnx.ModelProto) -> AudioFrameMaskRewrite | None
     initializers = {init.name for init in graph.initializer}
     if not any(
         vi.name not in initializers
-        and vi.type.tensor_type.elem_type in _FLOAT_TYPES
+        and vi.type.tensor_type.elem_type in FLOAT_TYPES
         and len(vi.type.tensor_type.shape.dim) == 2
         for vi in graph.input
     ):
@@ -168,7 +168,7 @@ def _audio_input(facts: GraphView) -> onnx.ValueInfoProto | None:
         if vi.name not in facts.graph_inputs:
             continue
         tensor_type = vi.type.tensor_type
-        if tensor_type.elem_type not in _FLOAT_TYPES or len(tensor_type.shape.dim) != 2:
+        if tensor_type.elem_type not in FLOAT_TYPES or len(tensor_type.shape.dim) != 2:
             continue
         if _reaches_conv_as_samples(facts, vi.name):
             found.append(vi)

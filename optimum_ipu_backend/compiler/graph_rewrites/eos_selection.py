@@ -38,10 +38,9 @@ from optimum_ipu_backend.compiler.graphs import (
     GraphView,
     NameAllocator,
     attribute,
-    names_read,
+    node_reads,
     reach,
     shape_view,
-    subgraphs_of,
 )
 from optimum_ipu_backend.compiler.padding.evaluate import EvaluationError, Evaluator
 
@@ -414,7 +413,7 @@ def _without_dead_nodes(
     producer = {output: node for node in nodes for output in node.output if output}
     readers: dict[str, int] = {}
     for node in nodes:
-        for name in _reads(node):
+        for name in node_reads(node):
             readers[name] = readers.get(name, 0) + 1
     dead: set[int] = set()
     pending = [name for node in removed for name in node.input if name]
@@ -426,15 +425,7 @@ def _without_dead_nodes(
         if any(readers.get(out, 0) or out in graph_outputs for out in node.output if out):
             continue
         dead.add(id(node))
-        for read in _reads(node):
+        for read in node_reads(node):
             readers[read] -= 1
             pending.append(read)
     return [node for node in nodes if id(node) not in dead]
-
-
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """The names a node reads, in its inputs and in the subgraphs it holds."""
-    read = {name for name in node.input if name}
-    for graph in subgraphs_of(node):
-        read |= names_read(graph)
-    return read
