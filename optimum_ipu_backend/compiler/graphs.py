@@ -5,7 +5,8 @@
 * A weight-free copy (``weight_free_copy``, ``shape_view``): shape inference, onnxslim and the checker
   serialize the whole model, and no pass needs a weight's values, so initializers of ``WEIGHT_MIN_BYTES``
   or more travel as typed graph inputs. One threshold for every such copy.
-* Fresh names that clash with nothing in the model (``NameAllocator``).
+* Fresh names that clash with nothing in the model (``NameAllocator``), and the nodes a rewrite splices
+  in (``NodeSplice``).
 * Which tensors feed a table's indices (``index_operand_sources``).
 * One shape inference (``infer_shapes``), always on a weight-free copy, so a model above protobuf's 2 GiB
   limit is inferred like any other; a node's attributes (``attribute``); a tensor's bytes
