@@ -311,6 +311,12 @@ class NameAllocator:
         self._taken.add(name)
         return name
 
+    def constant_node(self, value: np.ndarray, hint: str) -> tuple[onnx.NodeProto, str]:
+        """A Constant node holding ``value``, and its output's name (both fresh, from ``hint``)."""
+        name = self.fresh(hint)
+        tensor = numpy_helper.from_array(np.asarray(value), name)
+        return helper.make_node("Constant", [], [name], name=self.fresh(f"{hint}_node"), value=tensor), name
+
 
 class NodeSplice:
     """Nodes a rewrite adds to ``model``'s main graph (a copy the rewrite owns), under fresh names that

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from optimum_ipu_backend.compiler.graphs import (
     GraphView,
@@ -374,11 +374,7 @@ def _dense_selection(match: _Match, hidden_type: int | None, names: NameAllocato
         return names.fresh(f"{hint}/dense_{suffix}")
 
     def constant(value: np.ndarray, suffix: str) -> tuple[onnx.NodeProto, str]:
-        name = fresh(suffix)
-        node = helper.make_node(
-            "Constant", [], [name], name=fresh(suffix + "_node"), value=numpy_helper.from_array(value, name)
-        )
-        return node, name
+        return names.constant_node(value, f"{hint}/dense_{suffix}")
 
     axis_node, axis = constant(np.array(1, np.int64), "sequence_axis")
     axes_node, axes = constant(np.array([1], np.int64), "row_axes")
