@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
-from optimum_ipu_backend.compiler.graphs import TensorIndex, iter_graphs, shape_view
+from optimum_ipu_backend.compiler.graphs import GraphView, iter_graphs, shape_view
 from optimum_ipu_backend.compiler.op_table import dtype_name
 from optimum_ipu_backend.compiler.passes.base import PassContext
 from optimum_ipu_backend.compiler.passes.fix_shapes import FixShapes, dim_labels
@@ -62,7 +62,7 @@ def _describe_tensor(name: str, types: Mapping[str, onnx.TypeProto]) -> str:
 def explain_node(model: onnx.ModelProto, node_name: str, where: str) -> str | None:
     """The node's operator, attributes, inputs (shape, producer) and outputs (shape, readers), or None
     when ``model`` has no node of that name."""
-    index = TensorIndex(model.graph)
+    index = GraphView(model.graph, subgraphs=True)
     node = next((n for graph in iter_graphs(model.graph) for n in graph.node if n.name == node_name), None)
     if node is None:
         return None

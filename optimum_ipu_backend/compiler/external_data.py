@@ -48,10 +48,14 @@ def is_external(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == onnx.TensorProto.EXTERNAL
 
 
-def _resolve(weights_dir: Path, tensor: onnx.TensorProto) -> Path:
-    """The file an external tensor points to, refusing locations outside ``weights_dir`` (absolute ones
-    are what ``load_graph`` writes, so that no reader resolves them against the working directory)."""
-    location = external_info(tensor).get("location", "")
+def _locate(tensor: onnx.TensorProto, weights_dir: Path | None) -> tuple[Path, int, int]:
+    """The file an external tensor's bytes lie in, and their offset and length (checked against the file's
+    size). Locations outside ``weights_dir`` are refused (absolute ones are what ``load_graph`` writes, so
+    that no reader resolves them against the working directory)."""
+    if weights_dir is None:
+        raise ValueError(f"initializer {tensor.name!r} is stored externally and no model directory was given")
+    info = external_info(tensor)
+    location = info.get("location", "")
     relative = PurePosixPath(location.replace("\\", "/"))
     inside = bool(location) and ".." not in relative.parts
     if inside and relative.is_absolute():
@@ -67,12 +71,6 @@ def _resolve(weights_dir: Path, tensor: onnx.TensorProto) -> Path:
             f"initializer {tensor.name!r} needs the external data file {path}, which does not exist; copy "
             "the model's data files next to the model file"
         )
-    return path
-
-
-def _span(tensor: onnx.TensorProto, path: Path) -> tuple[int, int]:
-    """(offset, length) of an external tensor's bytes in ``path``, checked against the file's size."""
-    info = external_info(tensor)
     offset = int(info.get("offset", 0) or 0)
     expected = tensor_bytes(tensor)
     length = int(info.get("length", expected) or expected)
@@ -82,7 +80,7 @@ def _span(tensor: onnx.TensorProto, path: Path) -> tuple[int, int]:
             f"initializer {tensor.name!r} expects {expected} bytes at offset {offset} of {path.name} "
             f"(length {length}), and the file has {size}: the data file does not belong to this model"
         )
-    return offset, length
+    return path, offset, length
 
 
 def _external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
@@ -242,8 +240,7 @@ def _scan_weights_in_place(path: Path) -> onnx.ModelProto | None:
 
 
 def _read_bytes(tensor: onnx.TensorProto, weights_dir: Path) -> bytes:
-    source = _resolve(weights_dir, tensor)
-    offset, length = _span(tensor, source)
+    source, offset, length = _locate(tensor, weights_dir)
     with open(source, "rb") as stream:
         stream.seek(offset)
         return stream.read(length)
@@ -253,10 +250,7 @@ def read_weight(tensor: onnx.TensorProto, weights_dir: Path | None) -> np.ndarra
     """The values of an initializer, mapped from its file when it is external (read-only)."""
     if not is_external(tensor):
         return onnx.numpy_helper.to_array(tensor)
-    if weights_dir is None:
-        raise ValueError(f"initializer {tensor.name!r} is stored externally and no model directory was given")
-    source = _resolve(weights_dir, tensor)
-    offset, _ = _span(tensor, source)
+    source, offset, _ = _locate(tensor, weights_dir)
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
     shape = tuple(int(d) for d in tensor.dims)
     if not shape or 0 in shape:
@@ -308,12 +302,7 @@ def save_graph(
             offset = -sink.tell() % ALIGNMENT + sink.tell()
             sink.seek(offset)
             if is_external(tensor):
-                if weights_dir is None:
-                    raise ValueError(
-                        f"initializer {tensor.name!r} is stored externally and no model directory was given"
-                    )
-                source = _resolve(weights_dir, tensor)
-                start, length = _span(tensor, source)
+                source, start, length = _locate(tensor, weights_dir)
                 with open(source, "rb") as stream:
                     stream.seek(start)
                     _copy_range(stream, sink, length)

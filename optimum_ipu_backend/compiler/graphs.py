@@ -5,9 +5,9 @@
 * A weight-free copy (``weight_free_copy``, ``shape_view``): shape inference, onnxslim and the checker
   serialize the whole model, and no pass needs a weight's values, so initializers of ``WEIGHT_MIN_BYTES``
   or more travel as typed graph inputs. One threshold for every such copy.
-* Fresh names that clash with nothing in the model (``NameAllocator``).
-* Who produces and who reads each tensor (``TensorIndex``), and which tensors feed a table's indices
-  (``index_operand_sources``).
+* Fresh names that clash with nothing in the model (``NameAllocator``), and the nodes a rewrite splices
+  in (``NodeSplice``).
+* Which tensors feed a table's indices (``index_operand_sources``).
 * One shape inference (``infer_shapes``), always on a weight-free copy, so a model above protobuf's 2 GiB
   limit is inferred like any other; a node's attributes (``attribute``); a tensor's bytes
   (``value_bytes``).
@@ -48,6 +48,18 @@ INDEX_OPERANDS: Mapping[str, int] = {
     "ScatterElements": 1,
     "Scatter": 1,
     "OneHot": 0,
+}
+
+#: ONNX integer element types and their numpy types.
+INTEGER_TYPES: Mapping[int, type[np.integer]] = {
+    onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.INT16: np.int16,
+    onnx.TensorProto.UINT16: np.uint16,
+    onnx.TensorProto.INT32: np.int32,
+    onnx.TensorProto.UINT32: np.uint32,
+    onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.UINT64: np.uint64,
 }
 
 #: Operators whose outputs depend on the shape of their input, not on its values.
@@ -106,6 +118,14 @@ def names_read(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
+def node_reads(node: onnx.NodeProto) -> set[str]:
+    """The names a node reads: its inputs, and what the subgraphs it holds read."""
+    read = {name for name in node.input if name}
+    for sub in subgraphs_of(node):
+        read |= names_read(sub)
+    return read
+
+
 def names_defined(graph: onnx.GraphProto) -> set[str]:
     """Every tensor name the graph or its subgraphs define (initializers, inputs, node outputs)."""
     names: set[str] = set()
@@ -146,8 +166,13 @@ def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
+def attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    """The Python value of each attribute of a node, by name."""
+    return {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
+
+
 def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
-    """The Python value of a node attribute, or ``default`` when absent."""
+    """The Python value of a node attribute, or ``default`` when absent (the others are not read)."""
     for attr in node.attribute:
         if attr.name == name:
             return helper.get_attribute_value(attr)
@@ -286,44 +311,67 @@ class NameAllocator:
         self._taken.add(name)
         return name
 
+    def constant_node(self, value: np.ndarray, hint: str) -> tuple[onnx.NodeProto, str]:
+        """A Constant node holding ``value``, and its output's name (both fresh, from ``hint``)."""
+        name = self.fresh(hint)
+        tensor = numpy_helper.from_array(np.asarray(value), name)
+        return helper.make_node("Constant", [], [name], name=self.fresh(f"{hint}_node"), value=tensor), name
+
+
+class NodeSplice:
+    """Nodes a rewrite adds to ``model``'s main graph (a copy the rewrite owns), under fresh names that
+    start with ``prefix``: each list of ``before`` runs just before the node at that position, ``front``
+    before all; ``renamed_input[(position, slot)]`` becomes that node's input; ``replaced`` positions are
+    dropped. Nothing changes in the graph until ``splice``."""
+
+    def __init__(self, model: onnx.ModelProto, prefix: str) -> None:
+        self.graph = model.graph
+        self._names = NameAllocator.for_model(model)
+        self._prefix = prefix
+        self.front: list[onnx.NodeProto] = []
+        self.before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
+        self.renamed_input: dict[tuple[int, int], str] = {}
+        self.replaced: set[int] = set()
+
+    def fresh(self, hint: str) -> str:
+        return self._names.fresh(f"{self._prefix}{hint}")
+
+    def node(
+        self,
+        where: list[onnx.NodeProto],
+        op_type: str,
+        inputs: list[str],
+        hint: str,
+        output: str | None = None,
+        **attributes: object,
+    ) -> str:
+        """Append a node to ``where``; return its output's name."""
+        output = output or self.fresh(f"{hint}_output")
+        where.append(helper.make_node(op_type, inputs, [output], name=self.fresh(hint), **attributes))
+        return output
+
+    def constant(self, value: np.ndarray, hint: str) -> str:
+        """The name of a new initializer holding ``value``."""
+        name = self.fresh(hint)
+        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def splice(self) -> None:
+        for (index, slot), name in self.renamed_input.items():
+            self.graph.node[index].input[slot] = name
+        nodes = list(self.front)
+        for index, node in enumerate(self.graph.node):
+            nodes.extend(self.before.get(index, []))
+            if index in self.replaced:
+                continue
+            copied = onnx.NodeProto()
+            copied.CopyFrom(node)
+            nodes.append(copied)
+        del self.graph.node[:]
+        self.graph.node.extend(nodes)
+
 
 # -- producers and consumers ---------------------------------------------------------------------------
-
-
-class TensorIndex:
-    """Who produces and who reads each tensor: in the graph alone, or with ``subgraphs`` in every scope.
-
-    ``consumers[name]`` lists ``(node, input index)`` pairs; ``producer[name]`` is the node that outputs
-    ``name`` (absent for graph inputs and initializers). ``read_in_subgraphs`` holds the names the nodes
-    of nested subgraphs read (outer-scope values an If branch captures).
-    """
-
-    def __init__(self, graph: onnx.GraphProto, *, subgraphs: bool = True) -> None:
-        self.producer: dict[str, onnx.NodeProto] = {}
-        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
-        self.graph_outputs: set[str] = set()
-        for sub in iter_graphs(graph) if subgraphs else (graph,):
-            for node in sub.node:
-                for index, name in enumerate(node.input):
-                    if name:
-                        self.consumers[name].append((node, index))
-                for name in node.output:
-                    if name:
-                        self.producer[name] = node
-            self.graph_outputs.update(output.name for output in sub.output)
-        self.read_in_subgraphs: set[str] = set()
-        for node in graph.node:
-            for sub in subgraphs_of(node):
-                self.read_in_subgraphs |= names_read(sub)
-
-    def slots(self, name: str) -> list[tuple[str, int]]:
-        """The (op_type, input index) operand slots that read ``name``."""
-        return [(node.op_type, index) for node, index in self.consumers.get(name, ())]
-
-    def only_feeds(self, name: str, allowed: frozenset[tuple[str, int]]) -> bool:
-        """Whether ``name`` is read, and only read, by the given operand slots (and is no graph output)."""
-        slots = self.slots(name)
-        return bool(slots) and name not in self.graph_outputs and all(slot in allowed for slot in slots)
 
 
 def reach(starts: Iterable[str], step: Callable[[str], Iterable[str]]) -> set[str]:
@@ -349,7 +397,7 @@ def index_operand_sources(view: GraphView) -> set[str]:
         producer = view.producer.get(name)
         if producer is None or producer.op_type in SHAPE_ONLY:
             return []
-        return [*producer.input, *(read for sub in subgraphs_of(producer) for read in names_read(sub))]
+        return node_reads(producer)
 
     return reach(
         (
@@ -450,26 +498,51 @@ class GraphView:
         return {id(node): index for index, node in enumerate(self.nodes)}
 
     @cached_property
-    def _index(self) -> TensorIndex:
-        _ = self.nodes  # holds the node objects the index hands out
-        return TensorIndex(self.graph, subgraphs=self._subgraphs)
+    def _links(
+        self,
+    ) -> tuple[dict[str, onnx.NodeProto], dict[str, list[tuple[onnx.NodeProto, int]]], set[str]]:
+        _ = self.nodes  # holds the node objects the links hand out
+        producer: dict[str, onnx.NodeProto] = {}
+        consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+        graph_outputs: set[str] = set()
+        for sub in iter_graphs(self.graph) if self._subgraphs else (self.graph,):
+            for node in sub.node:
+                for index, name in enumerate(node.input):
+                    if name:
+                        consumers[name].append((node, index))
+                for name in node.output:
+                    if name:
+                        producer[name] = node
+            graph_outputs.update(output.name for output in sub.output)
+        return producer, consumers, graph_outputs
 
     @property
     def producer(self) -> dict[str, onnx.NodeProto]:
-        return self._index.producer
+        """The node that outputs each tensor (absent for graph inputs and initializers)."""
+        return self._links[0]
 
     @property
     def consumers(self) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
-        return self._index.consumers
+        """The ``(node, input index)`` pairs that read each tensor."""
+        return self._links[1]
 
     @property
     def graph_outputs(self) -> set[str]:
-        return self._index.graph_outputs
+        return self._links[2]
 
-    @property
+    @cached_property
     def subgraph_reads(self) -> set[str]:
         """The names the nodes of nested subgraphs read (outer-scope values an If branch captures)."""
-        return self._index.read_in_subgraphs
+        return {name for node in self.graph.node for sub in subgraphs_of(node) for name in names_read(sub)}
+
+    def slots(self, name: str) -> list[tuple[str, int]]:
+        """The (op_type, input index) operand slots that read ``name``."""
+        return [(node.op_type, index) for node, index in self.consumers.get(name, ())]
+
+    def only_feeds(self, name: str, allowed: frozenset[tuple[str, int]]) -> bool:
+        """Whether ``name`` is read, and only read, by the given operand slots (and is no graph output)."""
+        slots = self.slots(name)
+        return bool(slots) and name not in self.graph_outputs and all(slot in allowed for slot in slots)
 
     # -- types and shapes ----------------------------------------------------------------------------
 

@@ -7,11 +7,12 @@ graph that fits here may still not fit on the device; one that does not fit here
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import onnx
 
-from .graphs import attribute, infer_shapes, iter_graphs, names_read, subgraphs_of, tensor_bytes, value_bytes
+from .graphs import attribute, infer_shapes, iter_graphs, node_reads, subgraphs_of, tensor_bytes, value_bytes
 from .passes.shard_over_ipus import VIRTUAL_GRAPH_ATTRIBUTE
 
 IPU_MEMORY_BYTES = 900_000_000  # in-processor memory of one Mk2/Bow IPU
@@ -41,14 +42,18 @@ class MemoryEstimate:
         )
 
 
+def _constant_node_bytes(nodes: Iterable[onnx.NodeProto]) -> int:
+    return sum(
+        tensor_bytes(attr.t)
+        for node in nodes
+        if node.op_type == "Constant"
+        for attr in node.attribute
+        if attr.type == onnx.AttributeProto.TENSOR
+    )
+
+
 def _constant_bytes(graph: onnx.GraphProto) -> int:
-    total = sum(tensor_bytes(init) for init in graph.initializer)
-    for node in graph.node:
-        if node.op_type == "Constant":
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.TENSOR:
-                    total += tensor_bytes(attr.t)
-    return total
+    return sum(tensor_bytes(init) for init in graph.initializer) + _constant_node_bytes(graph.node)
 
 
 def _peak_activations(
@@ -107,18 +112,10 @@ def estimate_memory_per_ipu(
     estimates = []
     for ipu in range(max(ipu or 0 for _, ipu in placed) + 1):
         nodes = [node for node, node_ipu in placed if (node_ipu or 0) == ipu]
-        reads = {name for node in nodes for name in node.input if name} | {
-            name for node in nodes for sub in subgraphs_of(node) for name in names_read(sub)
-        }
+        reads = set().union(*map(node_reads, nodes))
         weights = sum(size for name, size in initializers.items() if name in reads)
         weights += sum(_constant_bytes(sub) for node in nodes for sub in subgraphs_of(node))
-        weights += sum(
-            tensor_bytes(attr.t)
-            for node in nodes
-            if node.op_type == "Constant"
-            for attr in node.attribute
-            if attr.type == onnx.AttributeProto.TENSOR
-        )
+        weights += _constant_node_bytes(nodes)
         held = reads | {name for node in nodes for name in node.output}
         peak = _peak_activations(graph, sizes, set(initializers), held)
         estimates.append(MemoryEstimate.of(weights, peak, ipu_memory_bytes, tiles_per_ipu))

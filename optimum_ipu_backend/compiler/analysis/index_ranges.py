@@ -35,7 +35,7 @@ its log when it is created.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ import onnx
 
 from optimum_ipu_backend.compiler.graphs import (
     INDEX_OPERANDS,
+    INTEGER_TYPES,
     SHAPE_ONLY,
     GraphView,
     attribute,
@@ -67,17 +68,6 @@ VALUE_PRESERVING: Mapping[str, int] = {
     "Gather": 0,
     "GatherElements": 0,
     "GatherND": 0,
-}
-
-_INTEGER_TYPES = {
-    onnx.TensorProto.INT8: np.int8,
-    onnx.TensorProto.UINT8: np.uint8,
-    onnx.TensorProto.INT16: np.int16,
-    onnx.TensorProto.UINT16: np.uint16,
-    onnx.TensorProto.INT32: np.int32,
-    onnx.TensorProto.UINT32: np.uint32,
-    onnx.TensorProto.INT64: np.int64,
-    onnx.TensorProto.UINT64: np.uint64,
 }
 
 # Constants larger than this are not read to look for a single value (an embedding table is no offset).
@@ -228,10 +218,6 @@ def _table_size(graph: _Graph, node: onnx.NodeProto) -> tuple[str, int | None, s
     return table, min(addressed), ""  # type: ignore[type-var]
 
 
-def _describe_steps(steps: tuple[str, ...]) -> str:
-    return " -> ".join(steps)
-
-
 class _Walk:
     """Follows one graph input forward through the operators whose effect on values is known."""
 
@@ -240,7 +226,7 @@ class _Walk:
         self.input = input_name
         self.bounds: list[IndexBound] = []
         self.unchecked: list[UncheckedIndex] = []
-        info = np.iinfo(_INTEGER_TYPES[input_type])
+        info = np.iinfo(INTEGER_TYPES[input_type])
         start = _Relation(low=int(info.min), high=int(info.max))
         self._visit(input_name, start, set())
 
@@ -277,9 +263,9 @@ class _Walk:
             return relation.then("Neg", scale=-1)
         if op == "Cast":
             target = attribute(node, "to", 0)
-            if target not in _INTEGER_TYPES:
+            if target not in INTEGER_TYPES:
                 return None
-            info = np.iinfo(_INTEGER_TYPES[target])
+            info = np.iinfo(INTEGER_TYPES[target])
             name = onnx.TensorProto.DataType.Name(target).lower()
             return relation.restricted(f"Cast({name})", int(info.min), int(info.max))
         if op not in ("Add", "Sub", "Mul") or len(node.input) != 2:
@@ -312,7 +298,7 @@ class _Walk:
                 node.op_type,
                 table,
                 int(size),
-                _describe_steps(relation.steps),
+                " -> ".join(relation.steps),
             )
         )
 
@@ -340,27 +326,22 @@ class _Walk:
         return list(found.values())
 
 
-@dataclass
-class _Collected:
-    bounds: dict[tuple, IndexBound] = field(default_factory=dict)
-    unchecked: dict[tuple, UncheckedIndex] = field(default_factory=dict)
-
-
 def analyze_index_ranges(model: onnx.ModelProto) -> IndexRanges:
     """The index bounds of every integer graph input of ``model`` (initializers excluded), and the paths
     from inputs to indices that the analysis cannot bound; see the module docstring."""
     graph = _Graph(model)
     initializers = {init.name for init in model.graph.initializer}
-    collected = _Collected()
+    bounds: dict[tuple, IndexBound] = {}
+    unchecked: dict[tuple, UncheckedIndex] = {}
     for value in model.graph.input:
         elem_type = value.type.tensor_type.elem_type
-        if value.name in initializers or elem_type not in _INTEGER_TYPES:
+        if value.name in initializers or elem_type not in INTEGER_TYPES:
             continue
         walk = _Walk(graph, value.name, elem_type)
         for bound in walk.bounds:
-            collected.bounds.setdefault(
+            bounds.setdefault(
                 (bound.input, bound.node, bound.low, bound.high, bound.table, bound.path), bound
             )
         for entry in walk.unchecked:
-            collected.unchecked.setdefault((entry.input, entry.node, entry.reason), entry)
-    return IndexRanges(tuple(collected.bounds.values()), tuple(collected.unchecked.values()))
+            unchecked.setdefault((entry.input, entry.node, entry.reason), entry)
+    return IndexRanges(tuple(bounds.values()), tuple(unchecked.values()))

@@ -26,7 +26,6 @@ this pass's: normalisation over time (wav2vec2-base's GroupNorm) stays visible, 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -34,9 +33,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.graphs import GraphView, NameAllocator, attribute, infer_shapes, shape_view
+from optimum_ipu_backend.compiler.graphs import GraphView, NodeSplice, attribute, infer_shapes, shape_view
 from optimum_ipu_backend.compiler.padding.evaluate import EvaluationError, Evaluator
 from optimum_ipu_backend.compiler.padding.rules import reshape_groups
+from optimum_ipu_backend.compiler.passes.rewrites.common import FLOAT_TYPES
 
 MASK_INPUT = "ipu_sample_mask"
 PADDING_SIDE = "right"
@@ -45,7 +45,6 @@ PADDING_SIDE = "right"
 #: with different batches and lengths: an axis follows the frames only where both agree it does.
 _PROBES = ((2, 16000), (3, 23917))
 
-_FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16})
 _SAME_LAYOUT = frozenset(
     {
         "Identity",
@@ -120,7 +119,7 @@ def add_audio_frame_mask(model: onnx.ModelProto) -> AudioFrameMaskRewrite | None
     initializers = {init.name for init in graph.initializer}
     if not any(
         vi.name not in initializers
-        and vi.type.tensor_type.elem_type in _FLOAT_TYPES
+        and vi.type.tensor_type.elem_type in FLOAT_TYPES
         and len(vi.type.tensor_type.shape.dim) == 2
         for vi in graph.input
     ):
@@ -169,7 +168,7 @@ def _audio_input(facts: GraphView) -> onnx.ValueInfoProto | None:
         if vi.name not in facts.graph_inputs:
             continue
         tensor_type = vi.type.tensor_type
-        if tensor_type.elem_type not in _FLOAT_TYPES or len(tensor_type.shape.dim) != 2:
+        if tensor_type.elem_type not in FLOAT_TYPES or len(tensor_type.shape.dim) != 2:
             continue
         if _reaches_conv_as_samples(facts, vi.name):
             found.append(vi)
@@ -770,44 +769,17 @@ def _infer_node(
 # ----------------------------------------------------------------------------------------------------
 
 
-class _Rewriter:
+class _Rewriter(NodeSplice):
     """Adds the mask input, the frame masks and the masked sites to ``model`` (a copy the caller owns)."""
 
     def __init__(self, model: onnx.ModelProto, facts: GraphView, batch_dim: str, samples_dim: str) -> None:
-        self.model = model
-        self.graph = model.graph
+        super().__init__(model, "/ipu_sample_mask/")
         self.facts = facts
         self.batch_dim = batch_dim
         self.samples_dim = samples_dim
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
-        self._names = NameAllocator.for_model(model)
-        self._front: list[onnx.NodeProto] = []
-        self._before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
-        self._replaced: set[int] = set()
-        self._renamed_input: dict[tuple[int, int], str] = {}
         self._masks: dict[int, str] = {}
         self._broadcasts: dict[tuple, str] = {}
-
-    def _fresh(self, hint: str) -> str:
-        return self._names.fresh(f"/ipu_sample_mask/{hint}")
-
-    def _node(
-        self,
-        where: list[onnx.NodeProto],
-        op_type: str,
-        inputs: list[str],
-        hint: str,
-        output: str | None = None,
-        **attributes: object,
-    ) -> str:
-        output = output or self._fresh(f"{hint}_output")
-        where.append(helper.make_node(op_type, inputs, [output], name=self._fresh(hint), **attributes))
-        return output
-
-    def _constant(self, value: np.ndarray, hint: str) -> str:
-        name = self._fresh(hint)
-        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
 
     def _axes_node(
         self,
@@ -822,9 +794,9 @@ class _Rewriter:
         """Unsqueeze/Squeeze/ReduceSum/ReduceMax with ``axes`` as the opset wants them."""
         since = {"Unsqueeze": 13, "Squeeze": 13, "ReduceSum": 13, "ReduceMax": 18}[op_type]
         if self.opset >= since:
-            axes_name = self._constant(np.array(list(axes), np.int64), f"{hint}_axes")
-            return self._node(where, op_type, [*inputs, axes_name], hint, output, **attributes)
-        return self._node(where, op_type, inputs, hint, output, axes=list(axes), **attributes)
+            axes_name = self.constant(np.array(list(axes), np.int64), f"{hint}_axes")
+            return self.node(where, op_type, [*inputs, axes_name], hint, output, **attributes)
+        return self.node(where, op_type, inputs, hint, output, axes=list(axes), **attributes)
 
     def apply(self, plan: _Plan) -> None:
         self.graph.input.append(
@@ -835,8 +807,8 @@ class _Rewriter:
         for site in plan.convs:
             index = position[id(site.node)]
             mask = self._broadcast(site, TensorProto.FLOAT)
-            self._renamed_input[(index, 0)] = self._node(
-                self._before[index], "Mul", [site.node.input[0], mask], "zeroed_frames"
+            self.renamed_input[(index, 0)] = self.node(
+                self.before[index], "Mul", [site.node.input[0], mask], "zeroed_frames"
             )
         for site in plan.softmaxes:
             index = position[id(site.node)]
@@ -844,24 +816,13 @@ class _Rewriter:
             scores = site.node.input[0]
             dtype = helper.tensor_dtype_to_np_dtype(self.facts.elem_type(scores) or TensorProto.FLOAT)
             # The lowest finite value, as HF's own masks use: its softmax weight next to a real score is 0.
-            lowest = self._constant(np.array(np.finfo(dtype).min, dtype), "lowest")
-            self._renamed_input[(index, 0)] = self._node(
-                self._before[index], "Where", [keep, scores, lowest], "masked_scores"
+            lowest = self.constant(np.array(np.finfo(dtype).min, dtype), "lowest")
+            self.renamed_input[(index, 0)] = self.node(
+                self.before[index], "Where", [keep, scores, lowest], "masked_scores"
             )
         for site in plan.means:
             self._masked_mean(site)
-        for (index, slot), name in self._renamed_input.items():
-            self.graph.node[index].input[slot] = name
-        nodes = list(self._front)
-        for index, node in enumerate(self.graph.node):
-            nodes.extend(self._before.get(index, []))
-            if index in self._replaced:
-                continue
-            copied = onnx.NodeProto()
-            copied.CopyFrom(node)
-            nodes.append(copied)
-        del self.graph.node[:]
-        self.graph.node.extend(nodes)
+        self.splice()
 
     # -- the frame masks -----------------------------------------------------------------------------
 
@@ -870,16 +831,16 @@ class _Rewriter:
         if kind in self._masks:
             return self._masks[kind]
         spec = self.kinds[kind]
-        front = self._front
+        front = self.front
         if spec.how == "samples":
-            mask = self._node(front, "Cast", [MASK_INPUT], "samples", to=TensorProto.FLOAT)
+            mask = self.node(front, "Cast", [MASK_INPUT], "samples", to=TensorProto.FLOAT)
         elif spec.how == "window":
             # kept = 1 - MaxPool(1 - parent): a frame is kept when no position its window reads is not.
             parent = self._mask(spec.parents[0])
-            one = self._constant(np.array(1.0, np.float32), "one")
-            dropped = self._node(front, "Sub", [one, parent], "dropped")
+            one = self.constant(np.array(1.0, np.float32), "one")
+            dropped = self.node(front, "Sub", [one, parent], "dropped")
             dropped = self._axes_node(front, "Unsqueeze", [dropped], [1], "dropped_channel")
-            pooled = self._node(
+            pooled = self.node(
                 front,
                 "MaxPool",
                 [dropped],
@@ -888,27 +849,27 @@ class _Rewriter:
                 strides=[spec.stride],
             )
             pooled = self._axes_node(front, "Squeeze", [pooled], [1], "dropped_frames")
-            mask = self._node(front, "Sub", [one, pooled], "kept_frames")
+            mask = self.node(front, "Sub", [one, pooled], "kept_frames")
         elif spec.how == "shift":
             # Output j is kept when j - shift is kept in the parent (or j - shift < 0): the parent
             # shifted right by ``shift`` with ones in front; as long as the output, stride 1.
             parent = self._mask(spec.parents[0])
-            pads = self._constant(np.array([0, spec.shift, 0, 0], np.int64), "shift_pads")
-            ones = self._constant(np.array(1.0, np.float32), "one")
-            mask = self._node(front, "Pad", [parent, pads, ones], "shifted_frames", mode="constant")
+            pads = self.constant(np.array([0, spec.shift, 0, 0], np.int64), "shift_pads")
+            ones = self.constant(np.array(1.0, np.float32), "one")
+            mask = self.node(front, "Pad", [parent, pads, ones], "shifted_frames", mode="constant")
         elif spec.how == "slice":
             parent = self._mask(spec.parents[0])
             # A prefix of the parent's frames, as long as the sliced tensor's frame axis: the tensor's
             # frame count is taken from the sliced mask's own length at run time by the same Slice.
-            start = self._constant(np.array([0], np.int64), "slice_start")
-            axis = self._constant(np.array([1], np.int64), "slice_axis")
-            end = self._constant(
+            start = self.constant(np.array([0], np.int64), "slice_start")
+            axis = self.constant(np.array([1], np.int64), "slice_axis")
+            end = self.constant(
                 np.array([spec.sizes[0] - self.kinds[spec.parents[0]].sizes[0]], np.int64), "slice_end"
             )
-            mask = self._node(front, "Slice", [parent, start, end, axis], "sliced_frames")
+            mask = self.node(front, "Slice", [parent, start, end, axis], "sliced_frames")
         else:  # "both"
             left, right = (self._mask(p) for p in spec.parents)
-            mask = self._node(front, "Mul", [left, right], "kept_by_both")
+            mask = self.node(front, "Mul", [left, right], "kept_by_both")
         self._masks[kind] = mask
         return mask
 
@@ -918,14 +879,14 @@ class _Rewriter:
         if key in self._broadcasts:
             return self._broadcasts[key]
         mask = self._mask(site.kind)
-        front = self._front
+        front = self.front
         if site.batch_axis > site.axis:
-            mask = self._node(front, "Transpose", [mask], "frames_first", perm=[1, 0])
+            mask = self.node(front, "Transpose", [mask], "frames_first", perm=[1, 0])
         others = [a for a in range(site.rank) if a not in (site.batch_axis, site.axis)]
         if others:
             mask = self._axes_node(front, "Unsqueeze", [mask], others, "mask_broadcast")
         if elem_type != TensorProto.FLOAT:
-            mask = self._node(front, "Cast", [mask], "mask_cast", to=elem_type)
+            mask = self.node(front, "Cast", [mask], "mask_cast", to=elem_type)
         self._broadcasts[key] = mask
         return mask
 
@@ -933,13 +894,13 @@ class _Rewriter:
         """``ReduceMean(x, frames)`` as ``ReduceSum(x * mask, frames) / ReduceSum(mask, frames)``."""
         index = self.facts.position[id(site.node)]
         node = site.node
-        before = self._before[index]
+        before = self.before[index]
         mask = self._broadcast(site, TensorProto.FLOAT)
         keepdims = attribute(node, "keepdims", 1)
         axes = _constant_axes(self.facts, node) or []
         axes = sorted({a % site.rank for a in axes})
-        masked = self._node(before, "Mul", [node.input[0], mask], "masked_frames")
+        masked = self.node(before, "Mul", [node.input[0], mask], "masked_frames")
         total = self._axes_node(before, "ReduceSum", [masked], axes, "frame_sum", keepdims=keepdims)
         count = self._axes_node(before, "ReduceSum", [mask], axes, "frame_count", keepdims=keepdims)
-        self._node(before, "Div", [total, count], "frame_mean", output=node.output[0])
-        self._replaced.add(index)
+        self.node(before, "Div", [total, count], "frame_mean", output=node.output[0])
+        self.replaced.add(index)

@@ -188,15 +188,8 @@ def _dense_pairs(nonzero: onnx.NodeProto, names: NameAllocator) -> tuple[list[on
     def fresh(suffix: str) -> str:
         return names.fresh(f"{hint}/dense_{suffix}")
 
-    def constant(value, suffix: str) -> tuple[onnx.NodeProto, str]:
-        name = fresh(suffix)
-        return helper.make_node(
-            "Constant",
-            [],
-            [name],
-            name=fresh(suffix + "_node"),
-            value=numpy_helper.from_array(np.asarray(value), name),
-        ), name
+    def constant(value: np.ndarray, suffix: str) -> tuple[onnx.NodeProto, str]:
+        return names.constant_node(value, f"{hint}/dense_{suffix}")
 
     as_int = fresh("mask_int")
     slot = fresh("slot")

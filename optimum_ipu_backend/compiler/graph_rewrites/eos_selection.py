@@ -32,16 +32,15 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from optimum_ipu_backend.compiler.graphs import (
     GraphView,
     NameAllocator,
     attribute,
-    names_read,
+    node_reads,
     reach,
     shape_view,
-    subgraphs_of,
 )
 from optimum_ipu_backend.compiler.padding.evaluate import EvaluationError, Evaluator
 
@@ -375,11 +374,7 @@ def _dense_selection(match: _Match, hidden_type: int | None, names: NameAllocato
         return names.fresh(f"{hint}/dense_{suffix}")
 
     def constant(value: np.ndarray, suffix: str) -> tuple[onnx.NodeProto, str]:
-        name = fresh(suffix)
-        node = helper.make_node(
-            "Constant", [], [name], name=fresh(suffix + "_node"), value=numpy_helper.from_array(value, name)
-        )
-        return node, name
+        return names.constant_node(value, f"{hint}/dense_{suffix}")
 
     axis_node, axis = constant(np.array(1, np.int64), "sequence_axis")
     axes_node, axes = constant(np.array([1], np.int64), "row_axes")
@@ -414,7 +409,7 @@ def _without_dead_nodes(
     producer = {output: node for node in nodes for output in node.output if output}
     readers: dict[str, int] = {}
     for node in nodes:
-        for name in _reads(node):
+        for name in node_reads(node):
             readers[name] = readers.get(name, 0) + 1
     dead: set[int] = set()
     pending = [name for node in removed for name in node.input if name]
@@ -426,15 +421,7 @@ def _without_dead_nodes(
         if any(readers.get(out, 0) or out in graph_outputs for out in node.output if out):
             continue
         dead.add(id(node))
-        for read in _reads(node):
+        for read in node_reads(node):
             readers[read] -= 1
             pending.append(read)
     return [node for node in nodes if id(node) not in dead]
-
-
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """The names a node reads, in its inputs and in the subgraphs it holds."""
-    read = {name for name in node.input if name}
-    for graph in subgraphs_of(node):
-        read |= names_read(graph)
-    return read

@@ -25,15 +25,15 @@ has the same real past length.
 from __future__ import annotations
 
 import re
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from optimum_ipu_backend.compiler.graphs import GraphView, NameAllocator, attribute, reach
+from optimum_ipu_backend.compiler.graphs import GraphView, NodeSplice, attribute, reach
 
 MASK_INPUT = "ipu_past_mask"
 PADDING_SIDE = "left"
@@ -405,33 +405,14 @@ def _dependents(facts: GraphView, sources: Iterable[str]) -> set[str]:
 # ----------------------------------------------------------------------------------------------------
 
 
-class _Rewriter:
+class _Rewriter(NodeSplice):
     """Adds the mask input and the nodes that use it to ``model`` (a copy owned by the caller)."""
 
     def __init__(self, model: onnx.ModelProto, facts: GraphView, batch_dim: str, past_dim: str) -> None:
-        self.graph = model.graph
+        super().__init__(model, "/ipu_past_mask/")
         self.facts = facts
         self.batch_dim = batch_dim
         self.past_dim = past_dim
-        self._names = NameAllocator.for_model(model)
-        self._before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
-        self._renamed_input: dict[tuple[int, int], str] = {}
-
-    def _fresh(self, hint: str) -> str:
-        return self._names.fresh(f"/ipu_past_mask/{hint}")
-
-    def _node(self, anchor: int, op_type: str, inputs: list[str], hint: str, **attributes: object) -> str:
-        """Schedule a node to run just before node ``anchor``; return its output's name."""
-        output = self._fresh(f"{hint}_output")
-        self._before[anchor].append(
-            helper.make_node(op_type, inputs, [output], name=self._fresh(hint), **attributes)
-        )
-        return output
-
-    def _constant(self, value: np.ndarray, hint: str) -> str:
-        name = self._fresh(hint)
-        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
 
     def apply(self, sites: list[_MaskSite], lookups: list[onnx.NodeProto]) -> None:
         self.graph.input.append(
@@ -441,16 +422,7 @@ class _Rewriter:
             self._mask_softmaxes(sites)
         if lookups:
             self._shift_lookups(lookups)
-        for (index, slot), name in self._renamed_input.items():
-            self.graph.node[index].input[slot] = name
-        nodes = []
-        for index, node in enumerate(self.graph.node):
-            nodes.extend(self._before.get(index, []))
-            copied = onnx.NodeProto()
-            copied.CopyFrom(node)
-            nodes.append(copied)
-        del self.graph.node[:]
-        self.graph.node.extend(nodes)
+        self.splice()
 
     def _mask_softmaxes(self, sites: list[_MaskSite]) -> None:
         position = self.facts.position
@@ -458,28 +430,29 @@ class _Rewriter:
         # current keys (whose length it takes) exist.
         first = min(position[id(site.softmax)] for site in sites)
         site = next(s for s in sites if position[id(s.softmax)] == first)
-        past_keep = self._node(first, "Cast", [MASK_INPUT], "past_keep", to=TensorProto.BOOL)
-        mask_shape = self._node(first, "Shape", [MASK_INPUT], "mask_shape")
-        batch = self._node(
-            first, "Gather", [mask_shape, self._constant(np.array([0], np.int64), "axis0")], "batch", axis=0
+        front = self.before[first]
+        past_keep = self.node(front, "Cast", [MASK_INPUT], "past_keep", to=TensorProto.BOOL)
+        mask_shape = self.node(front, "Shape", [MASK_INPUT], "mask_shape")
+        batch = self.node(
+            front, "Gather", [mask_shape, self.constant(np.array([0], np.int64), "axis0")], "batch", axis=0
         )
-        new_key_shape = self._node(first, "Shape", [site.new_key], "current_key_shape")
-        current = self._node(
-            first,
+        new_key_shape = self.node(front, "Shape", [site.new_key], "current_key_shape")
+        current = self.node(
+            front,
             "Gather",
-            [new_key_shape, self._constant(np.array([site.key_axis], np.int64), "key_axis")],
+            [new_key_shape, self.constant(np.array([site.key_axis], np.int64), "key_axis")],
             "current_length",
             axis=0,
         )
-        current_shape = self._node(first, "Concat", [batch, current], "current_keep_shape", axis=0)
-        current_keep = self._node(
-            first,
+        current_shape = self.node(front, "Concat", [batch, current], "current_keep_shape", axis=0)
+        current_keep = self.node(
+            front,
             "ConstantOfShape",
             [current_shape],
             "current_keep",
             value=helper.make_tensor("true", TensorProto.BOOL, [1], [True]),
         )
-        keep = self._node(first, "Concat", [past_keep, current_keep], "keep", axis=1)
+        keep = self.node(front, "Concat", [past_keep, current_keep], "keep", axis=1)
         by_rank: dict[int, str] = {}
         for site in sites:
             index = position[id(site.softmax)]
@@ -487,44 +460,51 @@ class _Rewriter:
             rank = self.facts.rank(scores)
             assert rank is not None  # _check_softmax proved it
             if rank not in by_rank:
-                axes = self._constant(np.arange(1, rank - 1, dtype=np.int64), "broadcast_axes")
-                by_rank[rank] = self._node(first, "Unsqueeze", [keep, axes], "keep_broadcast")
+                axes = self.constant(np.arange(1, rank - 1, dtype=np.int64), "broadcast_axes")
+                by_rank[rank] = self.node(front, "Unsqueeze", [keep, axes], "keep_broadcast")
             dtype = helper.tensor_dtype_to_np_dtype(self.facts.elem_type(scores))
             # The lowest finite value, as HF's own masks use: exp() of it relative to any real score is
             # exactly 0, and the fp16 pass clamps it to -65504, still far below any real score.
-            lowest = self._constant(np.array(np.finfo(dtype).min, dtype), "lowest")
-            masked = self._node(index, "Where", [by_rank[rank], scores, lowest], "masked_scores")
-            self._renamed_input[(index, 0)] = masked
+            lowest = self.constant(np.array(np.finfo(dtype).min, dtype), "lowest")
+            masked = self.node(self.before[index], "Where", [by_rank[rank], scores, lowest], "masked_scores")
+            self.renamed_input[(index, 0)] = masked
 
     def _shift_lookups(self, lookups: list[onnx.NodeProto]) -> None:
         position = self.facts.position
         first = min(position[id(node)] for node in lookups)
-        real_per_row = self._node(
-            first,
+        front = self.before[first]
+        real_per_row = self.node(
+            front,
             "ReduceSum",
-            [MASK_INPUT, self._constant(np.array([1], np.int64), "past_axis")],
+            [MASK_INPUT, self.constant(np.array([1], np.int64), "past_axis")],
             "real_past_per_row",
             keepdims=0,
         )
         # One shift for the batch: generation keeps every row's real past length equal.
-        real = self._node(first, "ReduceMax", [real_per_row], "real_past_length", keepdims=0)
-        padded = self._node(
-            first,
+        real = self.node(front, "ReduceMax", [real_per_row], "real_past_length", keepdims=0)
+        padded = self.node(
+            front,
             "Gather",
             [
-                self._node(first, "Shape", [MASK_INPUT], "padded_shape"),
-                self._constant(np.array(1, np.int64), "axis1"),
+                self.node(front, "Shape", [MASK_INPUT], "padded_shape"),
+                self.constant(np.array(1, np.int64), "axis1"),
             ],
             "padded_past_length",
             axis=0,
         )
-        padding = self._node(first, "Sub", [padded, real], "padding_length")
+        padding = self.node(front, "Sub", [padded, real], "padding_length")
         for node in lookups:
             index = position[id(node)]
             indices = node.input[1]
             shift = padding
             if self.facts.elem_type(indices) != TensorProto.INT64:
-                shift = self._node(
-                    index, "Cast", [padding], "padding_length_cast", to=self.facts.elem_type(indices)
+                shift = self.node(
+                    self.before[index],
+                    "Cast",
+                    [padding],
+                    "padding_length_cast",
+                    to=self.facts.elem_type(indices),
                 )
-            self._renamed_input[(index, 1)] = self._node(index, "Sub", [indices, shift], "real_positions")
+            self.renamed_input[(index, 1)] = self.node(
+                self.before[index], "Sub", [indices, shift], "real_positions"
+            )

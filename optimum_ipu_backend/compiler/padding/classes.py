@@ -34,20 +34,6 @@ Z01 = 10  # 0 or 1 (a user's attention mask; the runtime checks it holds nothing
 MAYBE_NEGINF = 11  # ordinary or NEGINF, depending on data
 
 COUNT = 12
-NAMES = (
-    "ZERO",
-    "ONE",
-    "SMALL",
-    "NEG",
-    "MAYBE_NEG",
-    "NEGINF",
-    "ANY",
-    "FALSE",
-    "TRUE",
-    "BOOL",
-    "Z01",
-    "MAYBE_NEGINF",
-)
 
 #: At or below minus this a float is a masking constant.
 HUGE = 1e4

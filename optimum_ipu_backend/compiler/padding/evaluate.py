@@ -13,15 +13,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from optimum_ipu_backend.compiler.graphs import constant_node_value
+from optimum_ipu_backend.compiler.graphs import attributes, constant_node_value
 
 
 class EvaluationError(Exception):
     """A node could not be evaluated (an operator onnx's reference implementation lacks, bad inputs)."""
-
-
-def attributes(node: onnx.NodeProto) -> dict[str, Any]:
-    return {attr.name: helper.get_attribute_value(attr) for attr in node.attribute}
 
 
 def constant_value(node: onnx.NodeProto) -> np.ndarray:

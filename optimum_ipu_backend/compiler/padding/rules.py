@@ -12,14 +12,15 @@ and the reason, which is what users see when an axis cannot be padded.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import onnx
 
+from ..graphs import INTEGER_TYPES, attributes
 from . import classes as C
-from .evaluate import EvaluationError, Evaluator, attributes, reshape_target, slice_indices
+from .evaluate import EvaluationError, Evaluator, reshape_target, slice_indices
 from .values import (
     AxisMap,
     Concrete,
@@ -273,16 +274,7 @@ def _compared_with_constant(result: Data, op_type: str, left: Value, right: Valu
         else _NUMERIC_COMPARISONS[op_type](values, data_values)
     )
     classes = np.where(known, np.where(outcome, C.TRUE, C.FALSE), _with_rank(result.classes, rank))
-    return Data(
-        result.shape,
-        result.real_shape,
-        result.maps,
-        result.exact,
-        classes.astype(np.int8),
-        result.elem_type,
-        result.sources,
-        result.blame,
-    )
+    return replace(result, classes=classes.astype(np.int8))
 
 
 def rule_variadic(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
@@ -309,7 +301,7 @@ def rule_cast(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) ->
     target = attributes(node)["to"] if node.op_type == "Cast" else _data_type(inputs[1])
     if target == onnx.TensorProto.BOOL:
         table = C.CAST_TO_BOOL
-    elif target in _INTEGER_TYPES:
+    elif target in INTEGER_TYPES:
         table = C.CAST_TO_INTEGER
     else:
         table = C.CAST_TO_FLOAT
@@ -322,20 +314,6 @@ def _data_type(value: Value | None) -> int:
     if isinstance(value, Data):
         return value.elem_type
     raise ProofAborted("CastLike without a type operand")
-
-
-_INTEGER_TYPES = frozenset(
-    {
-        onnx.TensorProto.INT8,
-        onnx.TensorProto.INT16,
-        onnx.TensorProto.INT32,
-        onnx.TensorProto.INT64,
-        onnx.TensorProto.UINT8,
-        onnx.TensorProto.UINT16,
-        onnx.TensorProto.UINT32,
-        onnx.TensorProto.UINT64,
-    }
-)
 
 
 def rule_where(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
@@ -585,9 +563,7 @@ def _compacted(data: Data) -> Data:
             if facts.shape[axis] > 1 and np.all(facts == np.take(facts, [0], axis=axis)):
                 facts = np.take(facts, [0], axis=axis)
         arrays.append(facts)
-    return Data(
-        data.shape, data.real_shape, data.maps, arrays[0], arrays[1], data.elem_type, data.sources, data.blame
-    )
+    return replace(data, exact=arrays[0], classes=arrays[1])
 
 
 def _group_size(facts: np.ndarray, groups: list[tuple[list[int], list[int]]], out_axis: int) -> int:
@@ -606,17 +582,9 @@ def _opaque(data: Data, out_p: Sequence[int], out_u: Sequence[int], blame: str) 
         None if p == u else np.where(np.arange(p) < u, np.arange(p), -1)
         for p, u in zip(out_p, out_u, strict=True)
     )
-    classes = np.int8(C.ANY) if not np.all(_finite(data.classes)) else np.int8(C.SMALL)
-    return Data(
-        tuple(out_p),
-        tuple(out_u),
-        maps,
-        np.zeros((1,) * rank, bool),
-        np.full((1,) * rank, classes, np.int8),
-        data.elem_type,
-        data.sources,
-        data.blame or blame,
-    )
+    classes = np.full((1,) * rank, C.SMALL if np.all(_finite(data.classes)) else C.ANY, np.int8)
+    exact = np.zeros((1,) * rank, bool)
+    return data.with_axes(out_p, out_u, maps, exact, classes, blame=data.blame or blame)
 
 
 def rule_expand(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
@@ -741,9 +709,7 @@ def _take_axis(data: Data, axis: int, picks_p: np.ndarray, picks_u: np.ndarray, 
             f"keeps elements along axis {axis} that are padding in place of real ones "
             "(e.g. it takes the last position)",
         )
-    return Data(
-        tuple(shape), tuple(real_shape), tuple(maps), exact, classes, data.elem_type, data.sources, blame
-    )
+    return data.with_axes(shape, real_shape, maps, exact, classes, blame=blame)
 
 
 def rule_slice(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
@@ -1351,11 +1317,7 @@ def rule_reduce(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) 
         maps = [maps[a] for a in keep]
         exact = exact.reshape([exact.shape[a] for a in keep])
         classes = classes.reshape([classes.shape[a] for a in keep])
-    return [
-        Data(
-            tuple(shape), tuple(real_shape), tuple(maps), exact, classes, data.elem_type, data.sources, blame
-        )
-    ]
+    return [data.with_axes(shape, real_shape, maps, exact, classes, blame=blame)]
 
 
 def rule_arg_reduce(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:

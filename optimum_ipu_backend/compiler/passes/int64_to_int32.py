@@ -26,7 +26,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..errors import PATTERN_INT32_RANGE, LegalizationError, UnsupportedNode
-from ..graphs import NameAllocator, TensorIndex, iter_graphs
+from ..graphs import GraphView, NameAllocator, iter_graphs
 from ..op_table import INT64_ONLY_OPERANDS
 from .base import GraphPass, PassContext
 from .fix_shapes import refresh_shapes
@@ -77,7 +77,7 @@ def _int32_tensor(tensor: TensorProto, where: str, problems: list[UnsupportedNod
 class _Conversion:
     """What one run of the pass collects while it walks the graphs."""
 
-    consumers: TensorIndex
+    view: GraphView
     names: NameAllocator
     kept_int64: set[str] = field(default_factory=set)
     #: int64 constants made int32 (initializers and Constant nodes, any scope): their int64 values.
@@ -87,7 +87,7 @@ class _Conversion:
 
     def keeps_int64(self, name: str) -> bool:
         """Whether ``name`` stays int64 (only int64-only operands read it); remembered if so."""
-        if self.consumers.only_feeds(name, INT64_ONLY_OPERANDS):
+        if self.view.only_feeds(name, INT64_ONLY_OPERANDS):
             self.kept_int64.add(name)
             return True
         return False
@@ -104,7 +104,8 @@ class Int64ToInt32(GraphPass):
 
     def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         self.notes = []
-        conversion = _Conversion(TensorIndex(model.graph), NameAllocator.for_model(model))
+        conversion = _Conversion(GraphView(model.graph, subgraphs=True), NameAllocator.for_model(model))
+        _ = conversion.view.consumers  # link producers and consumers before the graphs change
         for graph in iter_graphs(model.graph):
             self._convert_boundary(graph, conversion)
             self._convert_initializers(graph, conversion)

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..graphs import NameAllocator, TensorIndex, iter_graphs
+from ..graphs import GraphView, NameAllocator, iter_graphs
 from ..op_table import FLOAT32_ONLY_OPERANDS
 from .base import GraphPass, PassContext
 from .fix_shapes import refresh_shapes
@@ -178,9 +178,10 @@ class ToFloat16(GraphPass):
             keep_fp32 |= constants
             island_casts |= casts
             counts["variance reductions kept in float32"] += len(islands)
-        consumers = TensorIndex(model.graph)
+        view = GraphView(model.graph, subgraphs=True)
+        _ = view.consumers  # link producers and consumers before the graphs change
         for graph in iter_graphs(model.graph):
-            self._convert_graph(graph, consumers, keep_fp32, island_casts, counts)
+            self._convert_graph(graph, view, keep_fp32, island_casts, counts)
         self.notes.extend(f"{what}: {count}" for what, count in sorted(counts.items()) if count)
         return refresh_shapes(model)
 
@@ -193,7 +194,7 @@ class ToFloat16(GraphPass):
     def _convert_graph(
         self,
         graph: onnx.GraphProto,
-        consumers: TensorIndex,
+        view: GraphView,
         keep_fp32: set[str],
         island_casts: set[str],
         counts: dict[str, int],
@@ -205,16 +206,14 @@ class ToFloat16(GraphPass):
         for init in graph.initializer:
             if init.data_type != TensorProto.FLOAT or init.name in keep_fp32:
                 continue
-            if consumers.only_feeds(init.name, FLOAT32_ONLY_OPERANDS):
+            if view.only_feeds(init.name, FLOAT32_ONLY_OPERANDS):
                 continue
             self._convert_tensor(init, counts)
             counts["float initializers made float16"] += 1
         for node in graph.node:
             if node.domain not in ("", "ai.onnx"):
                 continue
-            float32_only = any(
-                consumers.only_feeds(name, FLOAT32_ONLY_OPERANDS) for name in node.output if name
-            )
+            float32_only = any(view.only_feeds(name, FLOAT32_ONLY_OPERANDS) for name in node.output if name)
             if node.op_type == "Cast" and not float32_only and node.name not in island_casts:
                 to = next(a for a in node.attribute if a.name == "to")
                 if to.i == TensorProto.FLOAT:

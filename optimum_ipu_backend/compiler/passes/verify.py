@@ -16,7 +16,7 @@ from ..errors import (
     LegalizationError,
     UnsupportedNode,
 )
-from ..graphs import TensorIndex, attribute, infer_shapes, iter_graphs, iter_nodes
+from ..graphs import GraphView, attribute, infer_shapes, iter_graphs, iter_nodes
 from ..op_table import (
     COMPILE_TIME_OPERANDS,
     DEFAULT_DOMAINS,
@@ -109,19 +109,15 @@ def _tensor_problems(
     return problems
 
 
-def _narrowed_where_produced(graph: onnx.GraphProto, consumers: TensorIndex) -> set[str]:
+def _narrowed_where_produced(graph: onnx.GraphProto, view: GraphView) -> set[str]:
     """int64-typed outputs PopART computes as INT32 whose every reader is a Cast to int32: no int64 value
     exists on the device (``op_table.POPART_INT32_OUTPUTS``)."""
     narrowed = set()
     for node in iter_nodes(graph):
         for index, name in enumerate(node.output):
-            if (
-                not name
-                or (node.op_type, index) not in POPART_INT32_OUTPUTS
-                or name in consumers.graph_outputs
-            ):
+            if not name or (node.op_type, index) not in POPART_INT32_OUTPUTS or name in view.graph_outputs:
                 continue
-            readers = consumers.consumers.get(name, [])
+            readers = view.consumers.get(name, [])
             if readers and all(
                 reader.op_type == "Cast" and attribute(reader, "to") == onnx.TensorProto.INT32
                 for reader, _ in readers
@@ -141,7 +137,7 @@ def _verify(model: onnx.ModelProto) -> tuple[list[UnsupportedNode], onnx.ModelPr
     inferred, inference_ok = _strict_inference(model, problems)
     _check(model, problems)
 
-    consumers = TensorIndex(inferred.graph)
+    view = GraphView(inferred.graph, subgraphs=True)
     constants: set[str] = set()
     types: dict[str, onnx.ValueInfoProto] = {}
     for graph in iter_graphs(inferred.graph):
@@ -149,8 +145,8 @@ def _verify(model: onnx.ModelProto) -> tuple[list[UnsupportedNode], onnx.ModelPr
         constants.update(node.output[0] for node in graph.node if node.op_type == "Constant" and node.output)
         for value_info in list(graph.input) + list(graph.value_info) + list(graph.output):
             types.setdefault(value_info.name, value_info)
-    allowed_int64 = {name for name in constants if consumers.only_feeds(name, INT64_ONLY_OPERANDS)}
-    allowed_int64 |= _narrowed_where_produced(inferred.graph, consumers)
+    allowed_int64 = {name for name in constants if view.only_feeds(name, INT64_ONLY_OPERANDS)}
+    allowed_int64 |= _narrowed_where_produced(inferred.graph, view)
 
     untyped: set[str] = set()  # outputs with no type, reported once at the node that lost it
     for graph in iter_graphs(inferred.graph):

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ...graphs import GraphView, NameAllocator, attribute
+from ...graphs import GraphView, NameAllocator, attribute, attributes
 
 FLOAT_TYPES: frozenset[int] = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
@@ -158,9 +158,7 @@ def as_text(value: Any) -> Any:
 def copy_attributes(node: onnx.NodeProto, drop: Iterable[str] = ()) -> dict[str, Any]:
     """A node's attributes as keyword arguments for ``helper.make_node``, minus ``drop``."""
     dropped = set(drop)
-    return {
-        attr.name: helper.get_attribute_value(attr) for attr in node.attribute if attr.name not in dropped
-    }
+    return {name: value for name, value in attributes(node).items() if name not in dropped}
 
 
 def input_at(node: onnx.NodeProto, index: int) -> str:
