@@ -160,16 +160,16 @@ def _failures(results: dict, engine: str) -> list[str]:
     return failures
 
 
-def test_every_ortmodel_class_on_popart(tmp_path_factory):
+def test_every_ortmodel_class_on_popart(tmp_path_factory, zoo):
     """One test per engine, so that xdist runs the two engines' subprocesses in parallel."""
-    results, log = _run(tmp_path_factory, "popart")
+    results, log = _run(tmp_path_factory, zoo, "popart")
     failures = _failures(results, "popart")
     assert not failures, "\n\n".join(failures)
     _check_popart_call_log(log)
 
 
-def test_every_ortmodel_class_on_poptorch(tmp_path_factory):
-    results, log = _run(tmp_path_factory, "poptorch")
+def test_every_ortmodel_class_on_poptorch(tmp_path_factory, zoo):
+    results, log = _run(tmp_path_factory, zoo, "poptorch")
     failures = _failures(results, "poptorch")
     assert not failures, "\n\n".join(failures)
     _check_poptorch_options(log)
