@@ -9,6 +9,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+from optimum_ipu_backend.conformance import results
 from optimum_ipu_backend.conformance.reports import (
     STATUS_LABELS,
     Report,
@@ -17,27 +18,15 @@ from optimum_ipu_backend.conformance.reports import (
     provider_line,
     run_line,
 )
-from optimum_ipu_backend.conformance.results import (
-    ERROR,
-    FAILED,
-    MODEL,
-    NOT_APPLICABLE,
-    OPERATOR,
-    OUT_OF_TABLE,
-    PASSED,
-    STATUSES,
-    XFAIL,
-    XPASS,
-)
 
 STATUS_COLOURS = {
-    PASSED: "#2e7d32",
-    FAILED: "#c62828",
-    ERROR: "#6a1b9a",
-    XFAIL: "#f9a825",
-    XPASS: "#0277bd",
-    NOT_APPLICABLE: "#9e9e9e",
-    OUT_OF_TABLE: "#d7ccc8",
+    results.PASSED: "#2e7d32",
+    results.FAILED: "#c62828",
+    results.ERROR: "#6a1b9a",
+    results.XFAIL: "#f9a825",
+    results.XPASS: "#0277bd",
+    results.NOT_APPLICABLE: "#9e9e9e",
+    results.OUT_OF_TABLE: "#d7ccc8",
 }
 # Errors of exactly zero have no place on a log axis; they are drawn at this floor and labelled "exact".
 _ERROR_FLOOR = 1e-12
@@ -79,9 +68,9 @@ def model_error_plot(report: Report) -> str | None:
     axes = figure.add_subplot()
     values = [_ERROR_FLOOR if value is None or value < _ERROR_FLOOR else value for _, value, _ in rows]
     colours = [
-        STATUS_COLOURS[FAILED]
+        STATUS_COLOURS[results.FAILED]
         if (within is False or value is None)
-        else STATUS_COLOURS[PASSED]
+        else STATUS_COLOURS[results.PASSED]
         if within
         else "#607d8b"
         for _, value, within in rows
@@ -130,7 +119,7 @@ def operator_coverage_plot(report: Report) -> str | None:
     figure = Figure(figsize=(9, 0.16 * len(operators) + 1.6))
     axes = figure.add_subplot()
     left = [0] * len(operators)
-    for status in STATUSES:
+    for status in results.STATUSES:
         counts = [coverage[op].get(status, 0) for op in operators]
         if any(counts):
             axes.barh(
@@ -170,9 +159,9 @@ def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] = frozen
 def _status_table(title: str, rows: dict[str, dict[str, int]]) -> str:
     """A table of case counts by status, one row per key of ``rows``."""
     return _table(
-        [title, *(STATUS_LABELS[s] for s in STATUSES)],
-        [[name, *(counts.get(s, 0) for s in STATUSES)] for name, counts in rows.items()],
-        set(range(1, len(STATUSES) + 1)),
+        [title, *(STATUS_LABELS[s] for s in results.STATUSES)],
+        [[name, *(counts.get(s, 0) for s in results.STATUSES)] for name, counts in rows.items()],
+        set(range(1, len(results.STATUSES) + 1)),
     )
 
 
@@ -202,7 +191,9 @@ def render(report: Report) -> str:
             ],
         ),
         "<h2>Summary</h2>",
-        _status_table("level", {level: data["summary"][level] for level in (MODEL, OPERATOR)}),
+        _status_table(
+            "level", {level: data["summary"][level] for level in (results.MODEL, results.OPERATOR)}
+        ),
     ]
     failing = [r for r in report.results if r.is_failing]
     parts.append(f'<h2 id="failures">Failures ({len(failing)})</h2>')
@@ -211,7 +202,7 @@ def render(report: Report) -> str:
         parts.append(_table(["case", "status", "what failed"], rows))
     else:
         parts.append("<p>None.</p>")
-    xpass = [r for r in report.results if r.status == XPASS]
+    xpass = [r for r in report.results if r.status == results.XPASS]
     if xpass:
         parts.append(f"<h2>Known failures that now pass ({len(xpass)}): remove their entries</h2>")
         parts.append(
@@ -276,7 +267,9 @@ def render(report: Report) -> str:
         else:
             parts.append(_status_table("operator", data["operators"]))
 
-    expected = [r for r in report.results if r.status in (XFAIL, NOT_APPLICABLE) and r.expectation]
+    expected = [
+        r for r in report.results if r.status in (results.XFAIL, results.NOT_APPLICABLE) and r.expectation
+    ]
     if expected:
         parts.append("<h2>Expected failures and cases not applicable, with their reasons</h2>")
         by_reason: dict[tuple[str, str, str], list[str]] = {}

@@ -41,6 +41,7 @@ forces it and what it costs on an IPU; otherwise at the first call that needs th
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
@@ -546,9 +547,12 @@ class PaddingDecisions:
         self._load_model = load_model
         # What the runtime feeds, as the proof needs it described.
         self._shapes = dict(input_shapes)
-        self._fills = dict(fills)
-        self._left_padded_dims = tuple(left_padded_dims)
-        self._generated_masks = tuple(generated_masks)
+        self._described_padded = functools.partial(
+            padded_inputs,
+            fills=dict(fills),
+            left_padded_dims=tuple(left_padded_dims),
+            generated_masks=tuple(generated_masks),
+        )
         self._store = store
         self._per_call = canonical_sizes is None
         self._canonical = dict(canonical_sizes or {})
@@ -765,15 +769,8 @@ class PaddingDecisions:
         with contextlib.suppress(KeyError, TypeError, ValueError):
             proof = None if stored is None else PaddingProof.from_json(stored)
         if proof is None:
-            inputs = padded_inputs(
-                self._shapes if shapes is None else shapes,
-                self._fills,
-                actual,
-                dims,
-                left_padded_dims=self._left_padded_dims,
-                generated_masks=self._generated_masks,
-                branches=branches,
-            )
+            shapes = self._shapes if shapes is None else shapes
+            inputs = self._described_padded(shapes, actual=actual, padded=dims, branches=branches)
             proof = self._analyzer().prove(inputs)
             if path is not None:
                 write_record(path, PROOF_FORMAT, proof.to_json(), "padding proof")
