@@ -12,33 +12,26 @@ past), an audio frame mask (wav2vec2), an end-of-sentence selection (BART, MBart
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compiler"))  # matrix_testing
+from matrix_testing import MATRIX, SEQ2SEQ_MODELS, merged_export  # noqa: E402
+
 from optimum_ipu_backend.cli.check import main as check_main
 from optimum_ipu_backend.compiler import pipeline
 from optimum_ipu_backend.compiler.errors import LegalizationError
-from optimum_ipu_backend.conformance.zoo import ModelZoo, export_onnx
+from optimum_ipu_backend.conformance.zoo import ModelZoo
 from optimum_ipu_backend.runtime import executables
 from optimum_ipu_backend.session import IPUInferenceSession, IPUProviderOptions
 
 MERGED = (
     "merged"  # the export with optimum's post-processing: a decoder merged into an If on use_cache_branch
 )
-MODELS = (
-    ("bert", "text-classification"),
-    ("roberta", "text-classification"),
-    ("camembert", "fill-mask"),
-    ("distilbert", "text-classification"),
-    ("albert", "text-classification"),
-    ("electra", "text-classification"),
-    ("minilm", "feature-extraction"),
-    ("vit", "image-classification"),
-    ("gpt2", "text-generation-with-past"),
-    ("t5", "text2text-generation-with-past", MERGED),
-    ("bart", "text2text-generation-with-past", MERGED),
-    ("whisper", "automatic-speech-recognition-with-past", MERGED),
+# The main matrix of tests/compiler (its seq2seq models as merged exports), then the pattern models.
+MODELS = tuple((name, task, MERGED) if name in SEQ2SEQ_MODELS else (name, task) for name, task in MATRIX) + (
     ("wav2vec2", "audio-frame-classification"),
     ("bart", "text-classification"),
     ("mbart", "text-classification"),
@@ -51,11 +44,7 @@ class _Stop(Exception):
 
 
 def _export(zoo: ModelZoo, name: str, task: str, *form: str) -> Path:
-    if form:  # the directory and arguments of tests/compiler/matrix_testing.merged_export: one export each
-        return export_onnx(
-            zoo.model(name, task), task, zoo.root / "onnx" / f"{name}-merged", no_post_process=False
-        )
-    return zoo.onnx(name, task)
+    return merged_export(zoo, name, task) if form else zoo.onnx(name, task)
 
 
 @pytest.mark.parametrize("case", MODELS, ids=["-".join(case) for case in MODELS])
