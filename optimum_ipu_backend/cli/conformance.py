@@ -73,6 +73,43 @@ def add_conformance_parser(subparsers: Any) -> None:
         help="pytest-xdist workers: a number, or auto (the CPU count, at most 4; 1 without pytest-xdist)",
     )
     parser.set_defaults(func=run_conformance)
+    _add_expectations_parser(subparsers)
+
+
+def _add_expectations_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "conformance-expectations",
+        help="edit a conformance expectation file",
+        description="Edit an expectation file of the conformance suite, keeping its comments.",
+    )
+    actions = parser.add_subparsers(dest="action", required=True)
+    remove = actions.add_parser(
+        "remove",
+        help="remove cases that now pass from the entries listing them by name",
+        description=(
+            "Remove each CASE from the entry of FILE that lists it by name (an entry left empty goes too). "
+            "A case listed only through a glob pattern is refused: edit that entry by hand. The report of "
+            "a run prints this command for every known failure that now passes."
+        ),
+    )
+    remove.add_argument("file", type=Path, metavar="FILE", help="the expectation file (.toml)")
+    remove.add_argument("cases", nargs="+", metavar="CASE", help="case ids, e.g. op/test_add")
+    remove.set_defaults(func=run_remove_expectations)
+
+
+def run_remove_expectations(args: argparse.Namespace) -> int:
+    from optimum_ipu_backend.conformance.definition import DefinitionError, remove_cases
+
+    if importlib.util.find_spec("tomlkit") is None:
+        sys.stderr.write(f"optimum-ipu conformance-expectations needs tomlkit: pip install '{EXTRA}'\n")
+        return 2
+    try:
+        removed = remove_cases(args.file, args.cases)
+    except (DefinitionError, OSError) as exc:
+        sys.stderr.write(f"optimum-ipu conformance-expectations remove: {exc}\n")
+        return 1
+    print(f"removed from {args.file}: {', '.join(removed)}")
+    return 0
 
 
 def _jobs(value: str) -> int:

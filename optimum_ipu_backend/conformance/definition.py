@@ -9,6 +9,7 @@ Every file is checked when read, and a mistake is an error naming the file and t
 from __future__ import annotations
 
 import fnmatch
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -270,6 +271,7 @@ class Expectation:
     cases: tuple[str, ...]
     reason: str
     source: str  # file and entry number, so a report can say which line to edit
+    file: str = ""  # the expectation file, for the command that removes a case from it
     tier: str | None = None
     options: Mapping[str, str] = field(default_factory=dict)
 
@@ -339,6 +341,7 @@ def _expectation(path: str, kind: str, index: int, raw: Mapping[str, Any]) -> Ex
         cases=cases,
         reason=" ".join(raw["reason"].split()),
         source=where,
+        file=path,
         tier=raw.get("tier"),
         options={str(key): str(value) for key, value in options.items()},
     )
@@ -403,6 +406,50 @@ def load_expectation_file(path: Path) -> ExpectationFile:
         operators=None if operators is None else _operator_declaration(str(path), operators),
         entries=tuple(entries),
     )
+
+
+#: The command that removes cases from an expectation file (``remove_cases``).
+REMOVE_COMMAND = "optimum-ipu conformance-expectations remove"
+
+
+def removal_command(path: str, case_id: str) -> str:
+    """The command a report prints for a listed failure that now passes."""
+    return f"{REMOVE_COMMAND} {shlex.quote(path)} {shlex.quote(case_id)}"
+
+
+def remove_cases(path: Path, case_ids: Sequence[str]) -> list[str]:
+    """Remove ``case_ids`` from the entries of an expectation file that list them by name (an entry left
+    with no case goes too), keeping the file's comments and layout. A case listed only through a glob,
+    or not at all, is an error naming the entry: a glob may still cover cases that fail, so its edit is
+    a reviewer's decision. Nothing is written unless every case can be removed."""
+    import tomlkit
+
+    document = tomlkit.parse(Path(path).read_text(encoding="utf-8"))
+    removed = []
+    for case_id in case_ids:
+        listed = False
+        for kind in ("known_failure", "not_applicable"):
+            entries = document.get(kind, [])
+            for index in reversed(range(len(entries))):
+                cases = entries[index]["cases"]
+                if case_id in cases:
+                    cases.remove(case_id)
+                    listed = True
+                    if not cases:
+                        del entries[index]
+                    continue
+                pattern = next((p for p in cases if fnmatch.fnmatchcase(case_id, p)), None)
+                if pattern is not None:
+                    raise DefinitionError(
+                        f"{path} [[{kind}]] #{index + 1}: {case_id} is listed through the pattern "
+                        f"{pattern!r}, which may cover cases that still fail; edit that entry by hand"
+                    )
+        if not listed:
+            raise DefinitionError(f"{path}: no entry lists {case_id}")
+        removed.append(case_id)
+    Path(path).write_text(tomlkit.dumps(document), encoding="utf-8")
+    load_expectation_file(Path(path))  # the edited file must still be a valid expectation file
+    return removed
 
 
 def suite_expectation_file(provider_name: str, directory: Path | None = None) -> Path | None:

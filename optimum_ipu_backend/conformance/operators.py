@@ -23,7 +23,12 @@ import numpy as np
 
 from optimum_ipu_backend.compiler.op_table import DEFAULT_DOMAINS
 from optimum_ipu_backend.conformance.definition import Tier
-from optimum_ipu_backend.conformance.providers import OperatorSupport, ProviderUnderTest, operator_name
+from optimum_ipu_backend.conformance.providers import (
+    REFERENCE_PROVIDER,
+    OperatorSupport,
+    ProviderUnderTest,
+    operator_name,
+)
 from optimum_ipu_backend.conformance.results import (
     ERROR,
     FAILED,
@@ -31,6 +36,7 @@ from optimum_ipu_backend.conformance.results import (
     OPERATOR,
     OUT_OF_TABLE,
     PASSED,
+    REFERENCE,
     CaseResult,
     finite,
     first_line,
@@ -276,52 +282,146 @@ def _error_figures(reference: Sequence[Any], actual: Sequence[Any]) -> tuple[flo
     return finite(worst_abs), finite(worst_rel)
 
 
+def _differences(
+    oracle: Sequence[Any], actual: Sequence[Any], names: Sequence[str], rtol: float, atol: float
+) -> list[str]:
+    """One line per output of ``actual`` that is not within tolerance of ``oracle`` (ONNX's own check,
+    which also holds shapes, element types and sequences), naming the output."""
+    from onnx.backend.test.runner import Runner
+
+    if len(actual) != len(oracle):
+        return [f"{len(actual)} outputs where {len(oracle)} were expected"]
+    found = []
+    for name, expected, got in zip(names, oracle, actual, strict=False):
+        try:
+            Runner.assert_similar_outputs([expected], [got], rtol=rtol, atol=atol)
+        except (AssertionError, TypeError) as exc:
+            found.append(f"output {name!r}: {_summary(str(exc).strip())}")
+    return found
+
+
+@dataclass
+class _Outcome:
+    """What one runtime made of one data set: its outputs, or the exception it raised."""
+
+    outputs: list[Any] | None = None
+    error: BaseException | None = None
+    phase: str = ""  # what was being done when it raised
+    traceback: str = ""
+
+
+def _cpu_outcome(model_bytes: bytes, feed: Mapping[str, Any]) -> _Outcome:
+    import onnxruntime
+
+    try:
+        session = onnxruntime.InferenceSession(model_bytes, providers=[REFERENCE_PROVIDER])
+        return _Outcome(outputs=session.run(None, dict(feed)))
+    except Exception as exc:  # CPU's own refusal: the provider is then judged against ONNX's reference
+        return _Outcome(error=exc)
+
+
+def _cpu_column(
+    outcome: _Outcome, expected: Sequence[Any], names: Sequence[str], rtol: float, atol: float
+) -> dict[str, Any]:
+    """CPU against ONNX's reference outputs: the column every operator case reports beside its own."""
+    if outcome.error is not None:
+        return {"status": "raises", "message": f"{type(outcome.error).__name__}: {first_line(outcome.error)}"}
+    differences = _differences(expected, outcome.outputs, names, rtol, atol)
+    max_abs, max_rel = _error_figures(expected, outcome.outputs)
+    return {
+        "status": "differs" if differences else "agrees",
+        "message": "; ".join(differences),
+        "max_abs": max_abs,
+        "max_rel": max_rel,
+    }
+
+
 def run_operator_case(
     case: NodeCase, store: NodeCaseStore, provider: ProviderUnderTest, tier: Tier | None = None
 ) -> CaseResult:
-    """Run one in-table, applicable node case; the status is PASSED, FAILED or ERROR."""
-    from onnx.backend.test.runner import Runner
-
+    """Run one in-table, applicable node case and judge the provider against CPU onnxruntime's outputs
+    for the same data; where CPU raises, against ONNX's reference outputs. A case CPU refuses too is not
+    the provider's failure (NOT_APPLICABLE, saying so). CPU itself is judged against ONNX's reference.
+    The status is PASSED, FAILED, ERROR or NOT_APPLICABLE."""
     started = time.perf_counter()
     result = CaseResult(case_id=case.case_id, level=OPERATOR, group=case.operator, status=PASSED)
     rtol, atol = (case.rtol, case.atol) if tier is None else tier.operator_tolerance(case.rtol, case.atol)
     result.info["tolerance"] = {"rtol": rtol, "atol": atol}
-    phase = "loading the case"
+    is_cpu = provider.name == REFERENCE_PROVIDER
     try:
         model, data_sets = store.load(case)
-        with tempfile.TemporaryDirectory(prefix="conformance-op-") as scratch:
-            for number, (inputs, expected) in enumerate(data_sets):
-                feed = {info.name: value for info, value in zip(model.graph.input, inputs, strict=False)}
-                bound_model, feed, bound = _bind_compile_time_operands(model, feed, provider.operator_support)
-                if bound:
-                    result.info["bound_operands"] = bound
-                path = Path(scratch) / f"{case.name}-{number}.onnx"
-                path.write_bytes(bound_model.SerializeToString())
-                phase = f"creating a {provider.name} session"
-                session = provider.create_session(path)
-                phase = f"running data set {number}"
-                outputs = session.run(None, feed)
-                result.info["max_abs"], result.info["max_rel"] = _error_figures(expected, outputs)
-                phase = f"comparing data set {number}"
-                try:
-                    Runner.assert_similar_outputs(expected, outputs, rtol=rtol, atol=atol)
-                except AssertionError as exc:
-                    text = str(exc).strip()
-                    result.status = FAILED
+    except Exception as exc:
+        return _raised(result, case, _Outcome(error=exc, phase="loading the case"), started)
+    names = [value.name for value in model.graph.output]
+    with tempfile.TemporaryDirectory(prefix="conformance-op-") as scratch:
+        for number, (inputs, expected) in enumerate(data_sets):
+            feed = {info.name: value for info, value in zip(model.graph.input, inputs, strict=False)}
+            cpu = None if is_cpu else _cpu_outcome(model.SerializeToString(), feed)
+            if cpu is not None:
+                result.cpu = _cpu_column(cpu, expected, names, rtol, atol)
+            mine = _provider_outcome(case, number, model, feed, provider, Path(scratch), result)
+            if mine.error is not None:
+                if cpu is not None and cpu.error is not None:
+                    result.status = NOT_APPLICABLE
                     result.message = (
-                        f"{case.case_id} ({case.operator}): outputs differ from ONNX's reference beyond "
-                        f"rtol {rtol:g}, atol {atol:g}: {_summary(text)}"
+                        f"{case.case_id} ({case.operator}): {REFERENCE_PROVIDER} refuses it too "
+                        f"({result.cpu['message']}); {provider.name}: {type(mine.error).__name__}: "
+                        f"{first_line(mine.error)}"
                     )
-                    result.failures.append(result.message)
-                    result.detail = text
                     break
+                return _raised(result, case, mine, started)
+            use_cpu = cpu is not None and cpu.outputs is not None
+            oracle, oracle_name = (cpu.outputs, REFERENCE_PROVIDER) if use_cpu else (expected, REFERENCE)
+            result.oracle = oracle_name
+            result.info["max_abs"], result.info["max_rel"] = _error_figures(oracle, mine.outputs)
+            differences = _differences(oracle, mine.outputs, names, rtol, atol)
+            if differences:
+                result.status = FAILED
+                result.failures = [
+                    f"{case.case_id} ({case.operator}): data set {number}: {line}" for line in differences
+                ]
+                result.message = (
+                    f"{case.case_id} ({case.operator}): {differences[0].partition(':')[0]} differs from "
+                    f"{oracle_name} beyond rtol {rtol:g}, atol {atol:g}: {differences[0].partition(': ')[2]}"
+                )
+                result.detail = "\n".join(result.failures)
+                break
+    result.duration_s = round(time.perf_counter() - started, 4)
+    return result
+
+
+def _provider_outcome(
+    case: NodeCase,
+    number: int,
+    model: Any,
+    feed: Mapping[str, Any],
+    provider: ProviderUnderTest,
+    scratch: Path,
+    result: CaseResult,
+) -> _Outcome:
+    phase = "binding compile-time operands"
+    try:
+        bound_model, feed, bound = _bind_compile_time_operands(model, feed, provider.operator_support)
+        if bound:
+            result.info["bound_operands"] = bound
+        path = scratch / f"{case.name}-{number}.onnx"
+        path.write_bytes(bound_model.SerializeToString())
+        phase = f"creating a {provider.name} session"
+        session = provider.create_session(path)
+        phase = f"running data set {number}"
+        return _Outcome(outputs=session.run(None, feed))
     except Exception as exc:  # the provider's refusal or crash is the finding
-        result.status = ERROR
-        result.message = (
-            f"{case.case_id} ({case.operator}): {phase} raised {type(exc).__name__}: {first_line(exc)}"
-        )
-        result.failures.append(result.message)
-        result.detail = traceback.format_exc()
+        return _Outcome(error=exc, phase=phase, traceback=traceback.format_exc())
+
+
+def _raised(result: CaseResult, case: NodeCase, outcome: _Outcome, started: float) -> CaseResult:
+    exc = outcome.error
+    result.status = ERROR
+    result.message = (
+        f"{case.case_id} ({case.operator}): {outcome.phase} raised {type(exc).__name__}: {first_line(exc)}"
+    )
+    result.failures.append(result.message)
+    result.detail = outcome.traceback or "".join(traceback.format_exception(exc))
     result.duration_s = round(time.perf_counter() - started, 4)
     return result
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ class OperatorSupport:
 
 def _resolve_ops(value: str | Sequence[str]) -> frozenset[tuple[str, str]]:
     names = resolve_qualname(value) if isinstance(value, str) else value
+    names = names() if callable(names) else names
     table = set()
     for name in names:
         domain, sep, op_type = str(name).rpartition("::")
@@ -101,6 +102,29 @@ def resolve_operator_support(declaration: OperatorDeclaration | None) -> Operato
         provider_options=dict(declaration.provider_options),
         source=declaration.source,
     )
+
+
+def _entry_point_table(
+    registration: ProviderRegistration, declaration: OperatorDeclaration | None, support: OperatorSupport
+) -> OperatorSupport:
+    """The operator table a plugin declares through its entry point (``ProviderSpec.operator_table``),
+    with the rest of its expectation files' declaration; a table declared in both places is an error."""
+    where = f"entry point {registration.entry_point!r} of {registration.distribution}"
+    if declaration is not None and declaration.table is not None:
+        raise DefinitionError(
+            f"the operator table of {registration.name} is declared twice: {where} and {declaration.source}"
+        )
+    try:
+        table = _resolve_ops(registration.spec.operator_table)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        raise DefinitionError(
+            f"{where}: operator_table {registration.spec.operator_table!r} cannot be resolved: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    source = f"{where}: operator_table {registration.spec.operator_table}"
+    if declaration is not None:
+        source += f"; {declaration.source}"
+    return replace(support, table=table, source=source)
 
 
 def _distribution_expectation_file(registration: ProviderRegistration) -> Path | None:
@@ -217,6 +241,9 @@ def resolve_provider(
             f"operator support of {name} is declared twice: "
             f"{declarations[0].source} and {declarations[1].source}"
         )
+    support = resolve_operator_support(declarations[0] if declarations else None)
+    if registration is not None and registration.spec.operator_table is not None:
+        support = _entry_point_table(registration, declarations[0] if declarations else None, support)
     return ProviderUnderTest(
         name=name,
         requested=requested,
@@ -225,6 +252,6 @@ def resolve_provider(
         distribution=distribution,
         version=version,
         expectation_files=tuple(files),
-        operator_support=resolve_operator_support(declarations[0] if declarations else None),
+        operator_support=support,
         _registration=registration,
     )

@@ -11,6 +11,8 @@ from typing import Any
 
 from optimum_ipu_backend.conformance import results
 from optimum_ipu_backend.conformance.reports import (
+    CPU_COLUMN,
+    CPU_COLUMN_TITLE,
     STATUS_LABELS,
     Report,
     figure_text,
@@ -266,6 +268,17 @@ def render(report: Report) -> str:
                 parts.append(_table(["case", "input set", "task measure", "value", "required"], metrics, {3}))
         else:
             parts.append(_status_table("operator", data["operators"]))
+    if data["cpu_column"]:
+        parts.append(f"<h2>{html.escape(CPU_COLUMN_TITLE)}</h2>")
+        rows = [[operator, *(row[key] for key in CPU_COLUMN)] for operator, row in data["cpu_column"].items()]
+        parts.append(_table(["operator", *CPU_COLUMN.values()], rows, set(range(1, len(CPU_COLUMN) + 1))))
+        deviations = [
+            [r.case_id, r.cpu["status"], r.cpu["message"]]
+            for r in report.results
+            if r.cpu is not None and r.cpu["status"] != "agrees"
+        ]
+        if deviations:
+            parts.append(_table(["case", "CPU", "against the reference"], deviations))
 
     expected = [
         r for r in report.results if r.status in (results.XFAIL, results.NOT_APPLICABLE) and r.expectation

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
+from optimum_ipu_backend.conformance.providers import REFERENCE_PROVIDER
 from optimum_ipu_backend.conformance.results import (
     ERROR,
     FAILED,
@@ -30,7 +31,7 @@ from optimum_ipu_backend.conformance.results import (
     CaseResult,
 )
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: operator cases carry their oracle and the CPU column
 SCHEMA_FILE = "report-schema-1.json"
 
 JUNIT_FILE = "conformance.junit.xml"
@@ -107,6 +108,7 @@ class Report:
             "environment": environment(),
             "summary": _summary(results),
             "operators": coverage(results),
+            "cpu_column": cpu_column(results),
             "models": model_errors(results),
             "not_run": not_run,
             "cases": [result.to_dict() for result in results],
@@ -135,6 +137,32 @@ def coverage(results: Iterable[CaseResult]) -> dict[str, dict[str, int]]:
         if result.level == OPERATOR:
             by_operator.setdefault(result.group, []).append(result)
     return {operator: _counts(by_operator[operator]) for operator in sorted(by_operator)}
+
+
+#: The CPU column's counts, in the order the reports print them.
+CPU_COLUMN_TITLE = "Operators: the CPU column (CPUExecutionProvider against ONNX's reference outputs)"
+CPU_COLUMN = {
+    "against_cpu": "judged against CPU",
+    "against_reference": "judged against ONNX's reference",
+    "cpu_agrees": "CPU agrees with the reference",
+    "cpu_differs": "CPU differs from the reference",
+    "cpu_raises": "CPU raises",
+}
+
+
+def cpu_column(results: Iterable[CaseResult]) -> dict[str, dict[str, int]]:
+    """Per operator under test: how many of its cases were judged against CPU's outputs and how many
+    against ONNX's reference, and how CPU itself fared against the reference (operator level only)."""
+    table: dict[str, Counter] = {}
+    for result in results:
+        if result.level != OPERATOR or (result.oracle is None and result.cpu is None):
+            continue
+        row = table.setdefault(result.group, Counter())
+        if result.oracle is not None:
+            row["against_cpu" if result.oracle == REFERENCE_PROVIDER else "against_reference"] += 1
+        if result.cpu is not None:
+            row[f"cpu_{result.cpu['status']}"] += 1
+    return {operator: {key: table[operator][key] for key in CPU_COLUMN} for operator in sorted(table)}
 
 
 def model_errors(results: Iterable[CaseResult]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -225,6 +253,10 @@ def write_junit(report: Report, path: Path) -> Path:
             case = ElementTree.SubElement(
                 suite, "testcase", classname=classname, name=result.case_id, time=f"{result.duration_s:.3f}"
             )
+            if result.oracle is not None or result.cpu is not None:
+                case_props = ElementTree.SubElement(case, "properties")
+                for key, value in junit_cpu_properties(result).items():
+                    ElementTree.SubElement(case_props, "property", name=key, value=value)
             if result.status in _JUNIT_FAULTS:
                 count, tag, kind = _JUNIT_FAULTS[result.status]
                 counts[count] += 1
@@ -248,6 +280,19 @@ def write_junit(report: Report, path: Path) -> Path:
     ElementTree.indent(root)
     ElementTree.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
     return path
+
+
+def junit_cpu_properties(result: CaseResult) -> dict[str, str]:
+    """An operator case's oracle and CPU column, as JUnit testcase properties."""
+    properties = {"oracle": result.oracle or "none"}
+    if result.cpu is not None:
+        properties["cpu"] = result.cpu["status"]
+        for key in ("max_abs", "max_rel"):
+            if key in result.cpu:
+                properties[f"cpu_{key}"] = figure_text(result.cpu[key])
+        if result.cpu["message"]:
+            properties["cpu_message"] = result.cpu["message"]
+    return properties
 
 
 def provider_line(provider: dict[str, Any]) -> str:
@@ -365,6 +410,18 @@ def markdown(report: Report) -> str:
     if data["operators"]:
         lines += ["", "## Operators: cases per operator under test", ""]
         lines += _status_table("operator", data["operators"])
+    if data["cpu_column"]:
+        lines += ["", f"## {CPU_COLUMN_TITLE}", ""]
+        lines += ["| operator | " + " | ".join(CPU_COLUMN.values()) + " |"]
+        lines += ["|---|" + "---:|" * len(CPU_COLUMN)]
+        lines += [
+            f"| {operator} | " + " | ".join(str(row[key]) for key in CPU_COLUMN) + " |"
+            for operator, row in data["cpu_column"].items()
+        ]
+        deviations = [r for r in report.results if r.cpu is not None and r.cpu["status"] != "agrees"]
+        if deviations:
+            lines += ["", f"CPU's own deviations from the reference ({len(deviations)}):", ""]
+            lines += [f"- `{r.case_id}`: {r.cpu['status']}: {_md(r.cpu['message'])}" for r in deviations]
     expected = [r for r in report.results if r.status in (XFAIL, NOT_APPLICABLE) and r.expectation]
     if expected:
         lines += ["", "## Expected failures and cases not applicable, with their reasons", ""]

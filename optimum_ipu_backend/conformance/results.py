@@ -22,6 +22,9 @@ FAILING = frozenset({FAILED, ERROR})
 MODEL = "model"
 OPERATOR = "operator"
 
+#: What an operator case is judged against where CPU onnxruntime cannot run it.
+REFERENCE = "ONNX's reference outputs"
+
 
 @dataclass
 class OutputComparison:
@@ -63,6 +66,12 @@ class CaseResult:
     metrics: list[TaskMetric] = field(default_factory=list)
     # Level-specific facts (ORTModel class, bound operands).
     info: dict[str, Any] = field(default_factory=dict)
+    # Operator level: what the provider was judged against (CPUExecutionProvider, or REFERENCE where CPU
+    # cannot run the case), and the CPU column: CPU against ONNX's reference outputs (status agrees,
+    # differs or raises; its message and errors). None where the provider is CPU itself or the case did
+    # not run.
+    oracle: str | None = None
+    cpu: dict[str, Any] | None = None
 
     @property
     def is_failing(self) -> bool:

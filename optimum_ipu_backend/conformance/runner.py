@@ -18,6 +18,7 @@ from optimum_ipu_backend.conformance.definition import (
     load_models,
     load_operators,
     load_tiers,
+    removal_command,
 )
 from optimum_ipu_backend.conformance.models import ModelCase, run_model_case
 from optimum_ipu_backend.conformance.operators import (
@@ -135,7 +136,12 @@ class ConformanceRun:
     def _expectation(self, case_id: str, kind: str) -> dict[str, str] | None:
         for entry in self.provider.expectations:
             if entry.kind == kind and entry.applies(case_id, self.tier.name, self.provider.options):
-                return {"kind": entry.kind, "reason": entry.reason, "source": entry.source}
+                return {
+                    "kind": entry.kind,
+                    "reason": entry.reason,
+                    "source": entry.source,
+                    "file": entry.file,
+                }
         return None
 
     def plan(self) -> ConformanceRun:
@@ -206,6 +212,6 @@ def apply_known_failure(result: CaseResult, known_failure: dict[str, str] | None
         result.status = XPASS
         result.message = (
             f"{result.case_id} passes but is listed as a known failure ({known_failure['source']}): "
-            "remove it from that entry"
+            f"remove it with `{removal_command(known_failure['file'], result.case_id)}`"
         )
     return result

@@ -9,6 +9,7 @@ asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -66,7 +67,10 @@ class ProviderSpec:
     ``Availability``, a bool, a tuple ``(available, detail[, emulated])`` or a mapping with those
     keys; it must not compile or allocate devices. ``priority`` places the provider in
     ``provider="auto"``'s order (higher first; onnxruntime's own accelerators rank at 0, after plugins
-    of equal priority; see ``integration/auto.py``).
+    of equal priority; see ``integration/auto.py``). ``operator_table``, if given, is ``"module:qualname"``
+    of the operators the provider's compiler takes (a collection of op types, ``domain::Op`` outside
+    ai.onnx, or a no-argument callable returning one): the conformance suite runs the node cases of
+    those operators only, and reports the rest as out of the table.
     """
 
     name: str
@@ -75,6 +79,7 @@ class ProviderSpec:
     probe: str | None = None
     description: str = ""
     priority: int = 0
+    operator_table: str | None = None
 
     def all_names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
@@ -90,6 +95,9 @@ def resolve_qualname(qualname: str) -> Any:
     return obj
 
 
+_SPEC_FIELDS = tuple(item.name for item in dataclasses.fields(ProviderSpec))
+
+
 def _coerce_spec(obj: Any) -> ProviderSpec:
     """Accept a ProviderSpec, a mapping with its fields, or a zero-argument callable returning either,
     so a vendor package need not import this one to register."""
@@ -100,11 +108,7 @@ def _coerce_spec(obj: Any) -> ProviderSpec:
     if isinstance(obj, Mapping):
         fields = dict(obj)
     else:
-        fields = {
-            key: getattr(obj, key)
-            for key in ("name", "session_factory", "aliases", "probe", "description", "priority")
-            if hasattr(obj, key)
-        }
+        fields = {key: getattr(obj, key) for key in _SPEC_FIELDS if hasattr(obj, key)}
     if not isinstance(fields.get("name"), str) or not isinstance(fields.get("session_factory"), str):
         raise TypeError(
             "a provider entry point must yield a ProviderSpec or a mapping with string 'name' and "

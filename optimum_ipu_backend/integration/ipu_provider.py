@@ -13,6 +13,9 @@ IPU_PROVIDER = ProviderSpec(
     description="Graphcore IPU through PopART/PopTorch, with a host emulator for machines without one",
     # A dedicated accelerator the user installed a plugin for: ahead of onnxruntime's own (0).
     priority=10,
+    # What the compiler takes: PopART's opset-11 table, every operator a rewrite lowers, and the few that
+    # folding removes; the session's pre-check reads the same function.
+    operator_table="optimum_ipu_backend.compiler.precheck:accepted_op_types",
 )
 
 

@@ -20,53 +20,13 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from filelock import FileLock
-from model_zoo import conformance_work_dir
+from conformance_runs import Run, conformance_argv
 from subprocess_env import PLUGIN_SITE, python
 
 from optimum_ipu_backend.conformance.reports import report_schema
 
 REPO = Path(__file__).resolve().parents[2]
 PERTURBED = ("perturb_model=bert-text-classification", "perturb_output=logits", "perturb_by=1e-3")
-
-
-def _command(report: Path, *args: str) -> list[str]:
-    return [
-        "conformance",
-        *args,
-        "--report",
-        str(report),
-        "--work-dir",
-        str(conformance_work_dir()),
-        "--jobs",
-        "1",
-    ]
-
-
-class Run:
-    """One run of the command, done once per test session: pytest-xdist workers share it on disk."""
-
-    def __init__(self, report: Path) -> None:
-        self.report = report
-        outcome = json.loads((report / "outcome.json").read_text())
-        self.returncode, self.output = outcome["returncode"], outcome["output"]
-        self.data = json.loads((report / "conformance.json").read_text())
-        self.cases = {case["case_id"]: case for case in self.data["cases"]}
-
-    @classmethod
-    def once(cls, tmp_path_factory: pytest.TempPathFactory, name: str, *args: str) -> Run:
-        shared = tmp_path_factory.getbasetemp()
-        shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
-        report = shared / "conformance-runs" / name
-        report.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(report) + ".lock"):
-            if not (report / "outcome.json").is_file():
-                argv = _command(report, *args)
-                code = f"import sys; from optimum_ipu_backend.cli.main import main; sys.exit(main({argv!r}))"
-                result = python(code, plugins=True)
-                outcome = {"returncode": result.returncode, "output": result.stdout + result.stderr}
-                (report / "outcome.json").write_text(json.dumps(outcome))
-        return cls(report)
 
 
 @pytest.fixture(scope="session")
@@ -163,6 +123,10 @@ def test_a_provider_right_everywhere_passes_with_its_own_expectation_file(faithf
     assert coverage["Relu"] == {"out_of_table": coverage["Relu"]["out_of_table"]}
     assert faithful_run.cases["op/test_add_bcast"]["status"] == "xpass"
     assert "NOW PASSING op/test_add_bcast passes but is listed as a known failure" in faithful_run.output
+    toml = PLUGIN_SITE / "faithful_npu_provider" / "conformance.toml"
+    assert f"remove it with `optimum-ipu conformance-expectations remove {toml} op/test_add_bcast`" in (
+        faithful_run.output
+    )
     markdown = (faithful_run.report / "conformance.md").read_text()
     assert "## Known failures that now pass (1): remove their entries" in markdown
 
@@ -189,7 +153,7 @@ def test_junit_xml(perturbed_run: Run) -> None:
 def test_json_report_matches_its_schema(perturbed_run: Run, faithful_run: Run, cpu_run: Run) -> None:
     for run in (perturbed_run, faithful_run, cpu_run):
         jsonschema.validate(run.data, report_schema())
-    assert perturbed_run.data["schema_version"] == "1.0" and perturbed_run.data["passed"] is False
+    assert perturbed_run.data["schema_version"] == "1.1" and perturbed_run.data["passed"] is False
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**perturbed_run.data, "passed": "no"}, report_schema())
 
@@ -307,7 +271,7 @@ def test_html_page_renders_in_headless_chromium(cpu_run: Run, tmp_path: Path) ->
 
 def test_an_interrupted_run_writes_what_it_finished(tmp_path: Path) -> None:
     report = tmp_path / "report"
-    argv = _command(report, "--provider", "CPUExecutionProvider", "--models", "none")
+    argv = conformance_argv(report, "--provider", "CPUExecutionProvider", "--models", "none")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.update({"PYTHONPATH": str(PLUGIN_SITE), "HF_HUB_OFFLINE": "1"})
     process = subprocess.Popen(

@@ -10,6 +10,7 @@ import pytest
 from model_zoo import conformance_work_dir
 
 from optimum_ipu_backend.compiler.op_table import COMPILE_TIME_OPERANDS, POPART_OPSET11_OPS
+from optimum_ipu_backend.compiler.precheck import accepted_op_types
 from optimum_ipu_backend.conformance.operators import (
     NodeCase,
     NodeCaseStore,
@@ -66,7 +67,11 @@ def test_declared_support_decides_what_applies(cases) -> None:
 
 def test_the_ipu_declaration_is_the_compilers_own_table() -> None:
     support = resolve_provider("ipu", {"device": "emulator"}).operator_support
-    assert support.table == {("", op) for op in POPART_OPSET11_OPS}
+    # What the session's pre-check accepts: PopART's table and every operator a rewrite lowers.
+    assert support.table == {("", op) for op in accepted_op_types()}
+    assert {("", "LayerNormalization"), ("", "Einsum"), ("", "Trilu")} <= support.table
+    assert {("", op) for op in POPART_OPSET11_OPS} < support.table
+    assert "entry point 'ipu'" in support.source
     assert support.compile_time_operands == COMPILE_TIME_OPERANDS
     assert support.provider_options == {"executable_cache_dir": ""}
 
@@ -100,7 +105,7 @@ def test_a_wrong_result_fails_onnx_comparison_and_a_crash_is_an_error(store, cas
     failed = run_operator_case(cases["test_add"], store, cpu)
     assert failed.status == FAILED
     assert failed.message.startswith(
-        "op/test_add (Add): outputs differ from ONNX's reference beyond rtol 0.001"
+        "op/test_add (Add): output 'sum' differs from ONNX's reference outputs beyond rtol 0.001"
     )
     assert failed.info["max_abs"] == pytest.approx(1.0, rel=1e-6)
     monkeypatch.setattr(type(cpu), "create_session", lambda self, path: 1 / 0)

@@ -1,0 +1,102 @@
+"""CPU onnxruntime is the conformance suite's oracle: a plugin that is CPUExecutionProvider under another
+name, with no expectation file of its own, passes the quick run and the full run; one wrong element of
+one operator output still fails, naming the case and the output."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conformance_runs import Run
+from junitparser import JUnitXml
+
+PERTURBED_ADD = (
+    "perturb_model=test_add",
+    "perturb_output=sum",
+    "perturb_by=2e-3",
+    "perturb_element=5",
+)
+
+
+@pytest.fixture(scope="session")
+def mirror_quick(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return Run.once(tmp_path_factory, "mirror-quick", "--provider", "mirror", "--quick")
+
+
+@pytest.fixture(scope="session")
+def mirror_full(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return Run.once(tmp_path_factory, "mirror-full", "--provider", "mirror")
+
+
+@pytest.fixture(scope="session")
+def perturbed_add(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    options = [arg for option in PERTURBED_ADD for arg in ("--provider-option", option)]
+    return Run.once(
+        tmp_path_factory, "perturbed-add", "--provider", "perturbed", *options, "--models", "none"
+    )
+
+
+def _assert_passes_with_no_expectations(run: Run) -> None:
+    assert run.returncode == 0, run.output[-4000:]
+    assert run.data["passed"] is True and run.data["provider"]["expectation_files"] == []
+    by_status = run.data["summary"]["by_status"]
+    assert set(by_status) <= {"passed", "not_applicable"}, by_status
+    operators = [case for case in run.data["cases"] if case["level"] == "operator"]
+    assert len([case for case in operators if case["status"] == "passed"]) > 0.8 * len(operators)
+    for case in operators:
+        if case["status"] == "passed":
+            # Judged against CPU's outputs where CPU runs the case, else against ONNX's reference.
+            raises = case["cpu"]["status"] == "raises"
+            assert case["oracle"] == ("ONNX's reference outputs" if raises else "CPUExecutionProvider")
+        else:  # not applicable only because CPU refuses the case too, and the report says so
+            assert case["cpu"]["status"] == "raises", case
+            assert "CPUExecutionProvider refuses it too" in case["message"]
+
+
+def test_a_cpu_plugin_with_no_expectation_file_passes_the_quick_run(mirror_quick: Run) -> None:
+    _assert_passes_with_no_expectations(mirror_quick)
+    assert {case["level"] for case in mirror_quick.data["cases"]} == {"model", "operator"}
+
+
+@pytest.mark.slow
+def test_a_cpu_plugin_with_no_expectation_file_passes_the_full_run(mirror_full: Run) -> None:
+    _assert_passes_with_no_expectations(mirror_full)
+    cases = mirror_full.cases
+    assert len([c for c in cases if c.startswith("op/")]) > 1500
+    assert len([c for c in cases if c.startswith("model/")]) > 20
+    # CPU's own deviations from ONNX's reference are reported in the CPU column, not held against it:
+    # the int4 casts CPU cannot exchange, and Resize's align_corners downsampling.
+    assert cases["op/test_cast_FLOAT_to_INT4"]["status"] == "not_applicable"
+    aligned = cases["op/test_resize_downsample_scales_linear_align_corners"]
+    assert aligned["status"] == "passed" and aligned["cpu"]["status"] == "differs", aligned
+
+
+def test_one_element_off_by_2e3_fails_naming_the_case_and_the_output(perturbed_add: Run) -> None:
+    assert perturbed_add.returncode == 1, perturbed_add.output[-4000:]
+    failed = perturbed_add.cases["op/test_add"]
+    assert failed["status"] == "failed" and failed["oracle"] == "CPUExecutionProvider"
+    assert failed["message"].startswith(
+        "op/test_add (Add): output 'sum' differs from CPUExecutionProvider beyond rtol 0.001, atol 1e-07"
+    )
+    assert failed["info"]["max_abs"] == pytest.approx(2e-3, rel=1e-3)
+    assert failed["cpu"]["status"] == "agrees"  # the CPU column: CPU meets ONNX's reference here
+    # Only that case is wrong: the other Add cases of the same provider pass against CPU.
+    others = [c for c in perturbed_add.data["cases"] if c["group"] == "Add" and c["case_id"] != "op/test_add"]
+    assert others and {c["status"] for c in others} == {"passed"}
+    assert re.search(r"FAILED op/test_add \(Add\): output 'sum' differs", perturbed_add.output)
+
+
+def test_the_four_reports_carry_the_cpu_column(perturbed_add: Run) -> None:
+    counts = perturbed_add.data["cpu_column"]["Add"]
+    total = len([c for c in perturbed_add.data["cases"] if c["group"] == "Add"])
+    assert counts["against_cpu"] == counts["cpu_agrees"] == total
+    xml = JUnitXml.fromfile(str(perturbed_add.report / "conformance.junit.xml"))
+    case = next(case for suite in xml for case in suite if case.name == "op/test_add")
+    # junitparser reads suite properties only; a testcase's are plain XML children.
+    properties = {p.get("name"): p.get("value") for p in case._elem.iter("property")}
+    assert properties["oracle"] == "CPUExecutionProvider" and properties["cpu"] == "agrees"
+    markdown = (perturbed_add.report / "conformance.md").read_text()
+    assert "## Operators: the CPU column (CPUExecutionProvider against ONNX's reference outputs)" in markdown
+    assert f"| Add | {total} | 0 | {total} | 0 | 0 |" in markdown
+    page = (perturbed_add.report / "conformance.html").read_text()
+    assert "the CPU column (CPUExecutionProvider against ONNX&#x27;s reference outputs)" in page
