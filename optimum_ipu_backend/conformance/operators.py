@@ -282,19 +282,39 @@ def _error_figures(reference: Sequence[Any], actual: Sequence[Any]) -> tuple[flo
     return finite(worst_abs), finite(worst_rel)
 
 
+def _assert_similar(expected: Any, got: Any, rtol: float, atol: float) -> None:
+    """ONNX's comparison of one output (``Runner.assert_similar_outputs``: shape, element type, then
+    allclose), extended to every value a node case returns: sequences of any element rank, maps, and an
+    empty optional (None) on both sides, which ONNX's runner cannot take."""
+    from onnx.backend.test.runner import Runner
+
+    if expected is None or got is None:
+        if expected is not got:
+            raise AssertionError(f"expected {'no value' if expected is None else 'a value'}, got {got!r:.80}")
+    elif isinstance(expected, dict):
+        if not isinstance(got, dict) or set(got) != set(expected):
+            raise AssertionError(f"expected a map with keys {sorted(expected)}, got {got!r:.80}")
+        for key in expected:
+            _assert_similar(expected[key], got[key], rtol, atol)
+    elif isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+            raise AssertionError(f"expected a sequence of {len(expected)} values, got {got!r:.80}")
+        for expected_item, got_item in zip(expected, got, strict=True):
+            _assert_similar(expected_item, got_item, rtol, atol)
+    else:
+        Runner.assert_similar_outputs([np.asarray(expected)], [np.asarray(got)], rtol=rtol, atol=atol)
+
+
 def _differences(
     oracle: Sequence[Any], actual: Sequence[Any], names: Sequence[str], rtol: float, atol: float
 ) -> list[str]:
-    """One line per output of ``actual`` that is not within tolerance of ``oracle`` (ONNX's own check,
-    which also holds shapes, element types and sequences), naming the output."""
-    from onnx.backend.test.runner import Runner
-
+    """One line per output of ``actual`` that is not within tolerance of ``oracle``, naming the output."""
     if len(actual) != len(oracle):
         return [f"{len(actual)} outputs where {len(oracle)} were expected"]
     found = []
     for name, expected, got in zip(names, oracle, actual, strict=False):
         try:
-            Runner.assert_similar_outputs([expected], [got], rtol=rtol, atol=atol)
+            _assert_similar(expected, got, rtol, atol)
         except (AssertionError, TypeError) as exc:
             found.append(f"output {name!r}: {_summary(str(exc).strip())}")
     return found
