@@ -10,21 +10,13 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
-from model_zoo import conformance_work_dir
+from model_zoo import conformance_command_work_dir, conformance_work_dir
 from subprocess_env import python
 
 
-def conformance_argv(report: Path, *args: str) -> list[str]:
-    return [
-        "conformance",
-        *args,
-        "--report",
-        str(report),
-        "--work-dir",
-        str(conformance_work_dir()),
-        "--jobs",
-        "1",
-    ]
+def conformance_argv(report: Path, *args: str, work_dir: Path | None = None) -> list[str]:
+    work_dir = conformance_work_dir() if work_dir is None else work_dir
+    return ["conformance", *args, "--report", str(report), "--work-dir", str(work_dir), "--jobs", "1"]
 
 
 class Run:
@@ -45,7 +37,9 @@ class Run:
         report.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(report) + ".lock"):
             if not (report / "outcome.json").is_file():
-                argv = conformance_argv(report, *args)
+                argv = conformance_argv(
+                    report, *args, work_dir=conformance_command_work_dir(tmp_path_factory)
+                )
                 code = f"import sys; from optimum_ipu_backend.cli.main import main; sys.exit(main({argv!r}))"
                 result = python(code, plugins=True)
                 outcome = {"returncode": result.returncode, "output": result.stdout + result.stderr}

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 PERSISTENT_ZOO_ENV = "OPTIMUM_IPU_TEST_ZOO"
 
@@ -37,9 +38,39 @@ def conformance_work_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"optimum-ipu-conformance-{os.getuid()}"
 
 
+def _session_zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from optimum_ipu_backend.conformance.zoo import cache_fingerprint
+
+    return zoo_dir(tmp_path_factory, "model-zoo", cache_fingerprint())
+
+
 def session_model_zoo(tmp_path_factory: pytest.TempPathFactory):
     """The model zoo of this test session: the ``zoo`` fixture of tests/conftest.py, and the conformance
     suite's when the project's tests run it."""
-    from optimum_ipu_backend.conformance.zoo import ModelZoo, cache_fingerprint
+    from optimum_ipu_backend.conformance.zoo import ModelZoo
 
-    return ModelZoo(zoo_dir(tmp_path_factory, "model-zoo", cache_fingerprint()))
+    return ModelZoo(_session_zoo_dir(tmp_path_factory))
+
+
+def conformance_command_work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``--work-dir`` of the tests' ``optimum-ipu conformance`` runs. The command keeps its zoo in
+    ``<work dir>/<cache fingerprint>``: here that is the session's zoo, so a run exports nothing the tests
+    built already; its generated node cases are the shared ones of ``conformance_work_dir()``."""
+    from optimum_ipu_backend.conformance.zoo import cache_fingerprint
+
+    shared = conformance_work_dir()
+    if os.environ.get(PERSISTENT_ZOO_ENV):
+        return shared  # the session's zoo is <persistent dir>/<fingerprint> already
+    work = zoo_dir(tmp_path_factory, "conformance-work")
+    links = {
+        cache_fingerprint(): _session_zoo_dir(tmp_path_factory),
+        "onnx-node-cases": shared / "onnx-node-cases",
+    }
+    with FileLock(str(work) + ".lock"):
+        for name, target in links.items():
+            target.mkdir(parents=True, exist_ok=True)
+            link = work / name
+            if not link.is_symlink():
+                work.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(target, target_is_directory=True)
+    return work
