@@ -31,9 +31,8 @@ def mirror_full(tmp_path_factory: pytest.TempPathFactory) -> Run:
 @pytest.fixture(scope="session")
 def perturbed_add(tmp_path_factory: pytest.TempPathFactory) -> Run:
     options = [arg for option in PERTURBED_ADD for arg in ("--provider-option", option)]
-    return Run.once(
-        tmp_path_factory, "perturbed-add", "--provider", "perturbed", *options, "--models", "none"
-    )
+    args = ("--provider", "perturbed", *options, "--models", "none", "--ops", "Add")
+    return Run.once(tmp_path_factory, "perturbed-add", *args)
 
 
 def _assert_passes_with_no_expectations(run: Run) -> None:
