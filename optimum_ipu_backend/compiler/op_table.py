@@ -97,6 +97,10 @@ COMPILE_TIME_OPERANDS: frozenset[tuple[str, int]] = INT64_COMPILE_TIME_OPERANDS 
         # Operators PopART lacks, which only folding removes (precheck.FOLDED_ONLY_OPS).
         ("NonZero", 0),
         ("EyeLike", 0),
+        # Range's output length is its operands' values: RangeRewrite computes it at compile time.
+        ("Range", 0),
+        ("Range", 1),
+        ("Range", 2),
     }
 )
 
