@@ -110,3 +110,10 @@ def test_same_averages_as_onnxruntime(spatial, data, ceil_mode, include_pad, see
         lt.assert_refused(model, "the_AveragePool.*starts in the end padding")
         return
     lt.lower_and_compare(model, {"x": lt.random_array(seed, shape, np.float32)}, atol=1e-5)
+
+
+def test_a_ceil_window_starting_in_the_end_padding_is_refused():
+    """3 inputs, end pad 1, stride 3: the second window would start at 3. onnxruntime returns 1 window,
+    ONNX shape inference declares 2."""
+    model = _pool_model((1, 1, 3), kernel_shape=[2], strides=[3], dilations=[2], pads=[0, 1], ceil_mode=1)
+    lt.assert_refused(model, "the_AveragePool.*starts in the end padding")

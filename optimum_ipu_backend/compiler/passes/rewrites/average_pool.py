@@ -63,10 +63,10 @@ def _axis_windows(
         )
     count = (-(-reach // stride) if ceil_mode else reach // stride) + 1
     if ceil_mode and (count - 1) * stride >= size + pad_begin:
-        # ONNX drops a ceil_mode window that starts in the end padding; onnxruntime keeps it as 0.
+        # onnxruntime (and ONNX's reference) drop such a window, ONNX shape inference counts it.
         raise CannotLower(
-            "ceil_mode gives a last window that starts in the end padding, where ONNX and onnxruntime "
-            "disagree on the output shape"
+            "ceil_mode gives a last window that starts in the end padding, which onnxruntime drops and "
+            "ONNX shape inference counts: the output shape is ambiguous"
         )
     taps = (np.arange(count) * stride - pad_begin)[:, None] + np.arange(kernel)[None, :] * dilation
     return _AxisWindows(
