@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from .arg_extreme import ArgExtremeRewrite
 from .attribute_adapters import NeutralAttributeRewrite
+from .average_pool import AveragePoolRewrite
 from .axes_to_attributes import AxesToAttributesRewrite
 from .common import CannotLower, GraphScope, Rewrite
 from .comparisons import ComparisonRewrite
@@ -25,6 +27,7 @@ from .one_hot import OneHotRewrite
 from .pad import PadRewrite
 from .pow import PowRewrite
 from .range import RangeRewrite
+from .recurrent_layout import RecurrentLayoutRewrite
 from .resize import ResizeRewrite
 from .shape_slice import ShapeSliceRewrite
 from .size import SizeRewrite
@@ -45,6 +48,9 @@ REWRITES: tuple[Rewrite, ...] = (
     ConstantValueRewrite(),
     ShapeSliceRewrite(),
     NeutralAttributeRewrite(),
+    ArgExtremeRewrite(),
+    AveragePoolRewrite(),
+    RecurrentLayoutRewrite(),
     DropoutRewrite(),
     PadRewrite(),
     ResizeRewrite(),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -19,28 +19,20 @@ def _equals(neutral: Any) -> Callable[[Any], bool]:
     return is_neutral
 
 
-def _all_ones(value: Any) -> bool:
-    return all(int(v) == 1 for v in value)
-
-
-# op -> (version that added the attributes, {attribute: is its value neutral?}).
+# op -> (version that added the attributes, {attribute: is its value neutral?}). ArgMax/ArgMin,
+# AveragePool and GRU/LSTM/RNN have rewrites of their own for the other values (arg_extreme.py,
+# average_pool.py, recurrent_layout.py).
 _NEUTRAL_ATTRIBUTES: dict[str, tuple[int, dict[str, Callable[[Any], bool]]]] = {
-    "ArgMax": (12, {"select_last_index": _equals(0)}),
-    "ArgMin": (12, {"select_last_index": _equals(0)}),
     "Reshape": (14, {"allowzero": _equals(0)}),
     "ScatterElements": (16, {"reduction": _equals("none")}),
     "BatchNormalization": (14, {"training_mode": _equals(0)}),
-    "AveragePool": (19, {"dilations": _all_ones}),
-    "GRU": (14, {"layout": _equals(0)}),
-    "LSTM": (14, {"layout": _equals(0)}),
-    "RNN": (14, {"layout": _equals(0)}),
     "RoiAlign": (16, {"coordinate_transformation_mode": _equals("output_half_pixel")}),
 }
 
 
 class NeutralAttributeRewrite(Rewrite):
-    """ArgMax/ArgMin, Reshape, ScatterElements, BatchNormalization, AveragePool, GRU/LSTM/RNN, RoiAlign lose
-    post-opset-11 attributes that are at their no-op value; any other value is refused."""
+    """Reshape, ScatterElements, BatchNormalization and RoiAlign lose post-opset-11 attributes that are at
+    their no-op value; any other value is refused."""
 
     op_types = frozenset(_NEUTRAL_ATTRIBUTES)
 
@@ -66,12 +58,18 @@ class NeutralAttributeRewrite(Rewrite):
             value = as_text(attribute(node, name))
             if not neutral[name](value) and not _allowzero_is_harmless(node, name, scope):
                 raise CannotLower(f"attribute {name}={value!r} has no opset-11 equivalent")
-        attributes = copy_attributes(node, drop=present)
-        return [
-            scope.make_node(
-                node.op_type, list(node.input), list(node.output), node.name or node.op_type, **attributes
-            )
-        ]
+        return [without_attributes(node, present, scope)]
+
+
+def without_attributes(node: onnx.NodeProto, names: Iterable[str], scope: GraphScope) -> onnx.NodeProto:
+    """``node``, same operands and outputs, without the attributes ``names`` (at their neutral value)."""
+    return scope.make_node(
+        node.op_type,
+        list(node.input),
+        list(node.output),
+        node.name or node.op_type,
+        **copy_attributes(node, drop=names),
+    )
 
 
 def _allowzero_is_harmless(node: onnx.NodeProto, name: str, scope: GraphScope) -> bool:

@@ -31,9 +31,9 @@ SAME_AS_OPSET11: dict[str, frozenset[int]] = {
     **{op: frozenset({22}) for op in _TYPES_ONLY_SINCE_22},
     "Abs": frozenset({13}),
     "Add": frozenset({13, 14}),
-    "ArgMax": frozenset({12, 13}),  # select_last_index is dropped by NeutralAttributeRewrite first
+    "ArgMax": frozenset({12, 13}),  # select_last_index: ArgExtremeRewrite
     "ArgMin": frozenset({12, 13}),
-    "AveragePool": frozenset({19, 22}),  # dilations: NeutralAttributeRewrite
+    "AveragePool": frozenset({19, 22}),  # dilations: AveragePoolRewrite
     "BatchNormalization": frozenset({14, 15}),  # training_mode: NeutralAttributeRewrite
     "Cast": frozenset({13, 19}) | _LATER_TYPE_ADDITIONS,  # saturate/round_mode: CastLikeRewrite
     "Ceil": frozenset({13}),
@@ -53,7 +53,7 @@ SAME_AS_OPSET11: dict[str, frozenset[int]] = {
     "Expand": frozenset({13}),
     "Flatten": frozenset({13}) | _LATER_TYPE_ADDITIONS,
     "Floor": frozenset({13}),
-    "GRU": frozenset({14, 22}),  # layout: NeutralAttributeRewrite
+    "GRU": frozenset({14, 22}),  # layout (GRU, LSTM, RNN): RecurrentLayoutRewrite
     "Gather": frozenset({13}),
     "Gemm": frozenset({13}),
     "GlobalAveragePool": frozenset({22}),
