@@ -65,7 +65,8 @@ REFUSAL_REASONS: Mapping[str, str] = MappingProxyType(
         "AffineGrid": ("builds the sampling grid of a spatial transformer: not in PopART, " + _UNUSED),
         "Attention": (
             "planned: Attention-23 decomposed into MatMul, Softmax, Where and Add as its ONNX function body "
-            "(masks, is_causal, grouped key/value heads, softcap, past key/value), together with the contrib "
+            "(masks, is_causal, grouped key/value heads, softcap, past key/value), as RotaryEmbedding-23 "
+            "already is (rewrites/rotary_embedding.py), together with the contrib "
             "Attention of issue 24; optimum's exports up to opset 18 spell attention in MatMul and Softmax, "
             "which are accepted"
         ),
@@ -119,12 +120,6 @@ REFUSAL_REASONS: Mapping[str, str] = MappingProxyType(
         "QLinearMatMul": _INTEGER_QUANTIZED,
         "QuantizeLinear": _QDQ,
         "RegexFullMatch": _STRING,
-        "RotaryEmbedding": (
-            "planned: RotaryEmbedding-23 decomposed into Slice, Gather, Mul, Add and Concat as its ONNX "
-            "function body (interleaved or halves, partial rotary_embedding_dim, position_ids), together "
-            "with the contrib RotaryEmbedding of issue 24; optimum's exports up to opset 18 spell rotary "
-            "embeddings in those operators, which are accepted"
-        ),
         "STFT": _FOURIER,
         "Scatter": _DEPRECATED.format(since=11, by="ScatterElements"),
         "SequenceAt": _SEQUENCE,

@@ -49,7 +49,7 @@ CASES: dict[str, tuple[int, list[tuple[str, np.ndarray, bool]], dict, int]] = {
         1,
     ),
     "Celu": (12, [("x", _f(2, 3), True)], {"alpha": 0.5}, 1),
-    "BitwiseNot": (18, [("x", _i([[-128, 0, 7, 127]], np.int8), True)], {}, 1),
+    "BitwiseNot": (18, [("x", _i([[-(2**31), 0, 7, 2**31 - 1]], np.int32), True)], {}, 1),
     "Cast": (19, [("x", _f(2, 3), True)], {"to": TensorProto.INT32}, 1),
     "CastLike": (15, [("x", _f(2, 3), True), ("like", _i([1], np.int32), False)], {}, 1),
     "Clip": (
@@ -183,6 +183,17 @@ CASES: dict[str, tuple[int, list[tuple[str, np.ndarray, bool]], dict, int]] = {
     "ScatterND": (
         18,
         [("data", _f(4, 3), True), ("idx", _i([[1], [3]]), False), ("upd", _f(2, 3), True)],
+        {},
+        1,
+    ),
+    "RotaryEmbedding": (
+        23,
+        [
+            ("x", _f(2, 2, 3, 4), True),
+            ("cos", _f(5, 2), False),
+            ("sin", _f(5, 2), False),
+            ("pos", _i([[0, 1, 2], [2, 3, 4]]), True),
+        ],
         {},
         1,
     ),

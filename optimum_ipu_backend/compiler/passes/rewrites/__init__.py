@@ -36,6 +36,7 @@ from .pow import PowRewrite
 from .range import RangeRewrite
 from .resize import ResizeRewrite
 from .reverse_sequence import ReverseSequenceRewrite
+from .rotary_embedding import RotaryEmbeddingRewrite
 from .shape_slice import ShapeSliceRewrite
 from .size import SizeRewrite
 from .softmax import SoftmaxRewrite
@@ -74,6 +75,7 @@ REWRITES: tuple[Rewrite, ...] = (
     HardmaxRewrite(),
     ReverseSequenceRewrite(),
     BitwiseNotRewrite(),
+    RotaryEmbeddingRewrite(),
 )
 
 
