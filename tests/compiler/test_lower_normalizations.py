@@ -154,3 +154,17 @@ def test_lp_normalization_with_p_3_is_refused():
         "LpNormalization", [("x", FLOAT, [2, 3])], [("y", FLOAT, [2, 3])], opset=22, check=False, p=3
     )
     lt.assert_refused(model, "the_LpNormalization.*p=3")
+
+
+def test_group_normalization_21_with_per_group_scale_is_refused():
+    """The opset-18 layout (one scale per group) under opset 21 would broadcast wrongly, or not at all."""
+    model = lt.one_node_model(
+        "GroupNormalization",
+        [("x", FLOAT, [2, 6, 4])],
+        [("y", FLOAT, [2, 6, 4])],
+        _affine(2),
+        opset=21,
+        check=False,
+        num_groups=2,
+    )
+    lt.assert_refused(model, "the_GroupNormalization.*does not hold 6 values")

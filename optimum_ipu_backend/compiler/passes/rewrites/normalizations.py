@@ -54,6 +54,11 @@ class GroupNormalizationRewrite(Rewrite):
         batch, channels = dims[0], dims[1]
         x_type = scope.require_elem_type(x)
         per_channel = since_version >= 21
+        affine_size = channels if per_channel else groups
+        for operand in (scale, bias):
+            operand_dims = scope.require_static_shape(operand, f"it must hold {affine_size} values")
+            if math.prod(operand_dims) != affine_size:
+                raise CannotLower(f"'{operand}' of shape {operand_dims} does not hold {affine_size} values")
         compute_type = int(attribute(node, "stash_type", onnx.TensorProto.FLOAT)) if per_channel else x_type
         emit = NodeEmitter(node, scope)
         grouped_shape = emit.shape([batch, groups, math.prod(dims[1:]) // groups], "grouped_shape")
