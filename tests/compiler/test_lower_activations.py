@@ -28,6 +28,7 @@ FORMS = [
     ("Celu", 12, {}),
     ("Celu", 12, {"alpha": 0.25}),
     ("Celu", 12, {"alpha": 3.0}),
+    ("Celu", 28, {"alpha": 2.0}),  # Celu-28 added element types only
 ]
 
 

@@ -9,7 +9,7 @@ from graph_testing import FLOAT, INT64
 from hypothesis import strategies as st
 
 
-def _reverse_sequence(shape, lengths, time_axis, batch_axis, lengths_constant=True):
+def _reverse_sequence(shape, lengths, time_axis, batch_axis, lengths_constant=True, opset=11):
     lengths = np.asarray(lengths, np.int64)
     inputs = [("x", FLOAT, shape)]
     initializers = {"lens": lengths} if lengths_constant else None
@@ -20,7 +20,7 @@ def _reverse_sequence(shape, lengths, time_axis, batch_axis, lengths_constant=Tr
         inputs,
         [("y", FLOAT, shape)],
         initializers,
-        opset=11,
+        opset=opset,
         time_axis=time_axis,
         batch_axis=batch_axis,
     )
@@ -43,9 +43,10 @@ def test_same_outputs_as_reverse_sequence(steps, batch, rest, batch_first, seed)
     assert "ReverseSequence" not in lt.op_types(lowered)
 
 
-def test_transformer_sized_batch_first_input():
+@pytest.mark.parametrize("opset", [11, 28])  # ReverseSequence-28 added bfloat16 only
+def test_transformer_sized_batch_first_input(opset):
     shape = (4, 128, 768)
-    model = _reverse_sequence(shape, [128, 1, 77, 0], time_axis=1, batch_axis=0)
+    model = _reverse_sequence(shape, [128, 1, 77, 0], time_axis=1, batch_axis=0, opset=opset)
     lt.lower_and_compare(model, {"x": lt.random_array(0, shape, np.float32)}, atol=0)
 
 

@@ -241,7 +241,15 @@ def _one_node_model(op_type: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray
     initializers = {name: value for name, value, is_input in inputs if not is_input}
     model = make_model([node], graph_inputs, [], initializers, opset=opset, check=False)
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    model.graph.output.extend(value for value in inferred.graph.value_info if value.name.startswith("out"))
+    found = [value for value in inferred.graph.value_info if value.name.startswith("out")]
+    if not found:
+        # onnx infers no output type for GroupNormalization-21 (its function body is built per node); its
+        # output is typed and shaped like its first input.
+        like_input = onnx.ValueInfoProto()
+        like_input.CopyFrom(graph_inputs[0])
+        like_input.name = "out0"
+        found = [like_input]
+    model.graph.output.extend(found)
     onnx.checker.check_model(model, full_check=True)
     return model, {name: value for name, value, is_input in inputs if is_input}
 

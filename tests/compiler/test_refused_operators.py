@@ -69,6 +69,7 @@ def test_the_precheck_refusal_quotes_the_reason():
         [tensor_info("x", TensorProto.FLOAT, [6])],
         [tensor_info("y", TensorProto.FLOAT, None)],
         opset=13,
+        check=False,
     )
     (refused,) = precheck_operators(model)
     assert (refused.name, refused.op_type) == ("distinct", "Unique")

@@ -27,7 +27,8 @@ class HardmaxRewrite(Rewrite):
         # ArgMax keeps the first maximum (select_last_index=0), as Hardmax does; OneHot puts the depth
         # axis back where ArgMax removed it. The values tensor gives the output its element type.
         values = emit.constant([0, 1], numpy_dtype(scope.require_elem_type(x)), "values")
-        if since_version >= 13 or axis == rank - 1:
+        # A rank-1 input takes the 2-D form too (OneHot needs indices of rank 1 or more); both forms agree.
+        if rank > 1 and (since_version >= 13 or axis == rank - 1):
             depth = emit.constant(dims[axis], np.int64, "depth")
             argmax = emit("ArgMax", [x], "argmax", axis=axis, keepdims=0)
             emit("OneHot", [argmax, depth, values], "one_hot", y, axis=axis)
