@@ -1,6 +1,6 @@
 """Why each ai.onnx operator the compiler neither passes through nor lowers is refused: the one list.
 
-The session pre-check quotes these reasons when it refuses a node (``precheck``),
+The session pre-check and the lowering pass (so ``optimum-ipu check`` too) quote these reasons,
 ``tools/operators_table.py`` writes them to docs/operators.md, and a test checks that every operator of
 the default domain up to ``NEWEST_EXPORTED_OPSET`` is either accepted by the compiler or listed here.
 A reason that starts with ``planned`` names the plan; the operators transformers models are built from

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import lowering_testing as lt
 import numpy as np
 import onnx
 from graph_testing import make_model, tensor_info
@@ -74,6 +75,14 @@ def test_the_precheck_refusal_quotes_the_reason():
     (refused,) = precheck_operators(model)
     assert (refused.name, refused.op_type) == ("distinct", "Unique")
     assert REFUSAL_REASONS["Unique"] in refused.reason
+
+
+def test_the_lowering_pass_quotes_the_reason_too():
+    """What optimum-ipu check and a compile-time LegalizationError say."""
+    model = lt.one_node_model(
+        "Det", [("x", TensorProto.FLOAT, [2, 3, 3])], [("y", TensorProto.FLOAT, [2])], opset=13
+    )
+    lt.assert_refused(model, "the_Det.*no rewrite handles it: matrix determinant")
 
 
 def _upsample_model(opset: int) -> onnx.ModelProto:

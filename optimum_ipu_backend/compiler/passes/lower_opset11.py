@@ -30,6 +30,7 @@ from ..graphs import (
     subgraphs_of,
 )
 from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS
+from ..refused_operators import REFUSAL_REASONS
 from .base import GraphPass, PassContext
 from .rewrites import REWRITE_FOR_OP, CannotLower, GraphScope
 from .rewrites.reviewed_versions import NEWEST_REVIEWED_VERSION, REVIEWED_IN_REWRITE, SAME_AS_OPSET11
@@ -214,7 +215,11 @@ class LowerToOpset11(GraphPass):
         if replacement is not None:
             return replacement
         if node.op_type not in POPART_OPSET11_OPS:
-            raise CannotLower(f"{node.op_type} is not in PopART's opset-11 table and no rewrite handles it")
+            why = REFUSAL_REASONS.get(node.op_type)
+            raise CannotLower(
+                f"{node.op_type} is not in PopART's opset-11 table and no rewrite handles it"
+                + (f": {why}" if why else "")
+            )
         opset11_version = onnx.defs.get_schema(node.op_type, TARGET_OPSET, "").since_version
         if since_version != opset11_version and since_version not in SAME_AS_OPSET11.get(node.op_type, ()):
             raise CannotLower(
