@@ -93,17 +93,25 @@ def test_float16_group_normalization_21_computes_statistics_in_float32():
     lt.lower_and_compare(_group_norm(shape, 4, 21, FLOAT16, stash_type=1), {"x": x}, atol=FLOAT16_ATOL)
 
 
-def test_groups_that_do_not_divide_the_channels_are_refused():
+@pytest.mark.parametrize(
+    "affine_size, groups, match",
+    [
+        (6, 4, "num_groups=4 does not divide"),
+        # the opset-18 layout (one scale per group) under opset 21 would broadcast wrongly, or not at all
+        (2, 2, "does not hold 6 values"),
+    ],
+)
+def test_group_normalization_that_cannot_be_lowered_is_refused(affine_size, groups, match):
     model = lt.one_node_model(
         "GroupNormalization",
         [("x", FLOAT, [2, 6, 4])],
         [("y", FLOAT, [2, 6, 4])],
-        _affine(6),
+        _affine(affine_size),
         opset=21,
         check=False,
-        num_groups=4,
+        num_groups=groups,
     )
-    lt.assert_refused(model, "the_GroupNormalization.*num_groups=4")
+    lt.assert_refused(model, f"the_GroupNormalization.*{match}")
 
 
 @pytest.mark.parametrize("axis", [-1, -2, 1, 0])
@@ -155,17 +163,3 @@ def test_lp_normalization_with_p_3_is_refused():
         "LpNormalization", [("x", FLOAT, [2, 3])], [("y", FLOAT, [2, 3])], opset=22, check=False, p=3
     )
     lt.assert_refused(model, "the_LpNormalization.*p=3")
-
-
-def test_group_normalization_21_with_per_group_scale_is_refused():
-    """The opset-18 layout (one scale per group) under opset 21 would broadcast wrongly, or not at all."""
-    model = lt.one_node_model(
-        "GroupNormalization",
-        [("x", FLOAT, [2, 6, 4])],
-        [("y", FLOAT, [2, 6, 4])],
-        _affine(2),
-        opset=21,
-        check=False,
-        num_groups=2,
-    )
-    lt.assert_refused(model, "the_GroupNormalization.*does not hold 6 values")
