@@ -94,6 +94,8 @@ COMPILE_TIME_OPERANDS: frozenset[tuple[str, int]] = INT64_COMPILE_TIME_OPERANDS 
         ("Resize", 1),
         ("Resize", 2),
         ("Upsample", 1),
+        # Read by the lowering into constant Gather positions (passes/rewrites/reverse_sequence.py).
+        ("ReverseSequence", 1),
         # Operators PopART lacks, which only folding removes (precheck.FOLDED_ONLY_OPS).
         ("NonZero", 0),
         ("EyeLike", 0),

@@ -6,7 +6,8 @@ graph legal: a folding or lowering step can still fail at compile time, with a f
 
 What it accepts is derived from what the compiler does, never listed again here: PopART's operator
 table, the operators the opset-11 rewrites declare (``Rewrite.op_types``), and the few operators that
-only folding removes. It runs when a graph is first described (a cold start), never on a warm one.
+only folding removes. What it refuses it refuses with the operator's reason from ``refused_operators``.
+It runs when a graph is first described (a cold start), never on a warm one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .errors import PATTERN_CUSTOM_DOMAIN, PATTERN_MISSING_OPERATOR, Unsupported
 from .graphs import iter_nodes
 from .op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS
 from .passes.rewrites import LOWERED_OP_TYPES
+from .refused_operators import REPLACED_BELOW_OPSET11, refusal_reason
 
 # Operators neither PopART nor a rewrite takes, which the compiler removes by folding constants when
 # their inputs are fixed at compile time (a static shape, a constant mask).
@@ -24,20 +26,27 @@ FOLDED_ONLY_OPS = frozenset({"NonZero", "EyeLike"})
 
 
 def accepted_op_types() -> frozenset[str]:
-    """Every ai.onnx operator the pre-check lets through."""
+    """Every ai.onnx operator the pre-check lets through (in a model of opset 11 or later)."""
     return POPART_OPSET11_OPS | LOWERED_OP_TYPES | FOLDED_ONLY_OPS
+
+
+def _default_opset(model: onnx.ModelProto) -> int | None:
+    return next((int(o.version) for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
 
 
 def precheck_operators(model: onnx.ModelProto) -> list[UnsupportedNode]:
     """Nodes whose operator is neither PopART's, nor lowered, nor folded away by the compiler."""
     known = accepted_op_types()
+    opset = _default_opset(model)
+    if opset is not None and opset < 11:
+        known |= REPLACED_BELOW_OPSET11
     problems = []
     for node in iter_nodes(model.graph):
         if node.domain not in DEFAULT_DOMAINS:
             reason = f"custom domain {node.domain!r}: PopART runs only standard ONNX operators"
             pattern = PATTERN_CUSTOM_DOMAIN
         elif node.op_type not in known:
-            reason, pattern = "no PopART implementation and no rewrite into one", PATTERN_MISSING_OPERATOR
+            reason, pattern = refusal_reason(node.op_type), PATTERN_MISSING_OPERATOR
         else:
             continue
         problems.append(UnsupportedNode(node.name, node.op_type, node.domain, reason, pattern))

@@ -101,8 +101,8 @@ def test_optimum_cli_ipu_providers_json_is_optimum_ipu_providers_json():
 
 
 def test_optimum_cli_ipu_check_is_optimum_ipu_check_with_its_exit_status(tmp_path):
-    # Celu has no PopART implementation and no rewrite into one
-    for name, op in (("ready", "Relu"), ("not-ready", "Celu")):
+    # GlobalLpPool has no PopART implementation and no rewrite into one
+    for name, op in (("ready", "Relu"), ("not-ready", "GlobalLpPool")):
         save_one_node_model(tmp_path / f"{name}.onnx", op, (2, 4))
         ours = _run("optimum-ipu", "check", str(tmp_path / f"{name}.onnx"))
         theirs = _run("optimum-cli", "ipu", "check", str(tmp_path / f"{name}.onnx"))

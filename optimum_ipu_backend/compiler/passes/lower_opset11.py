@@ -30,9 +30,10 @@ from ..graphs import (
     subgraphs_of,
 )
 from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS
+from ..refused_operators import REFUSAL_REASONS
 from .base import GraphPass, PassContext
 from .rewrites import REWRITE_FOR_OP, CannotLower, GraphScope
-from .rewrites.reviewed_versions import NEWEST_REVIEWED_VERSION, SAME_AS_OPSET11
+from .rewrites.reviewed_versions import NEWEST_REVIEWED_VERSION, REVIEWED_IN_REWRITE, SAME_AS_OPSET11
 
 TARGET_OPSET = 11
 #: ONNX 1.6 introduced opset 11 with IR version 6: the oldest IR that can carry it, so the one the most
@@ -206,14 +207,19 @@ class LowerToOpset11(GraphPass):
             since_version = onnx.defs.get_schema(node.op_type, source_opset, "").since_version
         except onnx.defs.SchemaError:
             raise CannotLower(f"ai.onnx opset {source_opset} has no operator {node.op_type}") from None
-        if since_version > NEWEST_REVIEWED_VERSION:
+        reviewed_later = REVIEWED_IN_REWRITE.get(node.op_type, frozenset())
+        if since_version > NEWEST_REVIEWED_VERSION and since_version not in reviewed_later:
             raise CannotLower(f"{node.op_type}-{since_version} is newer than any version this pass reviewed")
         rewrite = REWRITE_FOR_OP.get(node.op_type)
         replacement = rewrite.lower(node, since_version, scope) if rewrite is not None else None
         if replacement is not None:
             return replacement
         if node.op_type not in POPART_OPSET11_OPS:
-            raise CannotLower(f"{node.op_type} is not in PopART's opset-11 table and no rewrite handles it")
+            why = REFUSAL_REASONS.get(node.op_type)
+            raise CannotLower(
+                f"{node.op_type} is not in PopART's opset-11 table and no rewrite handles it"
+                + (f": {why}" if why else "")
+            )
         opset11_version = onnx.defs.get_schema(node.op_type, TARGET_OPSET, "").since_version
         if since_version != opset11_version and since_version not in SAME_AS_OPSET11.get(node.op_type, ()):
             raise CannotLower(

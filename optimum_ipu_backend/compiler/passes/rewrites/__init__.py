@@ -10,25 +10,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from .activations import ActivationRewrite
 from .arg_extreme import ArgExtremeRewrite
 from .attribute_adapters import NeutralAttributeRewrite
 from .average_pool import AveragePoolRewrite
 from .axes_to_attributes import AxesToAttributesRewrite
+from .bitwise import BitwiseNotRewrite
 from .common import CannotLower, GraphScope, Rewrite
 from .comparisons import ComparisonRewrite
 from .constant_values import ConstantValueRewrite
 from .dropout import DropoutRewrite
 from .einsum import EinsumRewrite
 from .gather_scatter import GatherElementsRewrite, GatherNDRewrite, ScatterNDRewrite
+from .hardmax import HardmaxRewrite
 from .identity_castlike import CastLikeRewrite, IdentityRewrite
 from .integer_min_max import IntegerMinMaxRewrite
 from .layer_normalization import LayerNormalizationRewrite
+from .normalizations import (
+    GroupNormalizationRewrite,
+    LpNormalizationRewrite,
+    MeanVarianceNormalizationRewrite,
+    RMSNormalizationRewrite,
+)
 from .one_hot import OneHotRewrite
 from .pad import PadRewrite
 from .pow import PowRewrite
 from .range import RangeRewrite
 from .recurrent_layout import RecurrentLayoutRewrite
 from .resize import ResizeRewrite
+from .reverse_sequence import ReverseSequenceRewrite
+from .rotary_embedding import RotaryEmbeddingRewrite
 from .shape_slice import ShapeSliceRewrite
 from .size import SizeRewrite
 from .softmax import SoftmaxRewrite
@@ -62,6 +73,15 @@ REWRITES: tuple[Rewrite, ...] = (
     XorRewrite(),
     OneHotRewrite(),
     EinsumRewrite(),
+    ActivationRewrite(),
+    GroupNormalizationRewrite(),
+    RMSNormalizationRewrite(),
+    MeanVarianceNormalizationRewrite(),
+    LpNormalizationRewrite(),
+    HardmaxRewrite(),
+    ReverseSequenceRewrite(),
+    BitwiseNotRewrite(),
+    RotaryEmbeddingRewrite(),
 )
 
 

@@ -120,3 +120,10 @@ SAME_AS_OPSET11: dict[str, frozenset[int]] = {
     "Transpose": frozenset({13}) | _LATER_TYPE_ADDITIONS,
     "Where": frozenset({16}),
 }
+
+#: Versions newer than NEWEST_REVIEWED_VERSION that the operator's own rewrite was reviewed against: each
+#: only added element types, which the rewrite computes in the input's type.
+REVIEWED_IN_REWRITE: dict[str, frozenset[int]] = {
+    "Celu": frozenset({28}),  # float16, double, bfloat16 (activations.py)
+    "ReverseSequence": frozenset({28}),  # bfloat16 (reverse_sequence.py)
+}
