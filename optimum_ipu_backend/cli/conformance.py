@@ -77,24 +77,21 @@ def add_conformance_parser(subparsers: Any) -> None:
 
 
 def _add_expectations_parser(subparsers: Any) -> None:
+    # One level of subcommands only: optimum-cli wraps each subcommand's own `func` (cli/optimum_cli.py).
     parser = subparsers.add_parser(
         "conformance-expectations",
-        help="edit a conformance expectation file",
-        description="Edit an expectation file of the conformance suite, keeping its comments.",
-    )
-    actions = parser.add_subparsers(dest="action", required=True)
-    remove = actions.add_parser(
-        "remove",
-        help="remove cases that now pass from the entries listing them by name",
+        help="remove cases that now pass from a conformance expectation file",
         description=(
-            "Remove each CASE from the entry of FILE that lists it by name (an entry left empty goes too). "
-            "A case listed only through a glob pattern is refused: edit that entry by hand. The report of "
-            "a run prints this command for every known failure that now passes."
+            "remove: take each CASE out of the entry of FILE that lists it by name, keeping the file's "
+            "comments (an entry left empty goes too). A case listed only through a glob pattern is "
+            "refused: edit that entry by hand. A run's reports print this command for every known "
+            "failure that now passes."
         ),
     )
-    remove.add_argument("file", type=Path, metavar="FILE", help="the expectation file (.toml)")
-    remove.add_argument("cases", nargs="+", metavar="CASE", help="case ids, e.g. op/test_add")
-    remove.set_defaults(func=run_remove_expectations)
+    parser.add_argument("action", choices=["remove"], help="what to do (remove)")
+    parser.add_argument("file", type=Path, metavar="FILE", help="the expectation file (.toml)")
+    parser.add_argument("cases", nargs="+", metavar="CASE", help="case ids, e.g. op/test_add")
+    parser.set_defaults(func=run_remove_expectations)
 
 
 def run_remove_expectations(args: argparse.Namespace) -> int:
