@@ -29,7 +29,7 @@ from ..graphs import (
     names_read,
     subgraphs_of,
 )
-from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS
+from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, default_opset
 from .base import GraphPass, PassContext
 from .rewrites import REWRITE_FOR_OP, CannotLower, GraphScope
 from .rewrites.reviewed_versions import NEWEST_REVIEWED_VERSION, SAME_AS_OPSET11
@@ -147,10 +147,10 @@ class LowerToOpset11(GraphPass):
 
     @staticmethod
     def _source_opset(model: onnx.ModelProto) -> int:
-        for opset in model.opset_import:
-            if opset.domain in DEFAULT_DOMAINS:
-                return int(opset.version)
-        raise LegalizationError("The model imports no ai.onnx opset.", [], _HINTS)
+        opset = default_opset(model)
+        if opset is None:
+            raise LegalizationError("The model imports no ai.onnx opset.", [], _HINTS)
+        return opset
 
     def _upgrade(self, model: onnx.ModelProto, source_opset: int) -> onnx.ModelProto:
         # Going up to 11 is what the stock converter does well (its adapters exist for every old op).

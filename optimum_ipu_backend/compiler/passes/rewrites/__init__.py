@@ -21,6 +21,7 @@ from .gather_scatter import GatherElementsRewrite, GatherNDRewrite, ScatterNDRew
 from .identity_castlike import CastLikeRewrite, IdentityRewrite
 from .integer_min_max import IntegerMinMaxRewrite
 from .layer_normalization import LayerNormalizationRewrite
+from .mod import ModRewrite
 from .one_hot import OneHotRewrite
 from .pad import PadRewrite
 from .pow import PowRewrite
@@ -29,6 +30,7 @@ from .resize import ResizeRewrite
 from .shape_slice import ShapeSliceRewrite
 from .size import SizeRewrite
 from .softmax import SoftmaxRewrite
+from .space_to_depth import SpaceToDepthRewrite
 from .trilu import TriluRewrite
 from .xor import XorRewrite
 
@@ -56,6 +58,8 @@ REWRITES: tuple[Rewrite, ...] = (
     XorRewrite(),
     OneHotRewrite(),
     EinsumRewrite(),
+    ModRewrite(),
+    SpaceToDepthRewrite(),
 )
 
 
