@@ -42,6 +42,12 @@ FORBIDDEN_DTYPES: frozenset[int] = frozenset(
 #: Domains that name the standard operator set.
 DEFAULT_DOMAINS: frozenset[str] = frozenset({"", "ai.onnx"})
 
+
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The version of the standard operator set the model imports, None when it imports none."""
+    return next((int(o.version) for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
+
+
 #: Operand slots that ONNX types as int64 only and that PopART reads at compile time (a constant
 #: expression, never a device tensor), so they stay int64 after Int64ToInt32: (op_type, input index).
 INT64_COMPILE_TIME_OPERANDS: frozenset[tuple[str, int]] = frozenset(
@@ -93,6 +99,7 @@ COMPILE_TIME_OPERANDS: frozenset[tuple[str, int]] = INT64_COMPILE_TIME_OPERANDS 
         ("Clip", 2),
         ("Resize", 1),
         ("Resize", 2),
+        ("Pad", 3),  # Pad-18's axes, which the lowering folds into Pad-11's pads
         ("Upsample", 1),
         # Read by the lowering into constant Gather positions (passes/rewrites/reverse_sequence.py).
         ("ReverseSequence", 1),

@@ -129,6 +129,44 @@ def test_nodes_reading_real_inputs_are_kept():
     assert_pass_preserves(model, folded, {"ids": ids}, atol=0.0)
 
 
+def test_a_graph_below_opset_7_folds():
+    # onnxslim's shape inference gives no model at all below opset 7; the pass must not pass that on.
+    model = make_model(
+        [helper.make_node("Not", ["x"], ["y"])],
+        [tensor_info("x", BOOL, (3, 4))],
+        [tensor_info("y", BOOL, (3, 4))],
+        opset=1,
+    )
+    folded = _fold(model, {})
+    assert count_ops(folded.graph) == {"Not": 1}
+    assert_pass_preserves(model, folded, {"x": np.arange(12).reshape(3, 4) % 3 == 0}, atol=0.0)
+
+
+@pytest.mark.parametrize(
+    ("operand", "value", "attributes", "shape"),
+    [
+        ("scales", np.array([2.0, 3.0], np.float32), {"axes": [2, 3]}, (1, 2, 4, 9)),
+        (
+            "sizes",
+            np.array([7, 8], np.int64),
+            {"axes": [3, 2], "keep_aspect_ratio_policy": "not_smaller"},
+            (1, 2, 8, 12),
+        ),
+        ("sizes", np.array([1, 1, 3, 5], np.int64), {"keep_aspect_ratio_policy": "not_larger"}, (1, 1, 1, 2)),
+    ],
+)
+def test_resize_18_with_axes_or_an_aspect_policy_folds(operand, value, attributes, shape):
+    # onnxslim's shape inference takes a Resize's sizes as its whole output shape (IndexError here).
+    node_inputs = ["x", "", "scales"] if operand == "scales" else ["x", "", "", "sizes"]
+    node = helper.make_node("Resize", node_inputs, ["y"], mode="nearest", **attributes)
+    model = make_model(
+        [node], [tensor_info("x", FLOAT, (1, 2, 2, 3))], [tensor_info("y", FLOAT, shape)], {operand: value}
+    )
+    folded = _fold(model, {})
+    assert count_ops(folded.graph) == {"Resize": 1}
+    assert_pass_preserves(model, folded, {"x": np.arange(12, dtype=np.float32).reshape(1, 2, 2, 3)}, atol=0.0)
+
+
 def _if_model():
     """A top-level If on a bool input (as in merged decoders), each branch with its own shape chain."""
 

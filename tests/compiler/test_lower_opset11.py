@@ -15,7 +15,7 @@ import lowering_testing as lt
 import numpy as np
 import onnx
 import pytest
-from graph_testing import BOOL, FLOAT, INT64, make_model, run_ort, tensor_info
+from graph_testing import BOOL, FLOAT, FLOAT16, INT64, make_model, run_ort, tensor_info
 from matrix_testing import merged_export
 from onnx import helper, numpy_helper
 
@@ -143,6 +143,51 @@ def test_a_version_whose_change_was_not_reviewed_is_refused():
         check=False,
     )
     lt.assert_refused(model, r"TopK-24 differs from TopK-11")
+
+
+def _opset_28_cases():
+    """One node each of the opset-28 versions that only changed element types, with inputs for it."""
+    x = np.arange(48, dtype=np.float32).reshape(1, 8, 2, 3) / 7 - 3
+    one_hot_values = {"depth": np.array(4, np.int64), "values": np.array([-1, 2], np.float32)}
+    return {
+        "Cast": (("Cast", [("x", FLOAT, x.shape)], [("y", FLOAT16, x.shape)], {}, {"to": FLOAT16}), {"x": x}),
+        "DepthToSpace": (
+            (
+                "DepthToSpace",
+                [("x", FLOAT, x.shape)],
+                [("y", FLOAT, None)],
+                {},
+                {"blocksize": 2, "mode": "CRD"},
+            ),
+            {"x": x},
+        ),
+        "OneHot": (
+            ("OneHot", [("i", INT64, (3,))], [("y", FLOAT, None)], one_hot_values, {"axis": 0}),
+            {"i": np.array([0, 3, -1], np.int64)},
+        ),
+        "ReduceLogSumExp": (
+            (
+                "ReduceLogSumExp",
+                [("x", FLOAT, x.shape)],
+                [("y", FLOAT, None)],
+                {"axes": np.array([1, -1])},
+                {},
+            ),
+            {"x": x},
+        ),
+        "ReduceLogSum": (
+            ("ReduceLogSum", [("x", FLOAT, x.shape)], [("y", FLOAT, None)], {}, {"keepdims": 0}),
+            {"x": np.abs(x) + 0.5},
+        ),
+    }
+
+
+@pytest.mark.parametrize("op_type", sorted(_opset_28_cases()))
+def test_opset_28_versions_that_only_changed_types_lower(op_type):
+    (op, inputs, outputs, initializers, attributes), feeds = _opset_28_cases()[op_type]
+    model = lt.one_node_model(op, inputs, outputs, initializers, opset=28, **attributes)
+    assert onnx.defs.get_schema(op_type, 28, "").since_version == 28
+    lt.lower_and_compare(model, feeds, atol=1e-5)
 
 
 def test_older_opsets_are_converted_up():

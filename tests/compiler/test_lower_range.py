@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import lowering_testing as lt
 import numpy as np
-from graph_testing import FLOAT, INT32, INT64
+import pytest
+from graph_testing import FLOAT, FLOAT16, INT32, INT64, run_ort
 from hypothesis import assume
 from hypothesis import strategies as st
+from onnx.reference import ReferenceEvaluator
 
 from optimum_ipu_backend.compiler.passes.rewrites.range import range_values
 
@@ -71,3 +73,24 @@ def test_same_values_as_range(elem_type, start, delta, descending, steps, oversh
     else:
         lowered = lt.lower_and_compare(_constant_range(elem_type, start, limit, delta), {})
     assert "Range" not in lt.op_types(lowered)
+
+
+@pytest.mark.parametrize("runtime", [False, True])
+def test_range_27_accumulates_float16_in_float32(runtime):
+    # Onnx's reference is the oracle here: Range-27's stash_type is newer than onnxruntime's Range.
+    operands = {
+        name: np.array(v, np.float16) for name, v in (("start", 2000), ("limit", 2100), ("delta", 1.0))
+    }
+    wanted = np.arange(2000, 2100, 1.0, dtype=np.float32).astype(np.float16)
+    # In float16 a running sum stops at 2048 (2048 + 1 rounds back to 2048); in float32 it does not.
+    if runtime:
+        inputs = [(name, FLOAT16, ()) for name in operands]
+        model = lt.one_node_model("Range", inputs, [("y", FLOAT16, (100,))], opset=27, check=False)
+        feeds = operands
+    else:
+        model = lt.one_node_model("Range", [], [("y", FLOAT16, (100,))], operands, opset=27, check=False)
+        feeds = {}
+    np.testing.assert_array_equal(ReferenceEvaluator(model).run(None, feeds)[0], wanted)
+    lowered = lt.lower(model)
+    lt.assert_lowered(lowered)
+    np.testing.assert_array_equal(run_ort(lowered, feeds)["y"], wanted)

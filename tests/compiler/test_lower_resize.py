@@ -11,6 +11,8 @@ import numpy as np
 from graph_testing import FLOAT
 from hypothesis import strategies as st
 
+from optimum_ipu_backend.compiler.errors import LegalizationError
+
 
 def test_antialias_is_refused():
     model = lt.one_node_model(
@@ -59,3 +61,63 @@ def test_resize_matches(mode, coordinates, by_sizes, with_axes, factors, opset, 
         **attributes,
     )
     lt.lower_and_compare(model, {"x": lt.random_array(seed, shape, np.float32)})
+
+
+@lt.property_test(
+    policy=st.sampled_from(["not_larger", "not_smaller"]),
+    mode=st.sampled_from(["nearest", "linear", "cubic"]),
+    coordinates=st.sampled_from(["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"]),
+    with_axes=st.booleans(),
+    sizes=st.tuples(st.integers(1, 13), st.integers(1, 13)),
+    seed=lt.seeds,
+)
+def test_keep_aspect_ratio_policy_matches(policy, mode, coordinates, with_axes, sizes, seed):
+    shape = (1, 2, 4, 6)
+    attributes = {
+        "mode": mode,
+        "coordinate_transformation_mode": coordinates,
+        "keep_aspect_ratio_policy": policy,
+    }
+    if with_axes:
+        attributes["axes"] = [2, 3]  # onnxruntime and the reference misread negative axes here
+        given = np.array(sizes, np.int64)
+    else:
+        # Without axes the one scale applies to batch and channels too, which onnxruntime resizes
+        # only in nearest mode.
+        attributes["mode"] = "nearest"
+        given = np.array([1, 2, *sizes], np.int64)
+    model = lt.one_node_model(
+        "Resize",
+        [("x", FLOAT, shape)],
+        [("y", FLOAT, None)],
+        {"sizes": given},
+        opset=18,
+        node_inputs=["x", "", "", "sizes"],
+        **attributes,
+    )
+    try:
+        lowered = lt.lower(model)
+    except LegalizationError as refusal:
+        # Only where Resize-11 makes one element too few and the coordinates depend on the input length.
+        assert coordinates == "align_corners", refusal
+        assert "the_Resize" in str(refusal) and "keep_aspect_ratio_policy" in str(refusal)
+        return
+    lt.assert_lowered(lowered)
+    lt.assert_equivalent(model, lowered, {"x": lt.random_array(seed, shape, np.float32)}, atol=1e-5)
+
+
+def test_policy_length_rounded_up_extends_the_input_by_its_edge():
+    # not_smaller picks scale 0.75: round(0.75 * 2) = 2 rows, where Resize-11 at 0.75 makes 1.
+    model = lt.one_node_model(
+        "Resize",
+        [("x", FLOAT, (1, 1, 2, 4))],
+        [("y", FLOAT, None)],
+        {"sizes": np.array([1, 3], np.int64)},
+        opset=18,
+        node_inputs=["x", "", "", "sizes"],
+        mode="nearest",
+        axes=[2, 3],
+        keep_aspect_ratio_policy="not_smaller",
+    )
+    lowered = lt.lower_and_compare(model, {"x": np.arange(8, dtype=np.float32).reshape(1, 1, 2, 4)})
+    assert [n.op_type for n in lowered.graph.node] == ["Pad", "Resize", "Slice"]

@@ -129,6 +129,7 @@ CASES: dict[str, tuple[int, list[tuple[str, np.ndarray, bool]], dict, int]] = {
         {},
         1,
     ),
+    "Mod": (28, [("a", _f(2, 3), True), ("b", np.full((2, 3), -1.5, np.float32), True)], {"fmod": 0}, 1),
     "OneHot": (
         11,
         [("idx", _i([[0, 3], [2, 1]]), True), ("depth", _i(4), False), ("values", _i([0, 1]), False)],
@@ -200,6 +201,7 @@ CASES: dict[str, tuple[int, list[tuple[str, np.ndarray, bool]], dict, int]] = {
     "Shape": (15, [("x", _f(2, 3, 4), True)], {"start": 1}, 1),
     "Size": (13, [("x", _f(2, 3, 4), True)], {}, 1),
     "Softmax": (13, [("x", _f(2, 3, 4), True)], {"axis": 1}, 1),
+    "SpaceToDepth": (28, [("x", _f(1, 2, 4, 6), True)], {"blocksize": 2, "mode": "CRD"}, 1),
     "Split": (18, [("x", _f(2, 6), True), ("split", _i([2, 4]), False)], {"axis": 1}, 2),
     "Squeeze": (13, [("x", _f(2, 1, 3), True), ("axes", _i([1]), False)], {}, 1),
     "Trilu": (14, [("x", _f(4, 5), True), ("k", _i(1), False)], {"upper": 0}, 1),

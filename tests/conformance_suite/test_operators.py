@@ -88,6 +88,16 @@ def test_compile_time_operands_become_constants_and_onnx_judges(store, cases) ->
     assert bound.status == PASSED and bound.info["bound_operands"] == ["shape"]
 
 
+def test_pad_axes_are_bound_with_the_pads_they_place(store, cases) -> None:
+    # The lowering folds Pad-18's axes into Pad-11's pads, so it needs them as constants too.
+    static = dataclasses.replace(
+        resolve_provider("CPUExecutionProvider", {}),
+        operator_support=OperatorSupport(compile_time_operands=COMPILE_TIME_OPERANDS),
+    )
+    bound = run_operator_case(cases["test_constant_pad_axes"], store, static)
+    assert bound.status == PASSED and bound.info["bound_operands"] == ["axes", "pads"]
+
+
 class _OffByOne:
     """A session whose every output is 1 too large."""
 

@@ -20,12 +20,43 @@ import onnx
 from numpy.typing import ArrayLike
 from onnx import numpy_helper
 
-from ..graphs import GraphView, attribute, has_subgraphs, names_defined, names_read, subgraphs_of
+from ..graphs import (
+    GraphView,
+    attribute,
+    has_subgraphs,
+    iter_nodes,
+    names_defined,
+    names_read,
+    subgraphs_of,
+)
+from ..op_table import default_opset
 from .base import GraphPass, PassContext
 from .fix_shapes import refresh_shapes
 
 # MatMul+Add -> Reshape+Gemm+Reshape adds nodes and rounds differently; PopART runs MatMul natively.
 _SKIPPED_FUSIONS = ["FusionGemm", "FusionGemmMul", "FusionGemmAdd"]
+# onnxslim's shape inference returns None (not a model, and no error) below ai.onnx opset 7.
+_SLIM_SHAPE_INFERENCE_SINCE_OPSET = 7
+
+
+def _slim_infers_shapes_right(model: onnx.ModelProto) -> bool:
+    """Whether onnxslim's shape inference may run on the model (else slim folds on the shapes it has).
+
+    Below opset 7 it returns no model. Its Resize handler takes `sizes` (or zips `scales`) as the whole
+    output shape, ignoring Resize-18's `axes` and `keep_aspect_ratio_policy`: a wrong shape, which slim
+    then fails to reconcile with the declared output (IndexError), or passes on downstream.
+    """
+    opset = default_opset(model)
+    if opset is None or opset < _SLIM_SHAPE_INFERENCE_SINCE_OPSET:
+        return False
+    return not any(
+        node.op_type == "Resize"
+        and (
+            attribute(node, "axes") is not None
+            or attribute(node, "keep_aspect_ratio_policy", b"stretch") != b"stretch"
+        )
+        for node in iter_nodes(model.graph)
+    )
 
 
 def _slim(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -36,7 +67,11 @@ def _slim(model: onnx.ModelProto) -> onnx.ModelProto:
     previous_level = slim_logger.level
     slim_logger.setLevel(logging.WARNING)
     try:
-        return onnxslim.slim(model, skip_fusion_patterns=list(_SKIPPED_FUSIONS))
+        return onnxslim.slim(
+            model,
+            skip_fusion_patterns=list(_SKIPPED_FUSIONS),
+            no_shape_infer=not _slim_infers_shapes_right(model),
+        )
     finally:
         slim_logger.setLevel(previous_level)
 

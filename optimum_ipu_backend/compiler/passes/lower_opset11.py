@@ -29,11 +29,11 @@ from ..graphs import (
     names_read,
     subgraphs_of,
 )
-from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS
+from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, default_opset
 from ..refused_operators import REFUSAL_REASONS
 from .base import GraphPass, PassContext
 from .rewrites import REWRITE_FOR_OP, CannotLower, GraphScope
-from .rewrites.reviewed_versions import NEWEST_REVIEWED_VERSION, REVIEWED_IN_REWRITE, SAME_AS_OPSET11
+from .rewrites.reviewed_versions import NEWEST_REVIEWED_VERSION, SAME_AS_OPSET11
 
 TARGET_OPSET = 11
 #: ONNX 1.6 introduced opset 11 with IR version 6: the oldest IR that can carry it, so the one the most
@@ -148,10 +148,10 @@ class LowerToOpset11(GraphPass):
 
     @staticmethod
     def _source_opset(model: onnx.ModelProto) -> int:
-        for opset in model.opset_import:
-            if opset.domain in DEFAULT_DOMAINS:
-                return int(opset.version)
-        raise LegalizationError("The model imports no ai.onnx opset.", [], _HINTS)
+        opset = default_opset(model)
+        if opset is None:
+            raise LegalizationError("The model imports no ai.onnx opset.", [], _HINTS)
+        return opset
 
     def _upgrade(self, model: onnx.ModelProto, source_opset: int) -> onnx.ModelProto:
         # Going up to 11 is what the stock converter does well (its adapters exist for every old op).
@@ -207,8 +207,7 @@ class LowerToOpset11(GraphPass):
             since_version = onnx.defs.get_schema(node.op_type, source_opset, "").since_version
         except onnx.defs.SchemaError:
             raise CannotLower(f"ai.onnx opset {source_opset} has no operator {node.op_type}") from None
-        reviewed_later = REVIEWED_IN_REWRITE.get(node.op_type, frozenset())
-        if since_version > NEWEST_REVIEWED_VERSION and since_version not in reviewed_later:
+        if since_version > NEWEST_REVIEWED_VERSION:
             raise CannotLower(f"{node.op_type}-{since_version} is newer than any version this pass reviewed")
         rewrite = REWRITE_FOR_OP.get(node.op_type)
         replacement = rewrite.lower(node, since_version, scope) if rewrite is not None else None

@@ -32,6 +32,7 @@ from .normalizations import (
     MeanVarianceNormalizationRewrite,
     RMSNormalizationRewrite,
 )
+from .mod import ModRewrite
 from .one_hot import OneHotRewrite
 from .pad import PadRewrite
 from .pow import PowRewrite
@@ -43,6 +44,7 @@ from .rotary_embedding import RotaryEmbeddingRewrite
 from .shape_slice import ShapeSliceRewrite
 from .size import SizeRewrite
 from .softmax import SoftmaxRewrite
+from .space_to_depth import SpaceToDepthRewrite
 from .trilu import TriluRewrite
 from .xor import XorRewrite
 
@@ -82,6 +84,8 @@ REWRITES: tuple[Rewrite, ...] = (
     ReverseSequenceRewrite(),
     BitwiseNotRewrite(),
     RotaryEmbeddingRewrite(),
+    ModRewrite(),
+    SpaceToDepthRewrite(),
 )
 
 
