@@ -98,7 +98,7 @@ def test_no_entry_excuses_a_gap_or_a_defect_of_ours(name: str) -> None:
 def test_removing_a_case_that_now_passes_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
-        "# the file's comment\nprovider = \"X\"\n\n[[known_failure]]\n# why\n"
+        '# the file\'s comment\nprovider = "X"\n\n[[known_failure]]\n# why\n'
         'cases = ["op/test_a", "op/test_b"]\n'
         'reason = "r1"\n\n[[known_failure]]\ncases = ["op/test_c"]\nreason = "r2"\n\n'
         '[[known_failure]]\ncases = ["op/test_d_*"]\nreason = "r3"\n',

@@ -26,13 +26,13 @@ from .hardmax import HardmaxRewrite
 from .identity_castlike import CastLikeRewrite, IdentityRewrite
 from .integer_min_max import IntegerMinMaxRewrite
 from .layer_normalization import LayerNormalizationRewrite
+from .mod import ModRewrite
 from .normalizations import (
     GroupNormalizationRewrite,
     LpNormalizationRewrite,
     MeanVarianceNormalizationRewrite,
     RMSNormalizationRewrite,
 )
-from .mod import ModRewrite
 from .one_hot import OneHotRewrite
 from .pad import PadRewrite
 from .pow import PowRewrite
