@@ -237,24 +237,39 @@ def static_status(case: NodeCase, support: OperatorSupport) -> tuple[str, str] |
     return None
 
 
+def _compile_time_sources(graph: Any, operands: frozenset[tuple[str, int]]) -> set[str]:
+    """Every tensor whose values a declared compile-time operand depends on, in any scope: through
+    producers (not shape-only ones, whose outputs do not depend on values) and control-flow bodies."""
+    from optimum_ipu_backend.compiler.graphs import SHAPE_ONLY, iter_graphs, node_reads, reach
+
+    nodes = [node for scope in iter_graphs(graph) for node in scope.node]
+    producer = {output: node for node in nodes for output in node.output}
+
+    def sources(name: str) -> set[str]:
+        node = producer.get(name)
+        return set() if node is None or node.op_type in SHAPE_ONLY else node_reads(node)
+
+    starts = [
+        name for node in nodes for index, name in enumerate(node.input) if (node.op_type, index) in operands
+    ]
+    return reach(starts, sources)
+
+
 def _bind_compile_time_operands(
     model: Any, feed: Mapping[str, Any], support: OperatorSupport
 ) -> tuple[Any, dict[str, Any], list[str]]:
-    """Turn the graph inputs feeding a declared compile-time operand into constants with the case's values."""
+    """Turn the graph inputs whose values a declared compile-time operand depends on (directly, or
+    computed from them, as an expanded function body computes a Pad's pads from a shape input) into
+    constants with the case's values, as they are in exported models."""
     if not support.compile_time_operands:
         return model, dict(feed), []
     from optimum_ipu_backend.compiler import bind_constant_inputs
 
-    inputs = {value.name for value in model.graph.input}
+    sources = _compile_time_sources(model.graph, support.compile_time_operands)
     bound = sorted(
-        {
-            name
-            for node in model.graph.node
-            for index, name in enumerate(node.input)
-            if name in inputs
-            and (node.op_type, index) in support.compile_time_operands
-            and isinstance(feed.get(name), np.ndarray)
-        }
+        value.name
+        for value in model.graph.input
+        if value.name in sources and isinstance(feed.get(value.name), np.ndarray)
     )
     if not bound:
         return model, dict(feed), []
