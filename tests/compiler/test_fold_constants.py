@@ -108,6 +108,28 @@ def test_scatter_nd_on_constants_folds():
     assert_pass_preserves(model, folded, {"x": x}, atol=0.0)
 
 
+@pytest.mark.parametrize(
+    ("node", "values"),
+    [
+        (helper.make_node("EyeLike", ["x"], ["y"], k=1), {"x": np.zeros((3, 4), np.float32)}),
+        (helper.make_node("NonZero", ["x"], ["y"]), {"x": np.array([[1, 0], [1, 1]], np.float32)}),
+    ],
+)
+def test_a_graph_output_computed_from_constants_becomes_a_constant(node, values):
+    # onnxslim keeps the node that makes a graph output; the pass evaluates it like any other.
+    output = tensor_info("y", FLOAT, [3, 4]) if node.op_type == "EyeLike" else tensor_info("y", INT64, [2, 3])
+    model = make_model([node], [], [output], values)
+    folded = _fold(model, {})
+    assert count_ops(folded.graph) == {"Constant": 1}
+    np.testing.assert_array_equal(run_ort(folded, {})["y"], run_ort(model, {})["y"])
+
+
+def test_a_random_draw_is_not_fixed_by_folding():
+    node = helper.make_node("RandomUniformLike", ["x"], ["y"])
+    model = make_model([node], [], [tensor_info("y", FLOAT, [2, 3])], {"x": np.zeros((2, 3), np.float32)})
+    assert count_ops(_fold(model, {}).graph) == {"RandomUniformLike": 1}
+
+
 def test_nodes_reading_real_inputs_are_kept():
     nodes = [
         helper.make_node("Equal", ["ids", "pad"], ["is_pad"]),

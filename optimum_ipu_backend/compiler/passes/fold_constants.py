@@ -189,6 +189,59 @@ def bind_constant_inputs(model: onnx.ModelProto, values: Mapping[str, ArrayLike]
     return bound
 
 
+# Operators whose value is not a function of their inputs: folding would fix one draw for every run.
+_RANDOM_OPS = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial"}
+)
+
+
+def fold_output_producers(model: onnx.ModelProto) -> int:
+    """Replace, in place, each top-level node that computes graph outputs from initializers only by
+    Constant nodes holding its values (evaluated with onnxruntime, as onnxslim evaluates the rest):
+    onnxslim keeps a node whose output is a graph output, so a graph whose result is constant (an
+    EyeLike or NonZero of constants) would reach PopART with an operator it lacks. Returns how many."""
+    import onnxruntime
+
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    outputs = {value.name for value in graph.output}
+    nodes, folded = [], 0
+    for node in graph.node:
+        inputs = [name for name in node.input if name]
+        if (
+            not inputs
+            or node.op_type in _RANDOM_OPS
+            or subgraphs_of(node)
+            or not outputs.intersection(node.output)
+            or not all(name in initializers for name in inputs)
+        ):
+            nodes.append(node)
+            continue
+        names = [name for name in node.output if name]
+        alone = onnx.helper.make_graph(
+            [node],
+            "fold",
+            [],
+            [onnx.helper.make_empty_tensor_value_info(name) for name in names],
+            [initializers[name] for name in inputs],
+        )
+        evaluated = onnx.helper.make_model(alone, opset_imports=list(model.opset_import))
+        values = onnxruntime.InferenceSession(
+            evaluated.SerializeToString(), providers=["CPUExecutionProvider"]
+        ).run(None, {})
+        nodes.extend(
+            onnx.helper.make_node(
+                "Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name)
+            )
+            for name, value in zip(names, values, strict=True)
+        )
+        folded += 1
+    if folded:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return folded
+
+
 def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
     used = names_read(graph)
     kept = [init for init in graph.initializer if init.name in used]
@@ -220,4 +273,8 @@ class FoldConstants(GraphPass):
             return refresh_shapes(model)
         if inlined:
             model = refresh_shapes(model)
-        return _slim(model)
+        model = _slim(model)
+        folded = fold_output_producers(model)
+        if folded:
+            self.notes.append(f"folded {folded} node(s) that compute a graph output from constants")
+        return model
