@@ -21,6 +21,7 @@ from .gather_scatter import GatherElementsRewrite, GatherNDRewrite, ScatterNDRew
 from .identity_castlike import CastLikeRewrite, IdentityRewrite
 from .integer_min_max import IntegerMinMaxRewrite
 from .layer_normalization import LayerNormalizationRewrite
+from .negative_indices import NegativeIndicesRewrite
 from .one_hot import OneHotRewrite
 from .pad import PadRewrite
 from .pow import PowRewrite
@@ -56,6 +57,7 @@ REWRITES: tuple[Rewrite, ...] = (
     XorRewrite(),
     OneHotRewrite(),
     EinsumRewrite(),
+    NegativeIndicesRewrite(),
 )
 
 

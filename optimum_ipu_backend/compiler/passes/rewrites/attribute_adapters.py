@@ -28,7 +28,6 @@ _NEUTRAL_ATTRIBUTES: dict[str, tuple[int, dict[str, Callable[[Any], bool]]]] = {
     "ArgMax": (12, {"select_last_index": _equals(0)}),
     "ArgMin": (12, {"select_last_index": _equals(0)}),
     "Reshape": (14, {"allowzero": _equals(0)}),
-    "ScatterElements": (16, {"reduction": _equals("none")}),
     "BatchNormalization": (14, {"training_mode": _equals(0)}),
     "AveragePool": (19, {"dilations": _all_ones}),
     "GRU": (14, {"layout": _equals(0)}),
@@ -39,7 +38,7 @@ _NEUTRAL_ATTRIBUTES: dict[str, tuple[int, dict[str, Callable[[Any], bool]]]] = {
 
 
 class NeutralAttributeRewrite(Rewrite):
-    """ArgMax/ArgMin, Reshape, ScatterElements, BatchNormalization, AveragePool, GRU/LSTM/RNN, RoiAlign lose
+    """ArgMax/ArgMin, Reshape, BatchNormalization, AveragePool, GRU/LSTM/RNN, RoiAlign lose
     post-opset-11 attributes that are at their no-op value; any other value is refused."""
 
     op_types = frozenset(_NEUTRAL_ATTRIBUTES)
