@@ -50,6 +50,13 @@ INDEX_OPERANDS: Mapping[str, int] = {
     "OneHot": 0,
 }
 
+#: The operators of ``INDEX_OPERANDS`` whose negative indices count from the end of the indexed axis, as ONNX
+#: defines them, in the compiled graph too: their lowerings map [-size, -1] onto [0, size - 1] before the
+#: device reads them (``passes/rewrites/negative_indices.py``, ``passes/rewrites/gather_scatter.py``).
+INDICES_FROM_THE_END: frozenset[str] = frozenset(
+    {"Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND"}
+)
+
 #: ONNX integer element types and their numpy types.
 INTEGER_TYPES: Mapping[int, type[np.integer]] = {
     onnx.TensorProto.INT8: np.int8,

@@ -18,7 +18,7 @@ class BoundaryCastError(InvalidFeedError):
 
 def to_device_dtype(name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if array.dtype == dtype:
-        return np.ascontiguousarray(array)
+        return np.asarray(array, order="C")
     if np.issubdtype(dtype, np.integer) and np.issubdtype(array.dtype, np.integer) and array.size:
         info = np.iinfo(dtype)
         low, high = array.min(), array.max()
@@ -27,7 +27,7 @@ def to_device_dtype(name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray
                 f"input {name!r} holds values in [{low}, {high}], outside the device's {dtype} range "
                 f"[{info.min}, {info.max}]; the IPU has no 64-bit integers, so such values cannot be fed"
             )
-    return np.ascontiguousarray(array.astype(dtype, copy=False))
+    return np.asarray(array.astype(dtype, copy=False), order="C")
 
 
 def to_host_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:

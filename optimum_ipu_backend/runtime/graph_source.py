@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 _logger = logging.getLogger(__name__)
 
 # The stored description's format: one written by code that knew fewer fields is never read back with
-# those fields left at their defaults. (5: keyed by content, with the data files it was keyed by.)
-DESCRIPTION_FORMAT = 5
+# those fields left at their defaults. (5: keyed by content, with the data files it was keyed by; 6: index
+# bounds count negative indices from the end, and bound GatherND's index tuples per column.)
+DESCRIPTION_FORMAT = 6
 
 # (name, symbolic shape, ONNX elem type)
 IOSpec = tuple[str, list[Any], int]

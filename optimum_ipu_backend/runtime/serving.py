@@ -185,7 +185,7 @@ class StaticShapeRunner:
         outputs = self._run_batched(padded_feed, samples, micro, branches, proof_actual, call.batch_paddable)
         return [
             to_host_dtype(
-                np.ascontiguousarray(cut_output(outputs[name], call.cuts.get(name, ()))),
+                np.asarray(cut_output(outputs[name], call.cuts.get(name, ())), order="C"),
                 self._output_dtypes[name],
             )
             for name in output_names

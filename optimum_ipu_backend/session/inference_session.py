@@ -228,7 +228,7 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
             feed[name] = value.numpy()
         results = self.run(output_names, feed, run_options)
         # A result trimmed from a padded executable can be a strided view; OrtValues wrap contiguous data.
-        return [onnxruntime.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(r)) for r in results]
+        return [onnxruntime.OrtValue.ortvalue_from_numpy(np.asarray(r, order="C")) for r in results]
 
     def io_binding(self) -> HostIOBinding:
         return HostIOBinding(self.run, self._output_names)

@@ -80,7 +80,7 @@ class HostIOBinding:
         self._results: list[np.ndarray] = []
 
     def bind_cpu_input(self, name: str, array: np.ndarray) -> None:
-        self._inputs[name] = _Binding(None, None, None, np.ascontiguousarray(array))
+        self._inputs[name] = _Binding(None, None, None, np.asarray(array, order="C"))
 
     def bind_input(
         self,

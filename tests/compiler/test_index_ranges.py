@@ -56,15 +56,16 @@ def test_a_direct_gather_bounds_its_input_by_the_table():
     bound = _bound(model)
     assert (bound.input, bound.low, bound.high, bound.size, bound.table, bound.path) == (
         "ids",
-        0,
+        -TABLE_ROWS,
         TABLE_ROWS - 1,
         TABLE_ROWS,
         "table",
         "",
     )
-    # onnxruntime agrees on the upper end (it wraps negatives, which the device is not trusted to do)
-    assert _cpu_accepts(model, {"ids": np.array([[TABLE_ROWS - 1]], np.int64)})
+    # onnxruntime agrees at both ends: it counts negative indices from the end, as the compiled graph does
+    assert _cpu_accepts(model, {"ids": np.array([[-TABLE_ROWS, TABLE_ROWS - 1]], np.int64)})
     assert not _cpu_accepts(model, {"ids": np.array([[TABLE_ROWS]], np.int64)})
+    assert not _cpu_accepts(model, {"ids": np.array([[-TABLE_ROWS - 1]], np.int64)})
 
 
 def test_index_preserving_operators_and_a_constant_offset_are_followed():
@@ -84,19 +85,19 @@ def test_index_preserving_operators_and_a_constant_offset_are_followed():
         [_const("axes", [0]), _const("shape", [-1]), _const("two", 2)],
     )
     bound = _bound(model)
-    assert (bound.low, bound.high) == (-2, TABLE_ROWS - 3)
+    assert (bound.low, bound.high) == (-TABLE_ROWS - 2, TABLE_ROWS - 3)
     assert bound.path == "Cast(int32) -> Unsqueeze -> Reshape -> Cast(int64) -> Add(+2)"
-    assert _cpu_accepts(model, {"ids": np.array([[-2, TABLE_ROWS - 3]], np.int64)})
+    assert _cpu_accepts(model, {"ids": np.array([[-TABLE_ROWS - 2, TABLE_ROWS - 3]], np.int64)})
     assert not _cpu_accepts(model, {"ids": np.array([[TABLE_ROWS - 2]], np.int64)})
 
 
 @pytest.mark.parametrize(
     "op, constant, first, expected",
     [
-        ("Sub", 3, True, (3, TABLE_ROWS + 2)),  # ids - 3
-        ("Sub", 9, False, (0, 9)),  # 9 - ids
-        ("Mul", 2, True, (0, (TABLE_ROWS - 1) // 2)),  # 2 * ids
-        ("Mul", -1, True, (-(TABLE_ROWS - 1), 0)),
+        ("Sub", 3, True, (3 - TABLE_ROWS, TABLE_ROWS + 2)),  # ids - 3
+        ("Sub", 9, False, (10 - TABLE_ROWS, 9 + TABLE_ROWS)),  # 9 - ids
+        ("Mul", 2, True, (-TABLE_ROWS // 2, (TABLE_ROWS - 1) // 2)),  # 2 * ids
+        ("Mul", -1, True, (-(TABLE_ROWS - 1), TABLE_ROWS)),
     ],
 )
 def test_affine_relations_are_solved_for_the_input(op, constant, first, expected):
@@ -116,7 +117,7 @@ def test_a_narrowing_cast_cuts_the_range_to_the_target_type():
         helper.make_node("Gather", ["big", "small"], ["out"]),
     ]
     bound = _bound(_model(nodes, [_ids()], [_out()], [big]))
-    assert (bound.low, bound.high, bound.size) == (0, 127, 1000)  # 128 would wrap to -128
+    assert (bound.low, bound.high, bound.size) == (-128, 127, 1000)  # 128 would wrap to -128
 
 
 def test_other_index_operators_use_the_indexed_axis():
@@ -129,14 +130,29 @@ def test_other_index_operators_use_the_indexed_axis():
     ]
     model = _model(nodes, [_ids(shape=(4, 6)), data], [_out("a"), _out("b")], [depth, values])
     bounds = {b.node: (b.low, b.high, b.size) for b in analyze_index_ranges(model).bounds}
-    assert bounds == {"elements": (0, 5, 6), "onehot": (0, 4, 5)}
+    # OneHot's indices are not counted from the end by the compiled graph
+    assert bounds == {"elements": (-6, 5, 6), "onehot": (0, 4, 5)}
 
 
-def test_a_gather_nd_is_bounded_by_the_axes_its_indices_address():
+def _gather_nd(before=()):
     data = numpy_helper.from_array(np.zeros((3, 7, 2), np.float32), "data")
-    nodes = [helper.make_node("GatherND", ["data", "ids"], ["out"], name="nd")]
-    bound = _bound(_model(nodes, [_ids(shape=("n", 2))], [_out()], [data]))
-    assert (bound.low, bound.high, bound.size) == (0, 2, 3)  # the smaller of the two addressed axes
+    nodes = [*before, helper.make_node("GatherND", ["data", "index"], ["out"], name="nd")]
+    return _model(nodes, [_ids(shape=("n", 2))], [_out()], [data, _const("shape", [-1, 2])])
+
+
+def test_each_column_of_a_gather_nd_index_is_bounded_by_the_axis_it_addresses():
+    model = _gather_nd([helper.make_node("Identity", ["ids"], ["index"])])
+    bounds = {b.column: (b.low, b.high, b.size) for b in analyze_index_ranges(model).bounds}
+    assert bounds == {0: (-3, 2, 3), 1: (-7, 6, 7)}
+    assert _cpu_accepts(model, {"ids": np.array([[2, 6], [-3, -7]], np.int64)})
+    assert not _cpu_accepts(model, {"ids": np.array([[0, 7]], np.int64)})
+    assert not _cpu_accepts(model, {"ids": np.array([[3, 0]], np.int64)})
+
+
+def test_a_gather_nd_index_whose_columns_were_moved_is_bounded_by_its_smallest_axis():
+    model = _gather_nd([helper.make_node("Reshape", ["ids", "shape"], ["index"])])
+    bound = _bound(model)
+    assert (bound.column, bound.low, bound.high, bound.size) == (None, -3, 2, 3)
 
 
 def test_unmodelled_paths_are_reported_not_guessed():
@@ -206,7 +222,7 @@ def test_a_table_sized_by_inference_is_checked_whatever_the_weights_weigh(monkey
     ranges = analyze_index_ranges(_model(nodes, [_ids()], [_out()], [weight]))
     assert ranges.unchecked == ()
     (bound,) = ranges.bounds
-    assert (bound.table, bound.size, bound.low, bound.high) == ("viewed", rows, 0, rows - 1)
+    assert (bound.table, bound.size, bound.low, bound.high) == ("viewed", rows, -rows, rows - 1)
 
 
 def test_float_and_non_index_inputs_are_left_alone():
@@ -242,7 +258,7 @@ def test_the_result_round_trips_through_json():
 def test_exported_models(zoo, model, task, bounded, unchecked):
     ranges = analyze_index_ranges(onnx.load(zoo.onnx(model, task) / "model.onnx"))
     assert {b.input: b.high for b in ranges.bounds} == bounded
-    assert all(b.low == 0 for b in ranges.bounds)
+    assert all(b.low == -b.size for b in ranges.bounds)  # every table is read by a Gather
     assert {u.input for u in ranges.unchecked} == unchecked
 
 

@@ -89,7 +89,7 @@ def test_a_token_id_outside_the_vocabulary_never_reaches_the_device(session, ber
     assert isinstance(info.value, InvalidFeedError)
     assert "input 'input_ids' holds 1000000 at position [0, 2]" in message
     assert f"the {vocab} entries of 'bert.embeddings.word_embeddings.weight'" in message
-    assert f"[0, {vocab - 1}]" in message
+    assert f"[{-vocab}, {vocab - 1}]" in message
 
 
 # -- index ranges ------------------------------------------------------------------------------------
@@ -98,11 +98,16 @@ def test_a_token_id_outside_the_vocabulary_never_reaches_the_device(session, ber
 @pytest.mark.parametrize(
     "name, value, table",
     [
-        ("input_ids", -1, "word_embeddings"),  # onnxruntime would read from the end of the table
+        ("input_ids", None, "word_embeddings"),  # one past the start counted from the end: -(vocab + 1)
         ("token_type_ids", 2, "token_type_embeddings"),
+        ("token_type_ids", -3, "token_type_embeddings"),
     ],
 )
-def test_every_index_input_is_checked_against_its_own_table(session, device_never_runs, name, value, table):
+def test_every_index_input_is_checked_against_its_own_table(
+    session, bert, device_never_runs, name, value, table
+):
+    if value is None:
+        value = -json.loads((bert / "config.json").read_text())["vocab_size"] - 1
     feed = _text_feed(np.full((2, 5), 3, np.int64))
     feed[name][1, 4] = value
     with pytest.raises(
@@ -115,10 +120,12 @@ def test_the_checked_inputs_come_from_the_graph(session):
     assert set(session._validate_feed.index_checked_inputs) == {"input_ids", "token_type_ids"}
 
 
-def test_ids_at_both_ends_of_their_tables_are_served_like_cpu(session, bert):
+@pytest.mark.parametrize("token_type", [1, -1])
+def test_ids_at_both_ends_of_their_tables_are_served_like_cpu(session, bert, token_type):
+    # negative ids count from the end of the table, as onnxruntime counts them
     vocab = json.loads((bert / "config.json").read_text())["vocab_size"]
-    ids = np.array([[0, vocab - 1, 5], [vocab - 1, 0, 9]], np.int64)
-    feed = _text_feed(ids, token_type=1)
+    ids = np.array([[0, vocab - 1, 5, -1], [vocab - 1, 0, 9, -vocab]], np.int64)
+    feed = _text_feed(ids, token_type=token_type)
     np.testing.assert_allclose(session.run(None, feed)[0], _cpu(bert).run(None, feed)[0], atol=1e-5)
 
 

@@ -17,11 +17,13 @@ on the values is known exactly:
 * Cast to an integer type: the relation holds where the value fits the target type, so the allowed
   range is cut to it (a wrap-around is never allowed).
 
-For each such path the allowed values are those that put the index in ``[0, size - 1]``, ``size``
-being the table's static size along the indexed axis (the depth of a OneHot). Negative indices are
-refused although onnxruntime counts them from the end: token ids, token types and positions are
-never negative, and PopART's Gather is not documented to wrap them, so a negative value is refused
-rather than risk a different answer on the device.
+For each such path the allowed values are those that put the index in ``[-size, size - 1]``, ``size``
+being the table's static size along the indexed axis: ONNX counts a negative index from the end, and the
+compiler maps negative indices of those operators (``INDICES_FROM_THE_END``) into ``[0, size - 1]``
+before the device reads them. A OneHot's indices must lie in ``[0, depth - 1]``. The indices of GatherND
+and ScatterND are tuples: column ``j`` of their last axis addresses the data's axis ``batch_dims + j``,
+and is bounded by that axis where the input's last axis is the tuples' axis (the path only computes
+element by element); otherwise the smallest addressed axis bounds every column.
 
 Where an input reaches an index operand through anything else (a comparison, CumSum, an addition of
 two tensors, a Cast to a float type, a control-flow node's outputs) the relation between its values
@@ -43,6 +45,7 @@ import onnx
 
 from optimum_ipu_backend.compiler.graphs import (
     INDEX_OPERANDS,
+    INDICES_FROM_THE_END,
     INTEGER_TYPES,
     SHAPE_ONLY,
     GraphView,
@@ -70,6 +73,9 @@ VALUE_PRESERVING: Mapping[str, int] = {
     "GatherND": 0,
 }
 
+# Of VALUE_PRESERVING: those whose output value at each position is the input's at the same position.
+_ELEMENTWISE_COPIES = frozenset({"Identity", "Dropout"})
+
 # Constants larger than this are not read to look for a single value (an embedding table is no offset).
 _MAX_CONSTANT_ELEMENTS = 4096
 
@@ -86,6 +92,9 @@ class IndexBound:
     table: str  # the tensor indexed (the depth operand for OneHot)
     size: int  # the table's size along the indexed axis
     path: str  # how the input reaches the index, e.g. "Reshape -> Add(+2)"; "" when directly
+    #: The column of the input's last axis the bound holds for (a GatherND/ScatterND index tuple's column);
+    #: None: every value.
+    column: int | None = None
 
 
 @dataclass(frozen=True)
@@ -127,10 +136,17 @@ class _Relation:
     scale: int = 1
     offset: int = 0
     steps: tuple[str, ...] = ()
+    #: Every step computed element by element: the tensor's positions are the input's (broadcast aside).
+    elementwise: bool = True
 
-    def then(self, step: str, scale: int = 1, offset: int = 0) -> _Relation:
+    def then(self, step: str, scale: int = 1, offset: int = 0, elementwise: bool = True) -> _Relation:
         return _Relation(
-            self.low, self.high, self.scale * scale, self.offset * scale + offset, (*self.steps, step)
+            self.low,
+            self.high,
+            self.scale * scale,
+            self.offset * scale + offset,
+            (*self.steps, step),
+            self.elementwise and elementwise,
         )
 
     def within(self, low: int, high: int) -> tuple[int, int]:
@@ -144,7 +160,7 @@ class _Relation:
 
     def restricted(self, step: str, low: int, high: int) -> _Relation:
         first, last = self.within(low, high)
-        return _Relation(first, last, self.scale, self.offset, (*self.steps, step))
+        return _Relation(first, last, self.scale, self.offset, (*self.steps, step), self.elementwise)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -188,15 +204,16 @@ class _Graph:
         return None if dims is None else list(dims)
 
 
-def _table_size(graph: _Graph, node: onnx.NodeProto) -> tuple[str, int | None, str]:
-    """(table name, its static size along the indexed axis or None, why it is unknown)."""
+def _table_sizes(graph: _Graph, node: onnx.NodeProto) -> tuple[str, tuple[int, ...] | None, str]:
+    """(table name, its static sizes along the indexed axes or None, why they are unknown): one size, or for
+    GatherND/ScatterND with a static tuple length, one per column of the index tuples."""
     if node.op_type == "OneHot":
         depth = graph.single_integer(node.input[1]) if len(node.input) > 1 else None
         if depth is None and len(node.input) > 1:
             value = graph.constant(node.input[1])
             if value is not None and value.size == 1:  # OneHot allows a float depth
                 depth = int(value.reshape(-1)[0])
-        return node.input[1], depth, "its depth is not a constant"
+        return node.input[1], None if depth is None else (depth,), "its depth is not a constant"
     table = node.input[0]
     dims = graph.dims(table)
     if dims is None:
@@ -206,16 +223,15 @@ def _table_size(graph: _Graph, node: onnx.NodeProto) -> tuple[str, int | None, s
         axis = axis + len(dims) if axis < 0 else axis
         if not 0 <= axis < len(dims) or dims[axis] is None:
             return table, None, f"{table!r} has no static size on axis {axis}"
-        return table, dims[axis], ""
-    # GatherND / ScatterND: the last axis of the indices addresses the data's dims after batch_dims; the
-    # smallest of them bounds every column (exact when they are equal, as for square tables).
+        return table, (dims[axis],), ""
+    # GatherND / ScatterND: column j of the indices' last axis addresses the data's dim batch_dims + j.
     batch_dims = attribute(node, "batch_dims", 0)
     index_dims = graph.dims(node.input[1])
     depth = index_dims[-1] if index_dims else None
     addressed = dims[batch_dims:] if depth is None else dims[batch_dims : batch_dims + depth]
     if not addressed or any(size is None for size in addressed):
         return table, None, f"{table!r} has no static size on the axes the indices address"
-    return table, min(addressed), ""  # type: ignore[type-var]
+    return table, tuple(addressed) if depth is not None else (min(addressed),), ""  # type: ignore[arg-type]
 
 
 class _Walk:
@@ -247,7 +263,7 @@ class _Walk:
             self._bound(node, relation)
         if VALUE_PRESERVING.get(op) == slot:
             for output in node.output:
-                self._visit(output, relation.then(op), seen)
+                self._visit(output, relation.then(op, elementwise=op in _ELEMENTWISE_COPIES), seen)
             return
         if INDEX_OPERANDS.get(op) == slot or op in SHAPE_ONLY or (op in VALUE_PRESERVING and slot > 0):
             return  # an index use (checked above), a shape use, or a shape/axes operand: no value flows on
@@ -284,23 +300,31 @@ class _Walk:
         return relation.then(f"Mul({constant})", scale=constant)
 
     def _bound(self, node: onnx.NodeProto, relation: _Relation) -> None:
-        table, size, why = _table_size(self.graph, node)
-        if size is None:
+        table, sizes, why = _table_sizes(self.graph, node)
+        if sizes is None:
             self.unchecked.append(UncheckedIndex(self.input, node.name, node.op_type, why))
             return
-        low, high = relation.within(0, size - 1)
-        self.bounds.append(
-            IndexBound(
-                self.input,
-                low,
-                high,
-                node.name,
-                node.op_type,
-                table,
-                int(size),
-                " -> ".join(relation.steps),
-            )
+        input_dims = self.graph.dims(self.input)
+        by_column = (
+            len(sizes) > 1 and relation.elementwise and bool(input_dims) and input_dims[-1] == len(sizes)
         )
+        columns = list(enumerate(sizes)) if by_column else [(None, min(sizes))]
+        for column, size in columns:
+            first = -size if node.op_type in INDICES_FROM_THE_END else 0
+            low, high = relation.within(first, size - 1)
+            self.bounds.append(
+                IndexBound(
+                    self.input,
+                    low,
+                    high,
+                    node.name,
+                    node.op_type,
+                    table,
+                    int(size),
+                    " -> ".join(relation.steps),
+                    column,
+                )
+            )
 
     def _unprovable(self, tensor: str, reason: str) -> None:
         targets = self._index_nodes_downstream(tensor)
@@ -340,7 +364,7 @@ def analyze_index_ranges(model: onnx.ModelProto) -> IndexRanges:
         walk = _Walk(graph, value.name, elem_type)
         for bound in walk.bounds:
             bounds.setdefault(
-                (bound.input, bound.node, bound.low, bound.high, bound.table, bound.path), bound
+                (bound.input, bound.node, bound.low, bound.high, bound.table, bound.path, bound.column), bound
             )
         for entry in walk.unchecked:
             unchecked.setdefault((entry.input, entry.node, entry.reason), entry)

@@ -34,6 +34,7 @@ from ..refused_operators import REFUSAL_REASONS
 from .base import GraphPass, PassContext
 from .rewrites import REWRITE_FOR_OP, CannotLower, GraphScope
 from .rewrites.reviewed_versions import NEWEST_REVIEWED_VERSION, SAME_AS_OPSET11
+from .scan8_batch import restore_scan8_batch
 
 TARGET_OPSET = 11
 #: ONNX 1.6 introduced opset 11 with IR version 6: the oldest IR that can carry it, so the one the most
@@ -163,6 +164,7 @@ class LowerToOpset11(GraphPass):
                 [],
                 _HINTS,
             ) from error
+        restore_scan8_batch(model, upgraded, source_opset)  # the converter drops Scan-8's batch axis
         self.notes.append(f"converted opset {source_opset} up to {TARGET_OPSET} with onnx.version_converter")
         return upgraded
 

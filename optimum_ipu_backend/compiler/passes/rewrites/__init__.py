@@ -27,6 +27,7 @@ from .identity_castlike import CastLikeRewrite, IdentityRewrite
 from .integer_min_max import IntegerMinMaxRewrite
 from .layer_normalization import LayerNormalizationRewrite
 from .mod import ModRewrite
+from .negative_indices import NegativeIndicesRewrite
 from .normalizations import (
     GroupNormalizationRewrite,
     LpNormalizationRewrite,
@@ -86,6 +87,7 @@ REWRITES: tuple[Rewrite, ...] = (
     RotaryEmbeddingRewrite(),
     ModRewrite(),
     SpaceToDepthRewrite(),
+    NegativeIndicesRewrite(),
 )
 
 

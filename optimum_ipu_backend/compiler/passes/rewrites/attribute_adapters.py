@@ -24,14 +24,13 @@ def _equals(neutral: Any) -> Callable[[Any], bool]:
 # average_pool.py, recurrent_layout.py).
 _NEUTRAL_ATTRIBUTES: dict[str, tuple[int, dict[str, Callable[[Any], bool]]]] = {
     "Reshape": (14, {"allowzero": _equals(0)}),
-    "ScatterElements": (16, {"reduction": _equals("none")}),
     "BatchNormalization": (14, {"training_mode": _equals(0)}),
     "RoiAlign": (16, {"coordinate_transformation_mode": _equals("output_half_pixel")}),
 }
 
 
 class NeutralAttributeRewrite(Rewrite):
-    """Reshape, ScatterElements, BatchNormalization and RoiAlign lose post-opset-11 attributes that are at
+    """Reshape, BatchNormalization and RoiAlign lose post-opset-11 attributes that are at
     their no-op value; any other value is refused."""
 
     op_types = frozenset(_NEUTRAL_ATTRIBUTES)
