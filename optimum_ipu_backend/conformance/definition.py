@@ -9,10 +9,12 @@ Every file is checked when read, and a mistake is an error naming the file and t
 from __future__ import annotations
 
 import fnmatch
+import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -417,39 +419,75 @@ def removal_command(path: str, case_id: str) -> str:
     return f"{REMOVE_COMMAND} {shlex.quote(path)} {shlex.quote(case_id)}"
 
 
-def remove_cases(path: Path, case_ids: Sequence[str]) -> list[str]:
-    """Remove ``case_ids`` from the entries of an expectation file that list them by name (an entry left
-    with no case goes too), keeping the file's comments and layout. A case listed only through a glob,
-    or not at all, is an error naming the entry: a glob may still cover cases that fail, so its edit is
-    a reviewer's decision. Nothing is written unless every case can be removed."""
-    import tomlkit
+_ENTRY_HEADER = re.compile(r"^\[\[(known_failure|not_applicable)\]\]\s*$")
 
-    document = tomlkit.parse(Path(path).read_text(encoding="utf-8"))
-    removed = []
+
+def _entry_spans(lines: list[str]) -> list[tuple[int, int]]:
+    """(first, end) line ranges of the file's ``[[known_failure]]``/``[[not_applicable]]`` entries, in
+    order. An entry owns the comment lines right above its header (no blank line between); a comment
+    separated by a blank line heads a section and stays."""
+    headers = [index for index, line in enumerate(lines) if _ENTRY_HEADER.match(line)]
+    spans = []
+    for number, header in enumerate(headers):
+        first = header
+        while first > 0 and lines[first - 1].lstrip().startswith("#"):
+            first -= 1
+        end = headers[number + 1] if number + 1 < len(headers) else len(lines)
+        while end > header + 1 and (not lines[end - 1].strip() or lines[end - 1].lstrip().startswith("#")):
+            end -= 1  # trailing blank lines and the next entry's own comments are not this entry's
+        spans.append((first, end))
+    return spans
+
+
+def remove_cases(path: Path, case_ids: Sequence[str]) -> list[str]:
+    """Remove ``case_ids`` from the entries of an expectation file that list them by name, editing only
+    those quoted names, so every comment and the layout stay; an entry left with no case goes, with the
+    comments right above it. A case listed only through a glob, or not at all, is an error naming the
+    entry: a glob may still cover cases that fail, so its edit is a reviewer's decision. Nothing is
+    written unless every case can be removed, and the result must load as an expectation file."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    entries = list(load_expectation_file(path).entries)
+    spans = _entry_spans(lines)
+    if len(spans) != len(entries):
+        raise DefinitionError(f"{path}: cannot locate its entries in the text; edit it by hand")
+    emptied = set()
     for case_id in case_ids:
-        listed = False
-        for kind in ("known_failure", "not_applicable"):
-            entries = document.get(kind, [])
-            for index in reversed(range(len(entries))):
-                cases = entries[index]["cases"]
-                if case_id in cases:
-                    cases.remove(case_id)
-                    listed = True
-                    if not cases:
-                        del entries[index]
-                    continue
-                pattern = next((p for p in cases if fnmatch.fnmatchcase(case_id, p)), None)
+        listed = [number for number, entry in enumerate(entries) if case_id in entry.cases]
+        if not listed:
+            for entry in entries:
+                pattern = next((p for p in entry.cases if fnmatch.fnmatchcase(case_id, p)), None)
                 if pattern is not None:
                     raise DefinitionError(
-                        f"{path} [[{kind}]] #{index + 1}: {case_id} is listed through the pattern "
-                        f"{pattern!r}, which may cover cases that still fail; edit that entry by hand"
+                        f"{entry.source}: {case_id} is listed through the pattern {pattern!r}, which may "
+                        "cover cases that still fail; edit that entry by hand"
                     )
-        if not listed:
             raise DefinitionError(f"{path}: no entry lists {case_id}")
-        removed.append(case_id)
-    Path(path).write_text(tomlkit.dumps(document), encoding="utf-8")
-    load_expectation_file(Path(path))  # the edited file must still be a valid expectation file
-    return removed
+        for number in listed:
+            first, end = spans[number]
+            quoted = r'"' + re.escape(case_id) + r'"[ \t]*,?[ \t]*'
+            text = re.sub(quoted, "", "".join(lines[first:end]), count=1)
+            text = re.sub(r",([ \t]*)\]", r"\1]", text)  # a comma the removal left before "]"
+            edited = text.splitlines(keepends=True)
+            lines[first:end] = edited + [""] * (end - first - len(edited))  # spans keep their line numbers
+            kept = tuple(case for case in entries[number].cases if case != case_id)
+            entries[number] = replace(entries[number], cases=kept)
+            if not entries[number].cases:
+                emptied.add(number)
+    for number in sorted(emptied, reverse=True):
+        first, end = spans[number]
+        while end < len(lines) and not lines[end].strip():
+            end += 1  # the blank lines after it
+        del lines[first:end]
+    edited = path.with_name(path.name + ".edited")
+    edited.write_text("".join(lines), encoding="utf-8")
+    try:
+        load_expectation_file(edited)  # the edited file must still be a valid expectation file
+    except DefinitionError:
+        edited.unlink()
+        raise
+    os.replace(edited, path)
+    return list(case_ids)
 
 
 def suite_expectation_file(provider_name: str, directory: Path | None = None) -> Path | None:
