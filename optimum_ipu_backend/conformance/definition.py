@@ -423,11 +423,11 @@ _ENTRY_HEADER = re.compile(r"^\[\[(known_failure|not_applicable)\]\]\s*$")
 
 
 def _entry_spans(lines: list[str]) -> list[tuple[int, int]]:
-    """(first, end) line ranges of the file's ``[[known_failure]]``/``[[not_applicable]]`` entries, in
-    order. An entry owns the comment lines right above its header (no blank line between); a comment
-    separated by a blank line heads a section and stays."""
+    """(first, end) line ranges of the file's entries, in ``load_expectation_file``'s order (every
+    ``[[known_failure]]``, then every ``[[not_applicable]]``). An entry owns the comment lines right
+    above its header (no blank line between); a comment separated by a blank line heads a section."""
     headers = [index for index, line in enumerate(lines) if _ENTRY_HEADER.match(line)]
-    spans = []
+    spans: dict[str, list[tuple[int, int]]] = {"known_failure": [], "not_applicable": []}
     for number, header in enumerate(headers):
         first = header
         while first > 0 and lines[first - 1].lstrip().startswith("#"):
@@ -435,8 +435,8 @@ def _entry_spans(lines: list[str]) -> list[tuple[int, int]]:
         end = headers[number + 1] if number + 1 < len(headers) else len(lines)
         while end > header + 1 and (not lines[end - 1].strip() or lines[end - 1].lstrip().startswith("#")):
             end -= 1  # trailing blank lines and the next entry's own comments are not this entry's
-        spans.append((first, end))
-    return spans
+        spans[_ENTRY_HEADER.match(lines[header]).group(1)].append((first, end))
+    return spans["known_failure"] + spans["not_applicable"]
 
 
 def remove_cases(path: Path, case_ids: Sequence[str]) -> list[str]:
@@ -468,6 +468,7 @@ def remove_cases(path: Path, case_ids: Sequence[str]) -> list[str]:
             quoted = r'"' + re.escape(case_id) + r'"[ \t]*,?[ \t]*'
             text = re.sub(quoted, "", "".join(lines[first:end]), count=1)
             text = re.sub(r",([ \t]*)\]", r"\1]", text)  # a comma the removal left before "]"
+            text = re.sub(r"\n[ \t]+(?=\n)", "", text)  # a line the removal left holding only its indent
             edited = text.splitlines(keepends=True)
             lines[first:end] = edited + [""] * (end - first - len(edited))  # spans keep their line numbers
             kept = tuple(case for case in entries[number].cases if case != case_id)
@@ -486,6 +487,12 @@ def remove_cases(path: Path, case_ids: Sequence[str]) -> list[str]:
     except DefinitionError:
         edited.unlink()
         raise
+    left = [
+        case for entry in load_expectation_file(edited).entries for case in entry.cases if case in case_ids
+    ]
+    if left:  # the text did not hold a name where its entry lists it: never report a removal not made
+        edited.unlink()
+        raise DefinitionError(f"{path}: could not remove {left} from its text; edit it by hand")
     os.replace(edited, path)
     return list(case_ids)
 

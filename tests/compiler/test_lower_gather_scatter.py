@@ -45,14 +45,61 @@ def test_dynamic_data_shape_is_refused():
     lt.assert_refused(model, "the_GatherND.*static shape")
 
 
-def test_scatter_nd_reduction_is_refused():
+@lt.property_test(
+    data_shape=lt.shapes(1, 3, 1, 4),
+    data=st.data(),
+    seed=lt.seeds,
+    reduction=st.sampled_from(["add", "mul", "max", "min"]),
+)
+def test_scatter_nd_reductions_match_with_repeated_indices(data_shape, data, seed, reduction):
+    """Opset 16/18's reductions combine every update aimed at a position, repeats included (CPU applies
+    them one after another); the lowering masks and reduces: equal up to the float sum's order."""
+    rng = np.random.default_rng(seed)
+    depth = data.draw(st.integers(1, len(data_shape)))
+    addressed = data_shape[:depth]
+    count = data.draw(st.integers(1, 6))
+    targets = np.stack(np.unravel_index(rng.integers(0, int(np.prod(addressed)), count), addressed), axis=-1)
+    negative = rng.integers(0, 2, targets.shape).astype(bool)
+    indices = np.where(negative, targets - np.array(addressed), targets)
+    indices = indices.astype(np.int64)
+    updates = rng.uniform(-3, 3, (count, *data_shape[depth:])).astype(np.float32)
+    values = rng.uniform(-3, 3, data_shape).astype(np.float32)
+    feeds = {"data": values, "updates": updates}
+    for constant in (True, False):
+        inputs = [("data", FLOAT, data_shape), ("updates", FLOAT, updates.shape)]
+        if not constant:
+            inputs.insert(1, ("indices", INT64, indices.shape))
+        model = lt.one_node_model(
+            "ScatterND",
+            inputs,
+            [("y", FLOAT, data_shape)],
+            {"indices": indices} if constant else None,
+            node_inputs=["data", "indices", "updates"],
+            reduction=reduction,
+        )
+        lowered = lt.lower_and_compare(
+            model, feeds if constant else {**feeds, "indices": indices}, atol=1e-5, rtol=1e-6
+        )
+        assert "ScatterND" not in lt.op_types(lowered)
+
+
+def test_scatter_nd_reduction_at_a_realistic_size_matches():
+    # A key/value-cache-like update: 64 rows of 256 features into a [512, 256] table, with repeats.
+    rng = np.random.default_rng(0)
+    indices = rng.integers(0, 512, (64, 1)).astype(np.int64)
+    updates = rng.standard_normal((64, 256)).astype(np.float32)
     model = lt.one_node_model(
         "ScatterND",
-        [("data", FLOAT, (4,)), ("indices", INT64, (1, 1)), ("u", FLOAT, (1,))],
-        [("y", FLOAT, (4,))],
+        [("data", FLOAT, (512, 256)), ("indices", INT64, (64, 1)), ("updates", FLOAT, (64, 256))],
+        [("y", FLOAT, (512, 256))],
         reduction="add",
     )
-    lt.assert_refused(model, "reduction='add'")
+    feeds = {
+        "data": rng.standard_normal((512, 256)).astype(np.float32),
+        "indices": indices,
+        "updates": updates,
+    }
+    lt.lower_and_compare(model, feeds, atol=1e-5, rtol=1e-6)
 
 
 @lt.property_test(

@@ -157,41 +157,118 @@ class GatherNDRewrite(Rewrite):
         return builder.nodes
 
 
+# ScatterND's reductions: (the opset-11 reduction over the updates that hit a position, its identity).
+_REDUCTIONS = {
+    "add": ("ReduceSum", 0),
+    "mul": ("ReduceProd", 1),
+    "max": ("ReduceMax", "min"),
+    "min": ("ReduceMin", "max"),
+}
+
+
+def _identity(value: int | str, dtype: np.dtype) -> np.ndarray:
+    """The neutral element of a reduction in ``dtype``: 0, 1, or the type's lowest/highest value."""
+    if isinstance(value, int):
+        return np.array(value, dtype)
+    info = np.finfo(dtype) if np.issubdtype(dtype, np.floating) else np.iinfo(dtype)
+    limit = -np.inf if value == "min" else np.inf
+    return np.array(limit if np.issubdtype(dtype, np.floating) else getattr(info, value), dtype)
+
+
 class ScatterNDRewrite(Rewrite):
-    """ScatterND (reduction none) becomes ScatterElements on the flattened data at each update's offset."""
+    """ScatterND becomes ScatterElements on the flattened data at each update's offset. With a reduction
+    (opset 16/18) every row of the data instead combines with every update aimed at it
+    (``_reduce_into_rows``): exact, as onnxruntime applies repeated indices one after another and these
+    reductions are associative (a float sum up to its rounding order)."""
 
     op_types = frozenset({"ScatterND"})
 
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
         reduction = text_attribute(node, "reduction", "none")
-        if reduction != "none":
-            raise CannotLower(
-                f"reduction='{reduction}' has no opset-11 equivalent (ScatterElements-11 overwrites)"
-            )
+        if reduction != "none" and reduction not in _REDUCTIONS:
+            raise CannotLower(f"reduction='{reduction}' is not one of ONNX's (add, mul, max, min)")
         data, indices, updates = node.input[0], node.input[1], node.input[2]
         builder, data_dims, index_dims = _flat_index_builder(scope, node, addressed_as="flat")
         depth = index_dims[-1]
         slice_size = int(np.prod(data_dims[depth:], dtype=np.int64))
         name, rows = _row_offsets(builder, scope, indices, tuple(data_dims[:depth]), keepdims=1)
-        within = np.arange(slice_size, dtype=np.int64)
         dtype = _index_dtype(scope, indices)
-        if rows is not None:
-            offsets = builder.constant((rows * slice_size + within).reshape(-1).astype(dtype), "offsets")
+        if reduction != "none":
+            row_count = int(np.prod(data_dims[:depth], dtype=np.int64))
+            scattered = _reduce_into_rows(
+                builder,
+                reduction,
+                numpy_dtype(scope.require_elem_type(data)),
+                builder.flatten(data, "data_rows", row_count, (slice_size,)),
+                builder.constant(rows.reshape(-1).astype(dtype), "row_numbers")
+                if rows is not None
+                else builder.flatten(name, "row_numbers"),
+                builder.flatten(updates, "update_rows", None, (slice_size,)),
+                np.arange(row_count, dtype=dtype),
+            )
         else:
-            starts = builder.emit(
-                "Mul", [name, builder.constant(np.array(slice_size, dtype), "slice_size")], "starts"
-            )
-            grid = builder.emit(
-                "Add", [starts, builder.constant(within.astype(dtype), "within")], "element_offsets"
-            )
-            offsets = builder.flatten(grid, "offsets")
-        flat_data = builder.flatten(data, "flat_data")
-        flat_updates = builder.flatten(updates, "flat_updates")
-        scattered = builder.emit("ScatterElements", [flat_data, offsets, flat_updates], "scatter", axis=0)
-        builder.emit(
-            "Reshape",
-            [scattered, builder.constant(np.array(data_dims, np.int64), "shape")],
-            "reshape",
-            node.output[0],
-        )
+            within = np.arange(slice_size, dtype=np.int64)
+            if rows is not None:
+                offsets = builder.constant((rows * slice_size + within).reshape(-1).astype(dtype), "offsets")
+            else:
+                starts = builder.emit(
+                    "Mul", [name, builder.constant(np.array(slice_size, dtype), "slice_size")], "starts"
+                )
+                grid = builder.emit(
+                    "Add", [starts, builder.constant(within.astype(dtype), "within")], "element_offsets"
+                )
+                offsets = builder.flatten(grid, "offsets")
+            flat_data = builder.flatten(data, "flat_data")
+            flat_updates = builder.flatten(updates, "flat_updates")
+            scattered = builder.emit("ScatterElements", [flat_data, offsets, flat_updates], "scatter", axis=0)
+        shape = builder.constant(np.array(data_dims, np.int64), "shape")
+        builder.emit("Reshape", [scattered, shape], "reshape", node.output[0])
         return builder.nodes
+
+
+def _reduce_into_rows(
+    builder: _FlatIndexBuilder,
+    reduction: str,
+    value_dtype: np.dtype,
+    data_rows: str,
+    row_numbers: str,
+    update_rows: str,
+    all_rows: np.ndarray,
+) -> str:
+    """``data_rows`` [rows, slice] with each update row [updates, slice] combined into the row its row
+    number names: a mask [updates, rows, 1] of row numbers against rows places every update in its row
+    (the reduction's identity elsewhere), and the reduction over the updates is applied to the data."""
+    reducer, identity = _REDUCTIONS[reduction]
+    hits = builder.emit(
+        "Equal",
+        [
+            builder.emit("Unsqueeze", [row_numbers], "row_column", axes=[1]),
+            builder.constant(all_rows.reshape(1, -1), "rows"),
+        ],
+        "hits",
+    )  # [updates, rows]
+    placed = builder.emit(
+        "Where",
+        [
+            builder.emit("Unsqueeze", [hits], "hit_cells", axes=[2]),
+            builder.emit("Unsqueeze", [update_rows], "update_cells", axes=[1]),
+            builder.constant(_identity(identity, value_dtype), "identity"),
+        ],
+        "placed",
+    )  # [updates, rows, slice]
+    combined = builder.emit(reducer, [placed], "combined", axes=[0], keepdims=0)
+    if reduction in ("add", "mul"):
+        return builder.emit("Add" if reduction == "add" else "Mul", [data_rows, combined], "applied")
+    # max/min: rows no update hits keep their value (the identity may not be representable); Greater or
+    # Less with Where, as opset 11's Max and Min take no integers.
+    wins = builder.emit("Greater" if reduction == "max" else "Less", [combined, data_rows], "wins")
+    extreme = builder.emit("Where", [wins, combined, data_rows], "extreme")
+    hit_counts = builder.emit("Cast", [hits], "hit_counts", to=onnx.TensorProto.INT32)
+    any_hit = builder.emit("ReduceMax", [hit_counts], "any_hit", axes=[0], keepdims=0)
+    touched = builder.emit(
+        "Unsqueeze",
+        [builder.emit("Cast", [any_hit], "touched", to=onnx.TensorProto.BOOL)],
+        "touched_rows",
+        axes=[1],
+    )
+    return builder.emit("Where", [touched, extreme, data_rows], "applied")
