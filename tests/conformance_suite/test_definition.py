@@ -98,7 +98,9 @@ def test_no_entry_excuses_a_gap_or_a_defect_of_ours(name: str) -> None:
 def test_removing_a_case_that_now_passes_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
-        '# the file\'s comment\nprovider = "X"\n\n# --- section one ---\n\n[[known_failure]]\n# why\n'
+        '# the file\'s comment\nprovider = "X"\n\n[[not_applicable]]\ncases = ["op/test_na"]\n'
+        'reason = "n"\n\n'
+        "# --- section one ---\n\n[[known_failure]]\n# why\n"
         'cases = ["op/test_a", "op/test_b"]\nreason = "r1"\n\n# --- section two ---\n\n'
         '# about c\n[[known_failure]]\ncases = ["op/test_c"]\nreason = "r2"\n\n'
         '[[known_failure]]\ncases = [\n    "op/test_d_*",\n    "op/test_e",\n]\nreason = "r3"\n',
@@ -109,9 +111,11 @@ def test_removing_a_case_that_now_passes_keeps_the_rest_of_the_file(tmp_path: Pa
     for kept in ("# the file's comment", "# --- section one ---", "# why", "# --- section two ---"):
         assert kept in text
     assert "# about c" not in text and "r2" not in text
+    # The not_applicable entry, first in the file, comes last in load order: entries match by kind.
     assert [entry.cases for entry in load_expectation_file(path).entries] == [
         ("op/test_b",),
         ("op/test_d_*", "op/test_e"),
+        ("op/test_na",),
     ]
     before = path.read_text()
     with pytest.raises(DefinitionError, match=r"listed through the pattern 'op/test_d_\*'.*by hand"):
@@ -122,7 +126,10 @@ def test_removing_a_case_that_now_passes_keeps_the_rest_of_the_file(tmp_path: Pa
     from optimum_ipu_backend.cli.main import main
 
     assert main(["conformance-expectations", "remove", str(path), "op/test_b", "op/test_e"]) == 0
-    assert [entry.cases for entry in load_expectation_file(path).entries] == [("op/test_d_*",)]
+    assert [entry.cases for entry in load_expectation_file(path).entries] == [
+        ("op/test_d_*",),
+        ("op/test_na",),
+    ]
     assert "# --- section two ---" in path.read_text() and "# --- section one ---" in path.read_text()
     assert main(["conformance-expectations", "remove", str(path), "op/test_b"]) == 1
 
