@@ -167,12 +167,13 @@ _REDUCTIONS = {
 
 
 def _identity(value: int | str, dtype: np.dtype) -> np.ndarray:
-    """The neutral element of a reduction in ``dtype``: 0, 1, or the type's lowest/highest value."""
+    """The neutral element of a reduction in ``dtype``: 0, 1, or the type's lowest ("min") or highest
+    ("max") value (infinity for floats)."""
     if isinstance(value, int):
         return np.array(value, dtype)
-    info = np.finfo(dtype) if np.issubdtype(dtype, np.floating) else np.iinfo(dtype)
-    limit = -np.inf if value == "min" else np.inf
-    return np.array(limit if np.issubdtype(dtype, np.floating) else getattr(info, value), dtype)
+    if np.issubdtype(dtype, np.floating):
+        return np.array(-np.inf if value == "min" else np.inf, dtype)
+    return np.array(getattr(np.iinfo(dtype), value), dtype)
 
 
 class ScatterNDRewrite(Rewrite):
