@@ -95,3 +95,31 @@ class LegalizationError(UnsupportedModelError):
             lines.append("What you can do:")
             lines.extend(f"  * {hint}" for hint in self.hints)
         return "\n".join(lines)
+
+
+class OpsetConversionError(LegalizationError):
+    """The model's ai.onnx opset could not be converted to the one PopART reads: a fault of the model file
+    (or of onnx's converter), whatever the shapes of a call."""
+
+
+#: What a user does with a compiler bug: what to send, and where.
+REPORT_A_BUG = (
+    "this is a bug in optimum-ipu-backend, not a limit of your model or of the IPU",
+    "file an issue with this message, the output of `optimum-ipu env` and the model (or the command that "
+    "exported it); `optimum-ipu check MODEL --json` shows the passes that ran before the failure",
+)
+
+
+class CompilerBugError(LegalizationError):
+    """A compiler pass failed internally (it raised something other than a LegalizationError): a bug of
+    ours, reported as one, never as a shape or operator problem of the model."""
+
+    def __init__(self, pass_name: str, error: BaseException) -> None:
+        first = str(error).splitlines()[0] if str(error) else ""
+        reason = f"{type(error).__name__}: {first}"
+        super().__init__(
+            f"Compiler bug: the {pass_name} pass failed internally with {reason}",
+            [UnsupportedNode("<graph>", pass_name, "", reason, PATTERN_PASS_FAILURE)],
+            REPORT_A_BUG,
+        )
+        self.failed_pass = pass_name

@@ -261,6 +261,28 @@ def weight_free_copy(model: onnx.ModelProto) -> WeightFreeCopy:
     return copy
 
 
+def initializer_inputs_as_constants(copy: WeightFreeCopy) -> None:
+    """Make the graph inputs that name an initializer constants of ``copy``'s graph (in place).
+
+    IR 3 lists every initializer among the graph inputs; from IR 4 such an input is a default a caller may
+    override. An IPU executable is compiled with the values it holds, so the compiled graph takes them as
+    constants (the session refuses a feed for one, naming it), and the graph becomes IR 4 at least, where
+    an initializer need not be an input: passes that add initializers (folding a Constant) then keep
+    every input defined, which an IR-3 graph would not.
+    """
+    graph = copy.model.graph
+    copy.model.ir_version = max(copy.model.ir_version, 4)
+    constants = {init.name for init in graph.initializer}
+    listed = [value.name for value in graph.input if value.name in constants or value.name in copy.weights]
+    if not listed:
+        return
+    # A weight stays a typed stand-in input while the passes run and is an initializer again afterwards.
+    copy.added_inputs.update(copy.weights)
+    kept = [value for value in graph.input if value.name not in constants]
+    del graph.input[:]
+    graph.input.extend(kept)
+
+
 def shape_view(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model to hand to shape inference: the same graph, its weights typed inputs instead of data."""
     return weight_free_copy(model).model

@@ -9,9 +9,16 @@ from pathlib import Path
 
 import onnx
 
-from .errors import PATTERN_PASS_FAILURE, LegalizationError, UnsupportedNode
+from .errors import PATTERN_PASS_FAILURE, CompilerBugError, LegalizationError, UnsupportedNode
 from .external_data import is_external, read_weight
-from .graphs import WeightFreeCopy, count_ops, iter_graphs, names_read, weight_free_copy
+from .graphs import (
+    WeightFreeCopy,
+    count_ops,
+    initializer_inputs_as_constants,
+    iter_graphs,
+    names_read,
+    weight_free_copy,
+)
 from .op_table import dtype_name
 from .passes.base import GraphPass, PassContext, PassReport
 from .passes.fix_shapes import FixShapes, dim_labels
@@ -89,20 +96,8 @@ def _run_pass(
         error.model = model
         raise
     except Exception as error:
-        wrapped = LegalizationError(
-            f"The {graph_pass.name} pass failed: {type(error).__name__}: {error}",
-            [
-                UnsupportedNode(
-                    "<graph>",
-                    graph_pass.name,
-                    "",
-                    str(error).splitlines()[0] if str(error) else "",
-                    PATTERN_PASS_FAILURE,
-                )
-            ],
-        )
+        wrapped = CompilerBugError(graph_pass.name, error)
         wrapped.reports = list(reports)
-        wrapped.failed_pass = graph_pass.name
         wrapped.model = model
         raise wrapped from error
     seconds = time.perf_counter() - started
@@ -229,6 +224,7 @@ def legalize(
         input_shapes={k: tuple(int(d) for d in v) for k, v in input_shapes.items()}, precision=precision
     )
     weights = weight_free_copy(model)
+    initializer_inputs_as_constants(weights)
     working = weights.model
     reports: list[PassReport] = []
     try:

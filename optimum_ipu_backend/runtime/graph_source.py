@@ -35,7 +35,7 @@ _logger = logging.getLogger(__name__)
 # The stored description's format: one written by code that knew fewer fields is never read back with
 # those fields left at their defaults. (5: keyed by content, with the data files it was keyed by; 6: index
 # bounds count negative indices from the end, and bound GatherND's index tuples per column.)
-DESCRIPTION_FORMAT = 6
+DESCRIPTION_FORMAT = 7
 
 # (name, symbolic shape, ONNX elem type)
 IOSpec = tuple[str, list[Any], int]
@@ -59,6 +59,8 @@ class GraphDescription:
     #: What each call's feed must hold for the served graph to equal the export
     #: (``SameTokenCount.to_json``: an end-of-sentence selection computed densely).
     token_counts: list[list[Any]] = field(default_factory=list)
+    #: Graph inputs that name an initializer: defaults ONNX lets a caller override, compiled as constants.
+    initializer_defaults: list[str] = field(default_factory=list)
 
     def masks(self) -> list[GeneratedMask]:
         """The generated masks, one record each."""
@@ -103,6 +105,7 @@ def _describe(model: onnx.ModelProto, served: ServedGraph, digest: str) -> Graph
     return GraphDescription(
         digest=digest,
         inputs=_io(model.graph.input, initializers),
+        initializer_defaults=[value.name for value in model.graph.input if value.name in initializers],
         outputs=_io(model.graph.output, set()),
         unsupported=served.unsupported + unsupported,
         served_inputs={name: dims for name, dims, _ in _io(served.model.graph.input, served_initializers)},

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from optimum_ipu_backend.compiler.errors import CompilerBugError, OpsetConversionError
 from optimum_ipu_backend.errors import DeviceError, UnsupportedModelError
 
 # Top-level modules of the libraries engines run on; an exception of theirs is the engine failing.
@@ -37,12 +38,18 @@ def _from_engine_library(exc: BaseException) -> bool:
 
 
 @contextmanager
-def failures_name_the_call(feed: Mapping[str, np.ndarray], engine: str) -> Iterator[None]:
-    """Re-raise a compile failure or an engine library's error with the inputs of the call."""
+def failures_name_the_call(
+    feed: Mapping[str, np.ndarray], engine: str, *, fixed_shapes: bool
+) -> Iterator[None]:
+    """Re-raise a compile failure or an engine library's error with the inputs of the call.
+
+    A compile failure is about the call's shapes only where the model leaves a dimension to the call
+    (not ``fixed_shapes``) and the failure is not one whatever the shapes: a compiler bug, or an opset the
+    converter cannot take. Otherwise it reaches the caller as the compiler raised it."""
     try:
         yield
     except UnsupportedModelError as exc:
-        if isinstance(exc, UnsupportedShapeError):
+        if fixed_shapes or isinstance(exc, UnsupportedShapeError | CompilerBugError | OpsetConversionError):
             raise
         raise UnsupportedShapeError(
             f"the model cannot be compiled for the shapes of this call ({describe_feed(feed)}); "

@@ -31,8 +31,11 @@ def _may_be_empty(input_name: str, dim: int | str | None) -> bool:
 class FeedValidator:
     """Checks and normalizes feeds for one graph's inputs."""
 
-    def __init__(self, inputs: Sequence[NodeArg], index_ranges: IndexRanges) -> None:
+    def __init__(
+        self, inputs: Sequence[NodeArg], index_ranges: IndexRanges, initializer_defaults: Sequence[str] = ()
+    ) -> None:
         self._inputs = {arg.name: arg for arg in inputs}
+        self._initializer_defaults = frozenset(initializer_defaults)
         self._index_check = IndexRangeCheck(index_ranges)
 
     @property
@@ -52,6 +55,14 @@ class FeedValidator:
         return feed
 
     def _check_names(self, input_feed: Mapping[str, Any]) -> None:
+        overridden = sorted(name for name in input_feed if name in self._initializer_defaults)
+        if overridden:
+            raise InvalidFeedError(
+                f"the feed overrides {overridden}: graph inputs with an initializer as their default value. "
+                "The ipu provider compiles that default into the executable as a constant, so a call cannot "
+                "replace it; remove it from the feed, or re-export the model with it as a graph input that "
+                "has no initializer"
+            )
         unknown = sorted(map(str, set(input_feed) - set(self._inputs)))
         missing = [name for name in self._inputs if name not in input_feed]
         if unknown or missing:

@@ -106,14 +106,21 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
         return [node_arg(*spec) for spec in self._open.source.description.outputs]
 
     @functools.cached_property
+    def _fixed_shapes(self) -> bool:
+        """Whether the model fixes every dimension of every input (no call chooses a size)."""
+        return all(
+            isinstance(dim, int) for _, dims, _ in self._open.source.description.inputs for dim in dims
+        )
+
+    @functools.cached_property
     def _output_names(self) -> list[str]:
         return [arg.name for arg in self._outputs_meta]
 
     @functools.cached_property
     def _validate_feed(self) -> FeedValidator:
-        return FeedValidator(
-            self._inputs_meta, IndexRanges.from_json(self._open.source.description.index_ranges)
-        )
+        description = self._open.source.description
+        ranges = IndexRanges.from_json(description.index_ranges)
+        return FeedValidator(self._inputs_meta, ranges, description.initializer_defaults)
 
     # -- the InferenceSession surface -------------------------------------------------------------
 
@@ -278,7 +285,7 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
         return names, self._validate_feed(input_feed)
 
     def _execute(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        with failures_name_the_call(feed, self._open.resolution.engine):
+        with failures_name_the_call(feed, self._open.resolution.engine, fixed_shapes=self._fixed_shapes):
             return self._runner.run(feed, names)
 
     # -- beyond onnxruntime -----------------------------------------------------------------------

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper, numpy_helper
 
-from ..errors import PATTERN_CUSTOM_DOMAIN, PATTERN_NO_LOWERING, LegalizationError, UnsupportedNode
+from ..errors import (
+    PATTERN_CUSTOM_DOMAIN,
+    PATTERN_NO_LOWERING,
+    PATTERN_OPSET,
+    LegalizationError,
+    OpsetConversionError,
+    UnsupportedNode,
+)
 from ..graphs import (
     WEIGHT_MIN_BYTES,
     NameAllocator,
@@ -32,6 +39,7 @@ from ..graphs import (
 from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, default_opset
 from ..refused_operators import REFUSAL_REASONS
 from .base import GraphPass, PassContext
+from .prelu6_slope import keep_prelu6_channels
 from .rewrites import REWRITE_FOR_OP, CannotLower, GraphScope
 from .rewrites.reviewed_versions import NEWEST_REVIEWED_VERSION, SAME_AS_OPSET11
 from .scan8_batch import restore_scan8_batch
@@ -41,6 +49,12 @@ TARGET_OPSET = 11
 #: ONNX readers (PopART bundles its own) accept.
 TARGET_IR_VERSION = 6
 
+_CONVERSION_HINTS = (
+    "check the model file with onnx.checker.check_model(model, full_check=True): the converter needs a valid "
+    "graph",
+    "export the model again at ai.onnx opset 11 or later (optimum-cli export onnx --opset 11 ...)",
+    "file an issue with this message and the model so that the conversion can be fixed",
+)
 _HINTS = (
     "fix every input dimension and fold constants before lowering (the compiler pipeline does both)",
     "re-export the model with optimum at another opset, or with eager attention",
@@ -156,13 +170,15 @@ class LowerToOpset11(GraphPass):
 
     def _upgrade(self, model: onnx.ModelProto, source_opset: int) -> onnx.ModelProto:
         # Going up to 11 is what the stock converter does well (its adapters exist for every old op).
+        keep_prelu6_channels(model, source_opset)  # the converter gives PRelu-6's slope PRelu-7's meaning
         try:
             upgraded = onnx.version_converter.convert_version(model, TARGET_OPSET)
         except Exception as error:  # the converter raises bare RuntimeErrors
-            raise LegalizationError(
-                f"The model's ai.onnx opset {source_opset} could not be converted to {TARGET_OPSET}: {error}",
-                [],
-                _HINTS,
+            raise OpsetConversionError(
+                f"The model's ai.onnx opset {source_opset} could not be converted to {TARGET_OPSET} "
+                f"(onnx.version_converter): {error}",
+                [UnsupportedNode("<graph>", "opset_import", "", str(error), PATTERN_OPSET)],
+                _CONVERSION_HINTS,
             ) from error
         restore_scan8_batch(model, upgraded, source_opset)  # the converter drops Scan-8's batch axis
         self.notes.append(f"converted opset {source_opset} up to {TARGET_OPSET} with onnx.version_converter")
