@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import lowering_testing as lt
 import numpy as np
-from graph_testing import FLOAT, INT64
+from graph_testing import FLOAT
 
 
 def _attribute_names(model):
@@ -31,16 +31,6 @@ def test_reshape_allowzero_one_with_a_zero_is_refused():
         "Reshape", [("x", FLOAT, (0, 6))], [("y", FLOAT, (6, 0))], {"shape": np.array([6, 0])}, allowzero=1
     )
     lt.assert_refused(model, "the_Reshape.*allowzero=1")
-
-
-def test_scatter_elements_reduction_add_is_refused():
-    model = lt.one_node_model(
-        "ScatterElements",
-        [("x", FLOAT, (4,)), ("i", INT64, (2,)), ("u", FLOAT, (2,))],
-        [("y", FLOAT, (4,))],
-        reduction="add",
-    )
-    lt.assert_refused(model, "reduction='add'")
 
 
 @lt.property_test(shape=lt.shapes(1, 4), seed=lt.seeds)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import lowering_testing as lt
 import numpy as np
-from graph_testing import FLOAT, INT32, INT64
+from graph_testing import FLOAT, INT32, INT64, run_ort
 from hypothesis import strategies as st
 
 
@@ -154,3 +154,102 @@ def test_scatter_nd_matches(data_shape, data, seed):
     updates = rng.uniform(-10, 10, (count, *data_shape[depth:])).astype(np.float32)
     values = rng.uniform(-10, 10, data_shape).astype(np.float32)
     _run_both_ways("ScatterND", values, indices, [("updates", updates)], data_shape)
+
+
+_VALUE_TYPES = {FLOAT: np.float32, INT32: np.int32, INT64: np.int64}
+
+
+@lt.property_test(
+    data_shape=lt.shapes(1, 3, 1, 4),
+    data=st.data(),
+    seed=lt.seeds,
+    reduction=st.sampled_from(["add", "mul", "max", "min"]),
+    value_type=st.sampled_from(sorted(_VALUE_TYPES)),
+    index_type=st.sampled_from([INT32, INT64]),
+    constant=st.booleans(),
+)
+def test_scatter_elements_reductions_match_with_repeated_indices(
+    data_shape, data, seed, reduction, value_type, index_type, constant
+):
+    """ScatterElements-18's reductions along any axis, with indices counting from either end, repeats
+    (CPU applies them one after another) and updates narrower than the data on the other axes."""
+    rng = np.random.default_rng(seed)
+    rank = len(data_shape)
+    axis = data.draw(st.integers(-rank, rank - 1))
+    size = data_shape[axis]
+    index_shape = tuple(
+        data.draw(st.integers(1, 5)) if k == axis % rank else data.draw(st.integers(1, d))
+        for k, d in enumerate(data_shape)
+    )
+    indices = rng.integers(-size, size, index_shape).astype(np.int32 if index_type == INT32 else np.int64)
+    dtype = _VALUE_TYPES[value_type]
+    # Small values: a product of up to 5 repeats stays exact in int32 and well inside float32's range.
+    values = lt.random_array(seed, data_shape, dtype, -3, 3)
+    updates = lt.random_array(seed + 1, index_shape, dtype, -3, 3)
+    feeds = {"data": values, "updates": updates}
+    inputs = [("data", value_type, data_shape), ("updates", value_type, index_shape)]
+    if not constant:
+        inputs.insert(1, ("indices", index_type, index_shape))
+        feeds["indices"] = indices
+    model = lt.one_node_model(
+        "ScatterElements",
+        inputs,
+        [("y", value_type, data_shape)],
+        {"indices": indices} if constant else None,
+        node_inputs=["data", "indices", "updates"],
+        axis=axis,
+        reduction=reduction,
+    )
+    lowered = lt.lower_and_compare(model, feeds, atol=1e-5, rtol=1e-6)
+    assert "ScatterElements" not in lt.op_types(lowered)
+
+
+def test_scatter_elements_duplicate_indices_add_up_with_the_data():
+    # ONNX's own case (test_scatter_elements_with_duplicate_indices): both updates land on [0, 1].
+    model = lt.one_node_model(
+        "ScatterElements",
+        [("data", FLOAT, (1, 5)), ("indices", INT64, (1, 2)), ("updates", FLOAT, (1, 2))],
+        [("y", FLOAT, (1, 5))],
+        axis=1,
+        reduction="add",
+    )
+    feeds = {
+        "data": np.array([[1, 2, 3, 4, 5]], np.float32),
+        "indices": np.array([[1, 1]], np.int64),
+        "updates": np.array([[1.1, 2.1]], np.float32),
+    }
+    lowered = lt.lower_and_compare(model, feeds)
+    (y,) = run_ort(lowered, feeds).values()
+    np.testing.assert_allclose(y, [[1, 5.2, 3, 4, 5]], rtol=1e-6)
+
+
+def test_scatter_elements_max_leaves_positions_no_update_hits():
+    # int64 data at its extremes: the max's identity (the lowest int64) never leaks into untouched cells,
+    # and a hit cell keeps its value when every update is smaller.
+    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    model = lt.one_node_model(
+        "ScatterElements",
+        [("data", INT64, (2, 3)), ("indices", INT64, (2, 2)), ("updates", INT64, (2, 2))],
+        [("y", INT64, (2, 3))],
+        axis=0,
+        reduction="max",
+    )
+    feeds = {
+        "data": np.array([[low, 5, high], [low, 0, 7]], np.int64),
+        "indices": np.array([[1, 1], [1, -1]], np.int64),
+        "updates": np.array([[3, -2], [4, 1]], np.int64),
+    }
+    lowered = lt.lower_and_compare(model, feeds)
+    (y,) = run_ort(lowered, feeds).values()
+    np.testing.assert_array_equal(y, [[low, 5, high], [4, 1, 7]])
+
+
+def test_scatter_elements_unknown_reduction_is_refused():
+    model = lt.one_node_model(
+        "ScatterElements",
+        [("x", FLOAT, (4,)), ("i", INT64, (2,)), ("u", FLOAT, (2,))],
+        [("y", FLOAT, (4,))],
+        check=False,
+        reduction="mean",
+    )
+    lt.assert_refused(model, "reduction='mean' is not one of ONNX's")

@@ -1,4 +1,5 @@
-"""GatherElements, GatherND and ScatterND (absent from PopART) as Gather/ScatterElements on flattened data.
+"""GatherElements, GatherND and ScatterND (absent from PopART) as Gather/ScatterElements on flattened data,
+and the scatter reductions (ScatterND and ScatterElements, opset 16/18) as a mask and a Reduce*.
 
 With static shapes, every element these operators address has a row-major flat offset: the indices
 given, times the data's strides, plus the positions of the dimensions not indexed (constants). The
@@ -157,7 +158,7 @@ class GatherNDRewrite(Rewrite):
         return builder.nodes
 
 
-# ScatterND's reductions: (the opset-11 reduction over the updates that hit a position, its identity).
+# The scatter reductions: (the opset-11 reduction over the updates that hit a position, its identity).
 _REDUCTIONS = {
     "add": ("ReduceSum", 0),
     "mul": ("ReduceProd", 1),
@@ -176,6 +177,14 @@ def _identity(value: int | str, dtype: np.dtype) -> np.ndarray:
     return np.array(getattr(np.iinfo(dtype), value), dtype)
 
 
+def scatter_reduction(node: onnx.NodeProto) -> str:
+    """The node's ``reduction`` attribute ('none' when absent), refused unless ONNX defines it."""
+    reduction = text_attribute(node, "reduction", "none")
+    if reduction != "none" and reduction not in _REDUCTIONS:
+        raise CannotLower(f"reduction='{reduction}' is not one of ONNX's (add, mul, max, min)")
+    return reduction
+
+
 class ScatterNDRewrite(Rewrite):
     """ScatterND becomes ScatterElements on the flattened data at each update's offset. With a reduction
     (opset 16/18) every row of the data instead combines with every update aimed at it
@@ -185,9 +194,7 @@ class ScatterNDRewrite(Rewrite):
     op_types = frozenset({"ScatterND"})
 
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
-        reduction = text_attribute(node, "reduction", "none")
-        if reduction != "none" and reduction not in _REDUCTIONS:
-            raise CannotLower(f"reduction='{reduction}' is not one of ONNX's (add, mul, max, min)")
+        reduction = scatter_reduction(node)
         data, indices, updates = node.input[0], node.input[1], node.input[2]
         builder, data_dims, index_dims = _flat_index_builder(scope, node, addressed_as="flat")
         depth = index_dims[-1]
@@ -201,9 +208,9 @@ class ScatterNDRewrite(Rewrite):
                 reduction,
                 numpy_dtype(scope.require_elem_type(data)),
                 builder.flatten(data, "data_rows", row_count, (slice_size,)),
-                builder.constant(rows.reshape(-1).astype(dtype), "row_numbers")
+                builder.constant(rows.reshape(-1, 1).astype(dtype), "row_numbers")
                 if rows is not None
-                else builder.flatten(name, "row_numbers"),
+                else builder.flatten(name, "row_numbers", None, (1,)),
                 builder.flatten(updates, "update_rows", None, (slice_size,)),
                 np.arange(row_count, dtype=dtype),
             )
@@ -227,6 +234,72 @@ class ScatterNDRewrite(Rewrite):
         return builder.nodes
 
 
+def lower_scatter_elements_reduction(
+    node: onnx.NodeProto, reduction: str, scope: GraphScope
+) -> list[onnx.NodeProto]:
+    """ScatterElements with a reduction (opset 16/18): the data seen with ``axis`` first as rows
+    [axis size, rest] and the updates as [update count along axis, rest], where each element's row is its
+    index, then ``_reduce_into_rows`` (exact like ScatterND's: every update aimed at a position, repeats
+    included, combined with its value). Updates may be smaller than the data on the other axes: they are
+    padded to the data's extent with the index -1, which names no row."""
+    data, indices, updates = node.input[0], node.input[1], node.input[2]
+    builder, data_dims, index_dims = _flat_index_builder(scope, node, addressed_as="rows along its axis")
+    rank = len(data_dims)
+    axis = int(attribute(node, "axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    size = data_dims[axis]
+    dtype = _index_dtype(scope, indices)
+    value_dtype = numpy_dtype(scope.require_elem_type(data))
+    order = [axis, *(k for k in range(rank) if k != axis)]
+    moved_data = tuple(data_dims[k] for k in order)
+    moved_index = tuple(index_dims[k] for k in order)
+    rest = int(np.prod(moved_data[1:], dtype=np.int64))
+    # Pad-11's pads: nothing before, up to the data's extent after, on every axis but the first.
+    short = [0, *(d - i for d, i in zip(moved_data[1:], moved_index[1:], strict=True))]
+    pads = np.array([0] * rank + short, np.int64)
+
+    def as_rows(tensor: str, fill: np.ndarray, suffix: str) -> str:
+        if axis:
+            tensor = builder.emit("Transpose", [tensor], f"{suffix}_moved", perm=order)
+        if any(short):
+            tensor = builder.emit(
+                "Pad",
+                [tensor, builder.constant(pads, f"{suffix}_pads"), builder.constant(fill, f"{suffix}_fill")],
+                f"{suffix}_padded",
+            )
+        return builder.flatten(tensor, suffix, None, (rest,))
+
+    known = scope.constant(indices)
+    if known is not None:
+        mapped = np.where(known < 0, known + size, known).astype(dtype).transpose(order)
+        padded = np.pad(mapped, [(0, n) for n in short], constant_values=-1)
+        row_numbers = builder.constant(padded.reshape(-1, rest), "row_numbers")
+    else:
+        mapped_name = builder.non_negative(indices, np.array(size), dtype)
+        row_numbers = as_rows(mapped_name, np.array(-1, dtype), "row_numbers")
+    reduced = _reduce_into_rows(
+        builder,
+        reduction,
+        value_dtype,
+        builder.flatten(
+            builder.emit("Transpose", [data], "data_moved", perm=order) if axis else data,
+            "data_rows",
+            size,
+            (rest,),
+        ),
+        row_numbers,
+        as_rows(updates, np.zeros((), value_dtype), "update_rows"),  # padding: at index -1, never read
+        np.arange(size, dtype=dtype),
+    )
+    shape = builder.constant(np.array(moved_data, np.int64), "shape")
+    if not axis:
+        builder.emit("Reshape", [reduced, shape], "reshape", node.output[0])
+        return builder.nodes
+    moved = builder.emit("Reshape", [reduced, shape], "reshape")
+    builder.emit("Transpose", [moved], "restore", node.output[0], perm=[int(k) for k in np.argsort(order)])
+    return builder.nodes
+
+
 def _reduce_into_rows(
     builder: _FlatIndexBuilder,
     reduction: str,
@@ -236,22 +309,24 @@ def _reduce_into_rows(
     update_rows: str,
     all_rows: np.ndarray,
 ) -> str:
-    """``data_rows`` [rows, slice] with each update row [updates, slice] combined into the row its row
-    number names: a mask [updates, rows, 1] of row numbers against rows places every update in its row
-    (the reduction's identity elsewhere), and the reduction over the updates is applied to the data."""
+    """``data_rows`` [rows, slice] with each update row [updates, slice] combined into the rows its row
+    numbers name: ``row_numbers`` is [updates, 1] (a whole update row goes to one row, ScatterND) or
+    [updates, slice] (each element has its own row, ScatterElements). A mask [updates, rows, 1 or slice]
+    of row numbers against rows places every update in its row (the reduction's identity elsewhere),
+    and the reduction over the updates is applied to the data."""
     reducer, identity = _REDUCTIONS[reduction]
     hits = builder.emit(
         "Equal",
         [
             builder.emit("Unsqueeze", [row_numbers], "row_column", axes=[1]),
-            builder.constant(all_rows.reshape(1, -1), "rows"),
+            builder.constant(all_rows.reshape(1, -1, 1), "rows"),
         ],
         "hits",
-    )  # [updates, rows]
+    )  # [updates, rows, 1 or slice]
     placed = builder.emit(
         "Where",
         [
-            builder.emit("Unsqueeze", [hits], "hit_cells", axes=[2]),
+            hits,
             builder.emit("Unsqueeze", [update_rows], "update_cells", axes=[1]),
             builder.constant(_identity(identity, value_dtype), "identity"),
         ],
@@ -266,10 +341,5 @@ def _reduce_into_rows(
     extreme = builder.emit("Where", [wins, combined, data_rows], "extreme")
     hit_counts = builder.emit("Cast", [hits], "hit_counts", to=onnx.TensorProto.INT32)
     any_hit = builder.emit("ReduceMax", [hit_counts], "any_hit", axes=[0], keepdims=0)
-    touched = builder.emit(
-        "Unsqueeze",
-        [builder.emit("Cast", [any_hit], "touched", to=onnx.TensorProto.BOOL)],
-        "touched_rows",
-        axes=[1],
-    )
+    touched = builder.emit("Cast", [any_hit], "touched", to=onnx.TensorProto.BOOL)  # [rows, 1 or slice]
     return builder.emit("Where", [touched, extreme, data_rows], "applied")

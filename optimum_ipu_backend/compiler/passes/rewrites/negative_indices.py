@@ -4,8 +4,8 @@ ONNX counts a negative index from the end of its axis (both operators accept [-s
 Gather and ScatterElements are not documented to. Constant indices are mapped at compile time; indices
 computed on the device go through ``Where(index < 0, index + size, index)``, so the device only sees
 [0, size - 1] for every value ONNX accepts (the per-call index check refuses the rest,
-``compiler.analysis.index_ranges``). GatherElements, GatherND and ScatterND map theirs in their own
-lowerings (``gather_scatter.py``).
+``compiler.analysis.index_ranges``). GatherElements, GatherND, ScatterND and ScatterElements with a
+reduction map theirs in their own lowerings (``gather_scatter.py``).
 """
 
 from __future__ import annotations
@@ -14,22 +14,24 @@ import numpy as np
 import onnx
 
 from ...graphs import attribute
-from .common import CannotLower, GraphScope, Rewrite, copy_attributes, numpy_dtype, text_attribute
-from .gather_scatter import _FlatIndexBuilder
+from .common import GraphScope, Rewrite, copy_attributes, numpy_dtype
+from .gather_scatter import _FlatIndexBuilder, lower_scatter_elements_reduction, scatter_reduction
 
 
 class NegativeIndicesRewrite(Rewrite):
     """Gather and ScatterElements get indices in [0, size - 1]; ScatterElements-16 loses its neutral
-    ``reduction='none'`` (any other reduction has no opset-11 equivalent)."""
+    ``reduction='none'``, and any other reduction is lowered by ``gather_scatter`` (a mask and a Reduce*)."""
 
     op_types = frozenset({"Gather", "ScatterElements"})
 
     def lower(
         self, node: onnx.NodeProto, since_version: int, scope: GraphScope
     ) -> list[onnx.NodeProto] | None:
-        reduction = text_attribute(node, "reduction", "none")
+        reduction = scatter_reduction(node)
         if reduction != "none":
-            raise CannotLower(f"attribute reduction={reduction!r} has no opset-11 equivalent")
+            # ScatterElements-11 overwrites: the reduction is a mask and a Reduce* over the updates,
+            # which maps negative indices itself.
+            return lower_scatter_elements_reduction(node, reduction, scope)
         indices = node.input[1]
         hint = node.name or node.op_type
         known = scope.constant(indices)

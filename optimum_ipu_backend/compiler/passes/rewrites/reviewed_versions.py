@@ -107,7 +107,7 @@ SAME_AS_OPSET11: dict[str, frozenset[int]] = {
     "RoiAlign": frozenset({16, 22}),
     "Round": frozenset({22}),
     "Scan": frozenset({16, 19}) | _LATER_TYPE_ADDITIONS,
-    "ScatterElements": frozenset({13, 16, 18}),  # reduction: NeutralAttributeRewrite
+    "ScatterElements": frozenset({13, 16, 18}),  # reduction: NegativeIndicesRewrite, gather_scatter
     "Selu": frozenset({22}),
     "Shape": frozenset({13, 15, 19}) | _LATER_TYPE_ADDITIONS,  # start/end: ShapeSliceRewrite
     "Sigmoid": frozenset({13}),
