@@ -97,3 +97,16 @@ def test_a_gather_at_positions_from_data_has_its_indices_shape():
     ]
     y, _ = _one_node_proof(nodes[-1], TensorProto.INT64, 1, extra=nodes[:-1])
     assert y.shape == (2, 1) and y.real_shape == (2, 1)
+
+
+@pytest.mark.parametrize("reduction", ["add", "mul", "max", "min"])
+def test_a_scatter_that_reduces_is_not_followed_as_a_move(reduction):
+    """Run on element ids, a reducing scatter adds (or multiplies) ids into other ids: with add, data id 1
+    plus update id 13 is 14, update 1's id, a fake source. The proof treats its result as unknown."""
+    indices = _constant("indices", np.array([[0], [1]], np.int64))
+    updates = _constant("updates", np.array([[5], [7]], np.int64))
+    node = helper.make_node("ScatterElements", ["x", "indices", "updates"], ["y"], axis=1, reduction=reduction)
+    y, proof = _one_node_proof(node, TensorProto.INT64, 0, extra=[indices, updates])
+    assert not np.any(y.exact)
+    assert not proof.exact
+    assert any(f"combines elements (reduction {reduction})" in str(problem) for problem in proof.problems)

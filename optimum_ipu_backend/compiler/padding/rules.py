@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..graphs import INTEGER_TYPES, attributes
+from ..graphs import INTEGER_TYPES, attribute, attributes
 from . import classes as C
 from .evaluate import EvaluationError, Evaluator, reshape_target, slice_indices
 from .values import (
@@ -859,6 +859,13 @@ def rule_moved_elements(ctx: Context, node: onnx.NodeProto, inputs: list[Value |
     ScatterElements, Trilu, Pad, ...): each element's source is found by running the operator on
     element ids in both runs."""
     carrying = _CARRIERS.get(node.op_type, (0,))
+    reduction = attribute(node, "reduction", b"none")
+    if reduction != b"none":
+        # A scatter that reduces combines elements: run on element ids it would add (or multiply) ids
+        # into other ids and fake a source, so its result is not followed.
+        template = as_data(inputs[0], ctx)  # type: ignore[arg-type]
+        why = describe(node, f"combines elements (reduction {reduction.decode()})")
+        return [_opaque(template, template.shape, template.real_shape, why)]
     datas: dict[int, Data] = {}
     for slot, value in enumerate(inputs):
         if value is None:
