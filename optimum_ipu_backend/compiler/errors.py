@@ -26,9 +26,14 @@ PATTERN_INVALID_GRAPH = "invalid ONNX"
 PATTERN_OPSET = "opset PopART cannot import"
 PATTERN_PASS_FAILURE = "compiler pass failed"
 
+#: The one hint about the sizes of a call: advice for a model that leaves dimensions to its callers only.
+DYNAMIC_DIMENSIONS_HINT = (
+    "pass static sizes for every dynamic input dimension (input_shapes / --shape NAME=DIMS)"
+)
+
 DEFAULT_HINTS = (
     "re-export the model with optimum (a newer or older opset can avoid an operator)",
-    "pass static sizes for every dynamic input dimension (input_shapes / --shape NAME=DIMS)",
+    DYNAMIC_DIMENSIONS_HINT,
     "try the other precision (precision='fp32' or 'fp16')",
     "file an issue with the model id and this message so the missing rewrite can be added",
 )
@@ -79,6 +84,12 @@ class LegalizationError(UnsupportedModelError):
         # The graph as the failing pass received it (shapes are static once fix_shapes has run).
         self.model: onnx.ModelProto | None = None
         super().__init__(self._format())
+
+    def for_fixed_shapes(self) -> None:
+        """Drop the advice about sizes: the model fixes every input dimension."""
+        if DYNAMIC_DIMENSIONS_HINT in self.hints:
+            self.hints = [hint for hint in self.hints if hint != DYNAMIC_DIMENSIONS_HINT]
+            self.refresh()
 
     def refresh(self) -> None:
         """Rebuild the message after ``nodes`` or ``model_file`` changed."""

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from optimum_ipu_backend.compiler.errors import CompilerBugError, OpsetConversionError
+from optimum_ipu_backend.compiler.errors import CompilerBugError, LegalizationError, OpsetConversionError
 from optimum_ipu_backend.errors import DeviceError, UnsupportedModelError
 
 # Top-level modules of the libraries engines run on; an exception of theirs is the engine failing.
@@ -49,6 +49,8 @@ def failures_name_the_call(
     try:
         yield
     except UnsupportedModelError as exc:
+        if fixed_shapes and isinstance(exc, LegalizationError):
+            exc.for_fixed_shapes()  # the same error, without advice about sizes the model fixes
         if fixed_shapes or isinstance(exc, UnsupportedShapeError | CompilerBugError | OpsetConversionError):
             raise
         raise UnsupportedShapeError(

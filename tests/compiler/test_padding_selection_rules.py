@@ -105,7 +105,9 @@ def test_a_scatter_that_reduces_is_not_followed_as_a_move(reduction):
     plus update id 13 is 14, update 1's id, a fake source. The proof treats its result as unknown."""
     indices = _constant("indices", np.array([[0], [1]], np.int64))
     updates = _constant("updates", np.array([[5], [7]], np.int64))
-    node = helper.make_node("ScatterElements", ["x", "indices", "updates"], ["y"], axis=1, reduction=reduction)
+    node = helper.make_node(
+        "ScatterElements", ["x", "indices", "updates"], ["y"], axis=1, reduction=reduction
+    )
     y, proof = _one_node_proof(node, TensorProto.INT64, 0, extra=[indices, updates])
     assert not np.any(y.exact)
     assert not proof.exact
