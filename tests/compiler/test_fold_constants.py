@@ -124,6 +124,55 @@ def test_a_graph_output_computed_from_constants_becomes_a_constant(node, values)
     np.testing.assert_array_equal(run_ort(folded, {})["y"], run_ort(model, {})["y"])
 
 
+@pytest.mark.parametrize("op_type", ["Shape", "Size"])
+def test_the_shape_of_a_static_input_as_a_graph_output_becomes_a_constant(op_type):
+    node = helper.make_node(op_type, ["x"], ["y"], **({"start": 1} if op_type == "Shape" else {}))
+    output = tensor_info("y", INT64, [2] if op_type == "Shape" else [])
+    model = make_model([node], [tensor_info("x", FLOAT, ["batch", 4, 5])], [output])
+    folded = _fold(model, {"x": (3, 4, 5)})
+    assert count_ops(folded.graph) == {"Constant": 1}
+    x = np.zeros((3, 4, 5), np.float32)
+    np.testing.assert_array_equal(run_ort(folded, {"x": x})["y"], run_ort(model, {"x": x})["y"])
+
+
+def test_shape_chains_around_a_scan_fold_at_the_top_level():
+    """onnxslim cannot fold a graph holding control flow; the Shape -> Gather -> Concat -> Reshape chain
+    beside a Scan still becomes constants, so no int64 shape is computed on the device."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["acc_in", "row"], ["acc_out"]),
+            helper.make_node("Identity", ["acc_out"], ["seen"]),
+        ],
+        "body",
+        [tensor_info("acc_in", FLOAT, [4]), tensor_info("row", FLOAT, [4])],
+        [tensor_info("acc_out", FLOAT, [4]), tensor_info("seen", FLOAT, [4])],
+    )
+    nodes = [
+        helper.make_node("Scan", ["zeros", "x"], ["total", "steps"], body=body, num_scan_inputs=1),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "first"], ["rows"], axis=0),
+        helper.make_node("Concat", ["rows", "minus_one"], ["target"], axis=0),
+        helper.make_node("Reshape", ["steps", "target"], ["y"]),
+    ]
+    constants = {
+        "zeros": np.zeros(4, np.float32),
+        "first": np.array([0], np.int64),
+        "minus_one": np.array([-1], np.int64),
+    }
+    model = make_model(
+        nodes,
+        [tensor_info("x", FLOAT, ["n", 4])],
+        [tensor_info("total", FLOAT, [4]), tensor_info("y", FLOAT, ["n", 4])],
+        constants,
+    )
+    folded = _fold(model, {"x": (3, 4)})
+    ops = count_ops(folded.graph)
+    assert "Shape" not in ops and "Gather" not in ops and "Concat" not in ops, ops
+    assert ops["Scan"] == 1 and ops["Reshape"] == 1
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    assert_pass_preserves(model, folded, {"x": x}, atol=0.0)
+
+
 def test_a_random_draw_is_not_fixed_by_folding():
     node = helper.make_node("RandomUniformLike", ["x"], ["y"])
     model = make_model([node], [], [tensor_info("y", FLOAT, [2, 3])], {"x": np.zeros((2, 3), np.float32)})

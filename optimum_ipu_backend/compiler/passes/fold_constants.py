@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -23,6 +24,7 @@ from onnx import numpy_helper
 from ..graphs import (
     GraphView,
     attribute,
+    constant_node_value,
     has_subgraphs,
     iter_nodes,
     names_defined,
@@ -195,51 +197,110 @@ _RANDOM_OPS = frozenset(
 )
 
 
-def fold_output_producers(model: onnx.ModelProto) -> int:
-    """Replace, in place, each top-level node that computes graph outputs from initializers only by
-    Constant nodes holding its values (evaluated with onnxruntime, as onnxslim evaluates the rest):
-    onnxslim keeps a node whose output is a graph output, so a graph whose result is constant (an
-    EyeLike or NonZero of constants) would reach PopART with an operator it lacks. Returns how many."""
-    import onnxruntime
+#: The largest value the top-level folder writes into the graph: a larger one (a ConstantOfShape of a
+#: big shape) would cost more to hold than to compute.
+_FOLDED_VALUE_MAX_BYTES = 1 << 20
 
+
+def fold_top_level(model: onnx.ModelProto, *, everywhere: bool) -> int:
+    """Replace, in place, top-level nodes whose values are known by Constant nodes holding them: a Shape or
+    Size of a tensor whose shape is static, and a node that computes from constants only (evaluated with
+    onnxruntime, as onnxslim evaluates the rest). Random operators and nodes holding subgraphs are kept.
+
+    Without ``everywhere`` only nodes that produce graph outputs are folded: onnxslim, which folds the
+    rest, keeps a node whose output is a graph output, so a constant result (an EyeLike of constants, the
+    Shape of an input) would reach PopART as an operator it lacks or an int64 it cannot hold. With
+    ``everywhere`` (a graph holding control flow, which onnxslim cannot fold) every such node is folded, in
+    order, so shape chains around a Scan or Loop become constants; Constants nothing reads any more are
+    dropped. Returns how many nodes were folded."""
     graph = model.graph
-    initializers = {init.name: init for init in graph.initializer}
+    known: dict[str, np.ndarray] = {}
+    for init in graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL:
+            known[init.name] = numpy_helper.to_array(init)
     outputs = {value.name for value in graph.output}
+    view = GraphView.of_model(model)
     nodes, folded = [], 0
     for node in graph.node:
-        inputs = [name for name in node.input if name]
-        if (
-            not inputs
-            or node.op_type in _RANDOM_OPS
-            or subgraphs_of(node)
-            or not outputs.intersection(node.output)
-            or not all(name in initializers for name in inputs)
-        ):
+        if node.op_type == "Constant":
+            value = constant_node_value(node)
+            if value is not None:
+                known[node.output[0]] = value
+            nodes.append(node)
+            continue
+        values = _known_values(node, known, view, model.opset_import)
+        if values is None or not (everywhere or outputs.intersection(node.output)):
             nodes.append(node)
             continue
         names = [name for name in node.output if name]
-        alone = onnx.helper.make_graph(
-            [node],
-            "fold",
-            [],
-            [onnx.helper.make_empty_tensor_value_info(name) for name in names],
-            [initializers[name] for name in inputs],
-        )
-        evaluated = onnx.helper.make_model(alone, opset_imports=list(model.opset_import))
-        values = onnxruntime.InferenceSession(
-            evaluated.SerializeToString(), providers=["CPUExecutionProvider"]
-        ).run(None, {})
-        nodes.extend(
-            onnx.helper.make_node(
-                "Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name)
+        for name, value in zip(names, values, strict=True):
+            known[name] = np.asarray(value)
+            nodes.append(
+                onnx.helper.make_node(
+                    "Constant", [], [name], value=numpy_helper.from_array(known[name], name)
+                )
             )
-            for name, value in zip(names, values, strict=True)
-        )
         folded += 1
     if folded:
         del graph.node[:]
         graph.node.extend(nodes)
+        if everywhere:
+            _drop_unread_constants(graph)
     return folded
+
+
+def _known_values(
+    node: onnx.NodeProto, known: Mapping[str, np.ndarray], view: GraphView, opset_import: Any
+) -> list[np.ndarray] | None:
+    """The node's output values if they follow from what is known, else None."""
+    if node.op_type in ("Shape", "Size"):
+        value = _static_shape_value(node, view.shape(node.input[0]))
+        return None if value is None else [value]
+    inputs = [name for name in node.input if name]
+    if not inputs or node.op_type in _RANDOM_OPS or subgraphs_of(node) or not all(n in known for n in inputs):
+        return None
+    import onnxruntime
+
+    names = [name for name in node.output if name]
+    alone = onnx.helper.make_graph(
+        [node],
+        "fold",
+        [],
+        [onnx.helper.make_empty_tensor_value_info(name) for name in names],
+        [numpy_helper.from_array(known[name], name) for name in dict.fromkeys(inputs)],
+    )
+    evaluated = onnx.helper.make_model(alone, opset_imports=list(opset_import))
+    try:
+        values = onnxruntime.InferenceSession(
+            evaluated.SerializeToString(), providers=["CPUExecutionProvider"]
+        ).run(None, {})
+    except Exception:  # onnxruntime has no kernel for it: the device computes it, as before
+        return None
+    if sum(np.asarray(value).nbytes for value in values) > _FOLDED_VALUE_MAX_BYTES:
+        return None
+    return [np.asarray(value) for value in values]
+
+
+def _drop_unread_constants(graph: onnx.GraphProto) -> None:
+    """Drop top-level Constant nodes whose output nothing reads (folding left them behind)."""
+    while True:
+        read = names_read(graph)
+        kept = [node for node in graph.node if node.op_type != "Constant" or node.output[0] in read]
+        if len(kept) == len(graph.node):
+            return
+        del graph.node[:]
+        graph.node.extend(kept)
+
+
+def _static_shape_value(node: onnx.NodeProto, shape: tuple[int | None, ...] | None) -> np.ndarray | None:
+    """What a Shape (with its start and end) or Size node gives for an input of a static shape."""
+    if shape is None or any(dim is None for dim in shape):
+        return None
+    dims = np.array(shape, dtype=np.int64)
+    if node.op_type == "Size":
+        return np.array(np.prod(dims), dtype=np.int64)
+    start, end = attribute(node, "start", 0), attribute(node, "end", None)
+    return dims[slice(start, end)]
 
 
 def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
@@ -268,13 +329,16 @@ class FoldConstants(GraphPass):
             self.notes.append(f"inlined {inlined} If with a constant condition")
         if has_subgraphs(model.graph):
             fold_control_flow(model)
+            folded = fold_top_level(model, everywhere=True)
             _drop_unused_initializers(model.graph)
             self.notes.append("folded each control-flow branch as its own graph")
+            if folded:
+                self.notes.append(f"folded {folded} top-level node(s) around the control flow")
             return refresh_shapes(model)
         if inlined:
             model = refresh_shapes(model)
         model = _slim(model)
-        folded = fold_output_producers(model)
+        folded = fold_top_level(model, everywhere=False)
         if folded:
             self.notes.append(f"folded {folded} node(s) that compute a graph output from constants")
         return model
