@@ -154,7 +154,7 @@ def test_junit_xml(perturbed_run: Run) -> None:
 def test_json_report_matches_its_schema(perturbed_run: Run, faithful_run: Run, cpu_run: Run) -> None:
     for run in (perturbed_run, faithful_run, cpu_run):
         jsonschema.validate(run.data, report_schema())
-    assert perturbed_run.data["schema_version"] == "1.1" and perturbed_run.data["passed"] is False
+    assert perturbed_run.data["schema_version"] == "1.2" and perturbed_run.data["passed"] is False
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**perturbed_run.data, "passed": "no"}, report_schema())
 
