@@ -22,7 +22,7 @@ _NEEDED_MODULES = ("pytest", "jsonschema", "matplotlib") + (("tomli",) if sys.ve
 def add_conformance_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "conformance",
-        help="check an execution provider against CPU onnxruntime, model by model and operator by operator",
+        help="check an execution provider against CPU onnxruntime: models, ONNX's model cases, operators",
         description=(
             "Run the conformance suite against one execution provider and write JUnit XML, JSON, Markdown "
             "and HTML reports. Exit status 0 only when every case not listed as a known failure passes."
@@ -54,7 +54,17 @@ def add_conformance_parser(subparsers: Any) -> None:
         "--ops", nargs="+", default=[], metavar="OP", help="operator types to run ('none': no operator level)"
     )
     parser.add_argument(
-        "--quick", action="store_true", help="one small model per task and the common operators"
+        "--onnx-models",
+        nargs="+",
+        default=[],
+        metavar="KIND",
+        help="the onnx wheel's model cases to run: kinds (simple, pytorch-converted, pytorch-operator, "
+        "light) or globs over KIND/NAME; all (the full run's default) or none",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one small model per task and the common operators (no ONNX model case)",
     )
     parser.add_argument(
         "--tier", default="fp32", help="tolerance tier: fp32 (default) or fp16 (conformance/tiers.toml)"
@@ -155,6 +165,7 @@ def pytest_arguments(args: argparse.Namespace, jobs: int) -> list[str]:
         "--models": args.models,
         "--model-dir": [str(Path(path).resolve()) for path in args.model_dir],
         "--ops": [",".join(args.ops)] if args.ops else [],
+        "--onnx-models": [",".join(args.onnx_models)] if args.onnx_models else [],
         "--expectations": [str(Path(path).resolve()) for path in args.expectations],
     }
     arguments += [word for flag, values in repeated.items() for value in values for word in (flag, value)]

@@ -24,6 +24,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from optimum_ipu_backend.conformance.results import CASE_PREFIXES, LEVELS
 from optimum_ipu_backend.conformance.zoo import MODEL_NAMES, TASK_ROUTES
 from optimum_ipu_backend.errors import ConfigurationError
 
@@ -330,10 +331,12 @@ def _expectation(path: str, kind: str, index: int, raw: Mapping[str, Any]) -> Ex
     if not isinstance(raw["reason"], str) or not raw["reason"].strip():
         raise DefinitionError(f"{where}: every entry needs a reason")
     cases = _string_list(f"{where} cases", raw["cases"])
+    prefixes = tuple(prefix for level in LEVELS for prefix in CASE_PREFIXES[level])
     for pattern in cases:
-        if not pattern.startswith(("model/", "model-dir/", "op/")):
+        if not pattern.startswith(prefixes):
             raise DefinitionError(
-                f"{where}: case pattern {pattern!r} must start with model/, model-dir/ or op/"
+                f"{where}: case pattern {pattern!r} must start with "
+                f"{', '.join(prefixes[:-1])} or {prefixes[-1]}"
             )
     options = raw.get("options", {})
     if not isinstance(options, dict):

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from optimum_ipu_backend.conformance.results import ERROR, FAILED, MODEL, OPERATOR, XFAIL, CaseResult
+from optimum_ipu_backend.conformance.results import ERROR, FAILED, XFAIL, CaseResult, level_of
 from optimum_ipu_backend.conformance.runner import ConformanceRun, PlannedCase, RunSettings
 
 RESULT_PROPERTY = "conformance_result"
@@ -47,6 +47,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="operator types to run (comma-separated; 'none': no operator)",
     )
     group.addoption(
+        "--onnx-models",
+        action="append",
+        default=[],
+        help="ONNX model cases to run: kinds (simple, pytorch-converted, pytorch-operator, light) or globs "
+        "over <kind>/<name> (comma-separated; 'none': no ONNX model)",
+    )
+    group.addoption(
         "--quick", action="store_true", default=False, help="one small model per task, common operators"
     )
     group.addoption("--tier", default="fp32", help="tolerance tier (conformance/tiers.toml): fp32 or fp16")
@@ -75,6 +82,7 @@ def settings_from(config: pytest.Config) -> RunSettings | None:
         models=tuple(config.getoption("models")),
         model_dirs=tuple(config.getoption("model_dir")),
         ops=tuple(config.getoption("ops")),
+        onnx_models=tuple(config.getoption("onnx_models")),
         quick=config.getoption("quick"),
         tier=config.getoption("tier"),
         report_dir=config.getoption("report"),
@@ -226,7 +234,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     elif report.failed and report.when in ("setup", "call"):
         # The case never produced a result (a fixture failed): still a finding, and never a silent pass.
         case_id = report.nodeid.rpartition("[")[2].rstrip("]")
-        level = MODEL if case_id.startswith("model") else OPERATOR
+        level = level_of(case_id)
         text = str(report.longrepr)
         collector.add(
             CaseResult(

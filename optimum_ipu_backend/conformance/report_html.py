@@ -11,10 +11,11 @@ from typing import Any
 
 from optimum_ipu_backend.conformance import results
 from optimum_ipu_backend.conformance.reports import (
+    CASE_TABLES,
     CPU_COLUMN,
-    CPU_COLUMN_TITLE,
     STATUS_LABELS,
     Report,
+    cpu_deviations,
     figure_text,
     options_line,
     provider_line,
@@ -193,9 +194,7 @@ def render(report: Report) -> str:
             ],
         ),
         "<h2>Summary</h2>",
-        _status_table(
-            "level", {level: data["summary"][level] for level in (results.MODEL, results.OPERATOR)}
-        ),
+        _status_table("level", {level: data["summary"].get(level, {}) for level in results.LEVELS}),
     ]
     failing = [r for r in report.results if r.is_failing]
     parts.append(f'<h2 id="failures">Failures ({len(failing)})</h2>')
@@ -268,17 +267,22 @@ def render(report: Report) -> str:
                 parts.append(_table(["case", "input set", "task measure", "value", "required"], metrics, {3}))
         else:
             parts.append(_status_table("operator", data["operators"]))
-    if data["cpu_column"]:
-        parts.append(f"<h2>{html.escape(CPU_COLUMN_TITLE)}</h2>")
-        rows = [[operator, *(row[key] for key in CPU_COLUMN)] for operator, row in data["cpu_column"].items()]
-        parts.append(_table(["operator", *CPU_COLUMN.values()], rows, set(range(1, len(CPU_COLUMN) + 1))))
-        deviations = [
-            [r.case_id, r.cpu["status"], r.cpu["message"]]
-            for r in report.results
-            if r.cpu is not None and r.cpu["status"] != "agrees"
-        ]
-        if deviations:
-            parts.append(_table(["case", "CPU", "against the reference"], deviations))
+    # The operators first: their counts are under their plot, just above.
+    for level, group, counts_title, counts_key, column_title, column_key in sorted(
+        CASE_TABLES, key=lambda table: table[0] != results.OPERATOR
+    ):
+        if level != results.OPERATOR and data.get(counts_key):
+            parts.append(f"<h2>{html.escape(counts_title)}</h2>")
+            parts.append(_status_table(group, data[counts_key]))
+        if data.get(column_key):
+            parts.append(f"<h2>{html.escape(column_title)}</h2>")
+            rows = [[name, *(row[key] for key in CPU_COLUMN)] for name, row in data[column_key].items()]
+            parts.append(_table([group, *CPU_COLUMN.values()], rows, set(range(1, len(CPU_COLUMN) + 1))))
+            deviations = [
+                [r.case_id, r.cpu["status"], r.cpu["message"]] for r in cpu_deviations(report, level)
+            ]
+            if deviations:
+                parts.append(_table(["case", "CPU", "against the reference"], deviations))
 
     expected = [
         r for r in report.results if r.status in (results.XFAIL, results.NOT_APPLICABLE) and r.expectation

@@ -20,8 +20,10 @@ from optimum_ipu_backend.conformance.providers import REFERENCE_PROVIDER
 from optimum_ipu_backend.conformance.results import (
     ERROR,
     FAILED,
+    LEVELS,
     MODEL,
     NOT_APPLICABLE,
+    ONNX_MODEL,
     OPERATOR,
     OUT_OF_TABLE,
     PASSED,
@@ -31,13 +33,17 @@ from optimum_ipu_backend.conformance.results import (
     CaseResult,
 )
 
-SCHEMA_VERSION = "1.1"  # 1.1: operator cases carry their oracle and the CPU column
+# 1.1: operator cases carry their oracle and the CPU column; 1.2: the ONNX-model level
+SCHEMA_VERSION = "1.2"
 SCHEMA_FILE = "report-schema-1.json"
 
 JUNIT_FILE = "conformance.junit.xml"
 JSON_FILE = "conformance.json"
 MARKDOWN_FILE = "conformance.md"
 HTML_FILE = "conformance.html"
+
+#: Each level's name in the reports' headings and JUnit's suite names.
+LEVEL_TITLES = {MODEL: "models", ONNX_MODEL: "onnx_models", OPERATOR: "operators"}
 
 STATUS_LABELS = {
     PASSED: "passed",
@@ -85,7 +91,7 @@ class Report:
 
     @classmethod
     def build(cls, run: Any, results: Iterable[CaseResult], *, started: float, interrupted: bool) -> Report:
-        results = sorted(results, key=lambda r: (r.level != MODEL, r.case_id))
+        results = sorted(results, key=lambda r: (LEVELS.index(r.level), r.case_id))
         finished = {result.case_id for result in results}
         not_run = [planned.case_id for planned in run.planned if planned.case_id not in finished]
         # Cases that did not run (an interruption, or pytest's own -k selection) never count as passed,
@@ -109,6 +115,8 @@ class Report:
             "summary": _summary(results),
             "operators": coverage(results),
             "cpu_column": cpu_column(results),
+            "onnx_models": coverage(results, ONNX_MODEL),
+            "onnx_models_cpu_column": cpu_column(results, ONNX_MODEL),
             "models": model_errors(results),
             "not_run": not_run,
             "cases": [result.to_dict() for result in results],
@@ -125,22 +133,25 @@ def _summary(results: Sequence[CaseResult]) -> dict[str, Any]:
     return {
         "total": len(results),
         "by_status": _counts(results),
-        "model": _counts(r for r in results if r.level == MODEL),
-        "operator": _counts(r for r in results if r.level == OPERATOR),
+        **{level: _counts(r for r in results if r.level == level) for level in LEVELS},
     }
 
 
-def coverage(results: Iterable[CaseResult]) -> dict[str, dict[str, int]]:
-    """Per operator under test: how many of its cases passed, failed, ... (operator level only)."""
-    by_operator: dict[str, list[CaseResult]] = {}
+def coverage(results: Iterable[CaseResult], level: str = OPERATOR) -> dict[str, dict[str, int]]:
+    """Per group of one level (the operator under test, or the ONNX model kind): how many of its cases
+    passed, failed, ..."""
+    by_group: dict[str, list[CaseResult]] = {}
     for result in results:
-        if result.level == OPERATOR:
-            by_operator.setdefault(result.group, []).append(result)
-    return {operator: _counts(by_operator[operator]) for operator in sorted(by_operator)}
+        if result.level == level:
+            by_group.setdefault(result.group, []).append(result)
+    return {group: _counts(by_group[group]) for group in sorted(by_group)}
 
 
 #: The CPU column's counts, in the order the reports print them.
 CPU_COLUMN_TITLE = "Operators: the CPU column (CPUExecutionProvider against ONNX's reference outputs)"
+ONNX_MODELS_CPU_COLUMN_TITLE = (
+    "ONNX models: the CPU column (CPUExecutionProvider against ONNX's stored outputs)"
+)
 CPU_COLUMN = {
     "against_cpu": "judged against CPU",
     "against_reference": "judged against ONNX's reference",
@@ -150,12 +161,13 @@ CPU_COLUMN = {
 }
 
 
-def cpu_column(results: Iterable[CaseResult]) -> dict[str, dict[str, int]]:
-    """Per operator under test: how many of its cases were judged against CPU's outputs and how many
-    against ONNX's reference, and how CPU itself fared against the reference (operator level only)."""
+def cpu_column(results: Iterable[CaseResult], level: str = OPERATOR) -> dict[str, dict[str, int]]:
+    """Per group of one level (the operator under test, or the ONNX model kind): how many of its cases
+    were judged against CPU's outputs and how many against ONNX's reference, and how CPU itself fared
+    against the reference."""
     table: dict[str, Counter] = {}
     for result in results:
-        if result.level != OPERATOR or (result.oracle is None and result.cpu is None):
+        if result.level != level or (result.oracle is None and result.cpu is None):
             continue
         row = table.setdefault(result.group, Counter())
         if result.oracle is not None:
@@ -163,6 +175,35 @@ def cpu_column(results: Iterable[CaseResult]) -> dict[str, dict[str, int]]:
         if result.cpu is not None:
             row[f"cpu_{result.cpu['status']}"] += 1
     return {operator: {key: table[operator][key] for key in CPU_COLUMN} for operator in sorted(table)}
+
+
+#: The per-group tables of the judged levels, in the reports' order: (level, group heading, counts title,
+#: counts key of the JSON report, CPU column title, CPU column key).
+CASE_TABLES = (
+    (
+        ONNX_MODEL,
+        "kind",
+        "ONNX models: cases per kind",
+        "onnx_models",
+        ONNX_MODELS_CPU_COLUMN_TITLE,
+        "onnx_models_cpu_column",
+    ),
+    (
+        OPERATOR,
+        "operator",
+        "Operators: cases per operator under test",
+        "operators",
+        CPU_COLUMN_TITLE,
+        "cpu_column",
+    ),
+)
+
+
+def cpu_deviations(report: Report, level: str) -> list[CaseResult]:
+    """The cases of one level where CPU itself does not agree with ONNX's reference."""
+    return [
+        r for r in report.results if r.level == level and r.cpu is not None and r.cpu["status"] != "agrees"
+    ]
 
 
 def model_errors(results: Iterable[CaseResult]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -240,7 +281,7 @@ def write_junit(report: Report, path: Path) -> Path:
         "interrupted": str(data["interrupted"]).lower(),
     }
     totals = Counter()
-    for level, title in ((MODEL, "models"), (OPERATOR, "operators")):
+    for level, title in LEVEL_TITLES.items():
         cases = [result for result in report.results if result.level == level]
         suite = ElementTree.SubElement(root, "testsuite", name=f"conformance.{title}")
         props = ElementTree.SubElement(suite, "properties")
@@ -308,6 +349,8 @@ def run_line(data: dict[str, Any]) -> str:
     scope = "--quick" if settings["quick"] else "full"
     chosen = [f"--models {' '.join(settings['models'])}"] if settings["models"] else []
     chosen += [f"--ops {' '.join(settings['ops'])}"] if settings["ops"] else []
+    onnx_models = settings.get("onnx_models", [])  # a report of schema 1.2 on
+    chosen += [f"--onnx-models {' '.join(onnx_models)}"] if onnx_models else []
     chosen += [f"--model-dir {path}" for path in settings["model_dirs"]]
     parts = [scope, *chosen, f"started {data['started_at']}", f"{data['duration_s']:.0f} s"]
     return ", ".join(parts)
@@ -366,7 +409,7 @@ def markdown(report: Report) -> str:
         "",
         "## Summary",
         "",
-        *_status_table("level", {level: data["summary"][level] for level in (MODEL, OPERATOR)}),
+        *_status_table("level", {level: data["summary"].get(level, {}) for level in LEVELS}),
     ]
     failing = [r for r in report.results if r.is_failing]
     lines += ["", f"## Failures ({len(failing)})", ""]
@@ -407,21 +450,22 @@ def markdown(report: Report) -> str:
                     f"| `{result.case_id}` | {metric.input_set} | {metric.metric} | "
                     f"{figure_text(metric.value)} | {required_line(metric.threshold)} |"
                 )
-    if data["operators"]:
-        lines += ["", "## Operators: cases per operator under test", ""]
-        lines += _status_table("operator", data["operators"])
-    if data["cpu_column"]:
-        lines += ["", f"## {CPU_COLUMN_TITLE}", ""]
-        lines += ["| operator | " + " | ".join(CPU_COLUMN.values()) + " |"]
-        lines += ["|---|" + "---:|" * len(CPU_COLUMN)]
-        lines += [
-            f"| {operator} | " + " | ".join(str(row[key]) for key in CPU_COLUMN) + " |"
-            for operator, row in data["cpu_column"].items()
-        ]
-        deviations = [r for r in report.results if r.cpu is not None and r.cpu["status"] != "agrees"]
-        if deviations:
-            lines += ["", f"CPU's own deviations from the reference ({len(deviations)}):", ""]
-            lines += [f"- `{r.case_id}`: {r.cpu['status']}: {_md(r.cpu['message'])}" for r in deviations]
+    for level, group, counts_title, counts_key, column_title, column_key in CASE_TABLES:
+        if data.get(counts_key):
+            lines += ["", f"## {counts_title}", ""]
+            lines += _status_table(group, data[counts_key])
+        if data.get(column_key):
+            lines += ["", f"## {column_title}", ""]
+            lines += [f"| {group} | " + " | ".join(CPU_COLUMN.values()) + " |"]
+            lines += ["|---|" + "---:|" * len(CPU_COLUMN)]
+            lines += [
+                f"| {name} | " + " | ".join(str(row[key]) for key in CPU_COLUMN) + " |"
+                for name, row in data[column_key].items()
+            ]
+            deviations = cpu_deviations(report, level)
+            if deviations:
+                lines += ["", f"CPU's own deviations from the reference ({len(deviations)}):", ""]
+                lines += [f"- `{r.case_id}`: {r.cpu['status']}: {_md(r.cpu['message'])}" for r in deviations]
     expected = [r for r in report.results if r.status in (XFAIL, NOT_APPLICABLE) and r.expectation]
     if expected:
         lines += ["", "## Expected failures and cases not applicable, with their reasons", ""]

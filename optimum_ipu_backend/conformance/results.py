@@ -20,9 +20,14 @@ STATUSES = (PASSED, FAILED, ERROR, XFAIL, XPASS, NOT_APPLICABLE, OUT_OF_TABLE)
 FAILING = frozenset({FAILED, ERROR})
 
 MODEL = "model"
+ONNX_MODEL = "onnx_model"  # the model cases the onnx wheel ships
 OPERATOR = "operator"
+#: The levels, in the order the reports list them.
+LEVELS = (MODEL, ONNX_MODEL, OPERATOR)
+#: What each level's case ids start with.
+CASE_PREFIXES = {MODEL: ("model/", "model-dir/"), ONNX_MODEL: ("onnx-model/",), OPERATOR: ("op/",)}
 
-#: What an operator case is judged against where CPU onnxruntime cannot run it.
+#: What an operator or ONNX model case is judged against where CPU onnxruntime cannot run it.
 REFERENCE = "ONNX's reference outputs"
 
 
@@ -54,8 +59,9 @@ class TaskMetric:
 @dataclass
 class CaseResult:
     case_id: str
-    level: str  # MODEL or OPERATOR
-    group: str  # the model entry (model level) or the operator under test (operator level)
+    level: str  # one of LEVELS
+    # the model entry (model level), the kind (ONNX-model level) or the operator under test (operator level)
+    group: str
     status: str
     message: str = ""  # one line: for a failure, the case, the output and the error
     detail: str = ""  # longer text: every failed check, or the traceback
@@ -66,10 +72,10 @@ class CaseResult:
     metrics: list[TaskMetric] = field(default_factory=list)
     # Level-specific facts (ORTModel class, bound operands).
     info: dict[str, Any] = field(default_factory=dict)
-    # Operator level: what the provider was judged against (CPUExecutionProvider, or REFERENCE where CPU
-    # cannot run the case), and the CPU column: CPU against ONNX's reference outputs (status agrees,
-    # differs or raises; its message and errors). None where the provider is CPU itself or the case did
-    # not run.
+    # Operator and ONNX-model levels: what the provider was judged against (CPUExecutionProvider, or
+    # REFERENCE where CPU cannot run the case), and the CPU column: CPU against ONNX's reference outputs
+    # (status agrees, differs or raises; its message and errors). None where the provider is CPU itself
+    # or the case did not run.
     oracle: str | None = None
     cpu: dict[str, Any] | None = None
 
@@ -89,6 +95,11 @@ class CaseResult:
         raw["outputs"] = [OutputComparison(**item) for item in raw.get("outputs", [])]
         raw["metrics"] = [TaskMetric(**item) for item in raw.get("metrics", [])]
         return cls(**raw)
+
+
+def level_of(case_id: str) -> str:
+    """The level a case id belongs to, by its prefix (the operator level for an id of none)."""
+    return next((level for level in LEVELS if case_id.startswith(CASE_PREFIXES[level])), OPERATOR)
 
 
 def first_line(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from optimum_ipu_backend.config import parse_assignments
+from optimum_ipu_backend.conformance import onnx_models
 from optimum_ipu_backend.conformance.definition import (
     ModelMatrix,
     OperatorSelection,
@@ -20,13 +21,14 @@ from optimum_ipu_backend.conformance.definition import (
     load_tiers,
     removal_command,
 )
+from optimum_ipu_backend.conformance.judging import static_status
 from optimum_ipu_backend.conformance.models import ModelCase, run_model_case
+from optimum_ipu_backend.conformance.onnx_models import OnnxModelCase, run_onnx_model_case
 from optimum_ipu_backend.conformance.operators import (
     NodeCase,
     NodeCaseStore,
     run_operator_case,
     select_cases,
-    static_status,
 )
 from optimum_ipu_backend.conformance.providers import (
     ProviderUnderTest,
@@ -37,6 +39,7 @@ from optimum_ipu_backend.conformance.results import (
     FAILED,
     MODEL,
     NOT_APPLICABLE,
+    ONNX_MODEL,
     OPERATOR,
     PASSED,
     XFAIL,
@@ -68,6 +71,7 @@ class RunSettings:
     models: tuple[str, ...] = ()
     model_dirs: tuple[str, ...] = ()
     ops: tuple[str, ...] = ()
+    onnx_models: tuple[str, ...] = ()
     quick: bool = False
     tier: str = "fp32"
     report_dir: str | None = None
@@ -84,6 +88,7 @@ class RunSettings:
             "models": list(self.models),
             "model_dirs": list(self.model_dirs),
             "ops": list(self.ops),
+            "onnx_models": list(self.onnx_models),
             "quick": self.quick,
             "tier": self.tier,
             "expectations": list(self.expectations),
@@ -98,6 +103,7 @@ class PlannedCase:
     level: str
     model: ModelCase | None = None
     node: NodeCase | None = None
+    onnx_model: OnnxModelCase | None = None
     known_failure: dict[str, str] | None = None
 
 
@@ -159,19 +165,29 @@ class ConformanceRun:
             chosen_ops = self.operators.select(settings.quick, settings.ops)
         for case in model_cases:
             self._add(case.case_id, MODEL, case.group, model=case)
+        # With --model-dir, like the matrix's models, ONNX's model cases run only when named.
+        if settings.onnx_models or not settings.model_dirs:
+            chosen = onnx_models.select(onnx_models.discover(), settings.quick, settings.onnx_models)
+            for case in chosen:
+                if self._ruled_out(case, ONNX_MODEL, case.kind):
+                    continue
+                self._add(case.case_id, ONNX_MODEL, case.kind, onnx_model=case)
         if chosen_ops != frozenset():
             for node in select_cases(self.node_store().cases(), chosen_ops):
-                ruled_out = static_status(node, self.provider.operator_support)
-                if ruled_out is not None:
-                    status, reason = ruled_out
-                    self.decided.append(
-                        CaseResult(
-                            node.case_id, OPERATOR, node.operator, status, message=f"{node.case_id}: {reason}"
-                        )
-                    )
+                if self._ruled_out(node, OPERATOR, node.operator):
                     continue
                 self._add(node.case_id, OPERATOR, node.operator, node=node)
         return self
+
+    def _ruled_out(self, case: Any, level: str, group: str) -> bool:
+        """Settle a case the provider's declaration rules out (out of the table, not applicable)."""
+        ruled_out = static_status(case, self.provider.operator_support)
+        if ruled_out is not None:
+            status, reason = ruled_out
+            self.decided.append(
+                CaseResult(case.case_id, level, group, status, message=f"{case.case_id}: {reason}")
+            )
+        return ruled_out is not None
 
     def _add(self, case_id: str, level: str, group: str, **case: Any) -> None:
         not_applicable = self._expectation(case_id, "not_applicable")
@@ -197,6 +213,8 @@ class ConformanceRun:
                 self.input_sets,
                 self.matrix.generation_inputs,
             )
+        elif planned.onnx_model is not None:
+            result = run_onnx_model_case(planned.onnx_model, self.provider, self.tier)
         else:
             result = run_operator_case(planned.node, self.node_store(), self.provider, self.tier)
         return apply_known_failure(result, planned.known_failure)

@@ -54,13 +54,14 @@ def perturbed_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         tmp_path_factory,
         "perturbed",
         *("--provider", "perturbed", *options, "--models", "bert-text-classification", "--ops", "Add"),
+        *("--onnx-models", "none"),
     )
 
 
 @pytest.fixture(scope="session")
 def faithful_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     args = ("--provider", "faithful", "--models", "bert-text-classification", "--ops", "Add", "Relu")
-    return Run.once(tmp_path_factory, "faithful", *args)
+    return Run.once(tmp_path_factory, "faithful", *args, "--onnx-models", "simple/test_sign_model")
 
 
 def test_cpu_against_itself_passes_exactly(cpu_run: Run) -> None:
@@ -153,7 +154,7 @@ def test_junit_xml(perturbed_run: Run) -> None:
 def test_json_report_matches_its_schema(perturbed_run: Run, faithful_run: Run, cpu_run: Run) -> None:
     for run in (perturbed_run, faithful_run, cpu_run):
         jsonschema.validate(run.data, report_schema())
-    assert perturbed_run.data["schema_version"] == "1.1" and perturbed_run.data["passed"] is False
+    assert perturbed_run.data["schema_version"] == "1.2" and perturbed_run.data["passed"] is False
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**perturbed_run.data, "passed": "no"}, report_schema())
 
@@ -305,6 +306,7 @@ def test_an_interrupted_run_writes_what_it_finished(tmp_path: Path) -> None:
 
 def test_pytest_conformance_runs_the_same_cases(faithful_run: Run) -> None:
     args = ("--provider", "faithful", "--models", "bert-text-classification", "--ops", "Add,Relu")
+    args += ("--onnx-models", "simple/test_sign_model")
     code = f"""
         import sys, pytest
         sys.exit(pytest.main(["conformance", "--collect-only", "-q", "-p", "no:cacheprovider", *{args!r}]))

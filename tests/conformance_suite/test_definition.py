@@ -209,6 +209,7 @@ def test_the_command_runs_from_an_installed_wheel(tmp_path: Path) -> None:
 
     report = tmp_path / "report"
     argv = ["conformance", "--provider", "CPUExecutionProvider", "--models", "none", "--ops", "Add"]
+    argv += ["--onnx-models", "none"]
     argv += ["--report", str(report), "--work-dir", str(conformance_work_dir()), "--jobs", "1"]
     code = f"""
         import sys

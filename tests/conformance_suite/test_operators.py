@@ -11,12 +11,8 @@ from model_zoo import conformance_work_dir
 
 from optimum_ipu_backend.compiler.op_table import COMPILE_TIME_OPERANDS, POPART_OPSET11_OPS
 from optimum_ipu_backend.compiler.precheck import accepted_op_types
-from optimum_ipu_backend.conformance.operators import (
-    NodeCase,
-    NodeCaseStore,
-    run_operator_case,
-    static_status,
-)
+from optimum_ipu_backend.conformance.judging import static_status
+from optimum_ipu_backend.conformance.operators import NodeCase, NodeCaseStore, run_operator_case
 from optimum_ipu_backend.conformance.providers import OperatorSupport, resolve_provider
 from optimum_ipu_backend.conformance.results import ERROR, FAILED, NOT_APPLICABLE, OUT_OF_TABLE, PASSED
 

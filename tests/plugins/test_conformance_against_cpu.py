@@ -31,8 +31,28 @@ def mirror_full(tmp_path_factory: pytest.TempPathFactory) -> Run:
 @pytest.fixture(scope="session")
 def perturbed_add(tmp_path_factory: pytest.TempPathFactory) -> Run:
     options = [arg for option in PERTURBED_ADD for arg in ("--provider-option", option)]
-    args = ("--provider", "perturbed", *options, "--models", "none", "--ops", "Add")
+    args = ("--provider", "perturbed", *options, "--models", "none", "--ops", "Add", "--onnx-models", "none")
     return Run.once(tmp_path_factory, "perturbed-add", *args)
+
+
+@pytest.fixture(scope="session")
+def perturbed_onnx_models(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    options = [
+        "perturb_model=test_single_relu_model",
+        "perturb_output=y",
+        "perturb_by=2e-3",
+        "perturb_element=1",
+    ]
+    args = ["--provider", "perturbed", *(arg for option in options for arg in ("--provider-option", option))]
+    args += ["--models", "none", "--ops", "none", "--onnx-models", *PERTURBED_ONNX_MODELS]
+    return Run.once(tmp_path_factory, "perturbed-onnx-models", *args)
+
+
+PERTURBED_ONNX_MODELS = (
+    "simple/test_single_relu_model",
+    "simple/test_sign_model",
+    "pytorch-operator/test_operator_mm",  # an opset-6 Gemm: CPU has no kernel for it
+)
 
 
 def _assert_passes_with_no_expectations(run: Run) -> None:
@@ -99,3 +119,29 @@ def test_the_four_reports_carry_the_cpu_column(perturbed_add: Run) -> None:
     assert f"| Add | {total} | 0 | {total} | 0 | 0 |" in markdown
     page = (perturbed_add.report / "conformance.html").read_text()
     assert "the CPU column (CPUExecutionProvider against ONNX&#x27;s reference outputs)" in page
+
+
+def test_an_onnx_model_off_by_2e3_fails_naming_the_case(perturbed_onnx_models: Run) -> None:
+    run = perturbed_onnx_models
+    assert run.returncode == 1, run.output[-4000:]
+    failed = run.cases["onnx-model/simple/test_single_relu_model"]
+    assert failed["level"] == "onnx_model" and failed["group"] == "simple"
+    assert failed["status"] == "failed" and failed["oracle"] == "CPUExecutionProvider"
+    assert failed["message"].startswith(
+        "onnx-model/simple/test_single_relu_model: output 'y' differs from CPUExecutionProvider beyond "
+        "rtol 0.001, atol 1e-07"
+    )
+    assert failed["info"]["max_abs"] == pytest.approx(2e-3, rel=1e-3)
+    assert failed["cpu"]["status"] == "agrees"  # CPU meets ONNX's stored outputs
+    assert run.cases["onnx-model/simple/test_sign_model"]["status"] == "passed"
+    refused = run.cases["onnx-model/pytorch-operator/test_operator_mm"]
+    assert refused["status"] == "not_applicable" and refused["cpu"]["status"] == "raises"
+    assert "CPUExecutionProvider refuses it too" in refused["message"]
+    assert "FAILED onnx-model/simple/test_single_relu_model: output 'y' differs" in run.output
+    assert run.data["summary"]["onnx_model"] == {"passed": 1, "failed": 1, "not_applicable": 1}
+    assert run.data["onnx_models_cpu_column"]["simple"]["against_cpu"] == 2
+    xml = JUnitXml.fromfile(str(run.report / "conformance.junit.xml"))
+    suite = next(suite for suite in xml if suite.name == "conformance.onnx_models")
+    assert suite.failures == 1 and suite.tests == 3
+    assert "| onnx_model | 1 | 1 | 0 | 0 | 0 | 1 | 0 |" in (run.report / "conformance.md").read_text()
+    assert "ONNX models: the CPU column" in (run.report / "conformance.html").read_text()
