@@ -26,6 +26,18 @@ PATTERN_INVALID_GRAPH = "invalid ONNX"
 PATTERN_OPSET = "opset PopART cannot import"
 PATTERN_PASS_FAILURE = "compiler pass failed"
 
+#: Kinds of construct that do not depend on the sizes a graph is compiled for: an error made only of
+#: these is the model's (or ours) whatever the shapes of a call.
+SHAPE_INDEPENDENT_PATTERNS = frozenset(
+    {
+        PATTERN_CUSTOM_DOMAIN,
+        PATTERN_MISSING_OPERATOR,
+        PATTERN_DEVICE_DTYPE,
+        PATTERN_OPSET,
+        PATTERN_PASS_FAILURE,
+    }
+)
+
 #: The one hint about the sizes of a call: advice for a model that leaves dimensions to its callers only.
 DYNAMIC_DIMENSIONS_HINT = (
     "pass static sizes for every dynamic input dimension (input_shapes / --shape NAME=DIMS)"
@@ -84,6 +96,12 @@ class LegalizationError(UnsupportedModelError):
         # The graph as the failing pass received it (shapes are static once fix_shapes has run).
         self.model: onnx.ModelProto | None = None
         super().__init__(self._format())
+
+    @property
+    def about_shapes(self) -> bool:
+        """Whether the sizes the graph was compiled for may be the cause: some offending node is of a
+        kind that depends on them (or none is named)."""
+        return not self.nodes or any(node.pattern not in SHAPE_INDEPENDENT_PATTERNS for node in self.nodes)
 
     def for_fixed_shapes(self) -> None:
         """Drop the advice about sizes: the model fixes every input dimension."""

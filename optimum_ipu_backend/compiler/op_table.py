@@ -43,6 +43,11 @@ FORBIDDEN_DTYPES: frozenset[int] = frozenset(
 DEFAULT_DOMAINS: frozenset[str] = frozenset({"", "ai.onnx"})
 
 
+def operator_name(domain: str, op_type: str) -> str:
+    """How the package names an operator: ``Op`` in the default domain, ``domain::Op`` in another."""
+    return op_type if domain in DEFAULT_DOMAINS else f"{domain}::{op_type}"
+
+
 def default_opset(model: onnx.ModelProto) -> int | None:
     """The version of the standard operator set the model imports, None when it imports none."""
     return next((int(o.version) for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)

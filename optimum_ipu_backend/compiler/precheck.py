@@ -16,7 +16,7 @@ import onnx
 
 from .errors import PATTERN_CUSTOM_DOMAIN, PATTERN_MISSING_OPERATOR, UnsupportedNode
 from .graphs import iter_nodes
-from .op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS
+from .op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, operator_name
 from .passes.rewrites import LOWERED_OP_TYPES
 from .refused_operators import REPLACED_BELOW_OPSET11, refusal_reason
 
@@ -26,7 +26,8 @@ FOLDED_ONLY_OPS = frozenset({"NonZero", "EyeLike"})
 
 
 def accepted_op_types() -> frozenset[str]:
-    """Every ai.onnx operator the pre-check lets through (in a model of opset 11 or later)."""
+    """Every operator the pre-check lets through (in a model of opset 11 or later), named as
+    ``op_table.operator_name`` names them (``domain::Op`` outside ai.onnx)."""
     return POPART_OPSET11_OPS | LOWERED_OP_TYPES | FOLDED_ONLY_OPS
 
 
@@ -43,6 +44,8 @@ def precheck_operators(model: onnx.ModelProto) -> list[UnsupportedNode]:
     problems = []
     for node in iter_nodes(model.graph):
         if node.domain not in DEFAULT_DOMAINS:
+            if operator_name(node.domain, node.op_type) in LOWERED_OP_TYPES:
+                continue
             reason = f"custom domain {node.domain!r}: PopART runs only standard ONNX operators"
             pattern = PATTERN_CUSTOM_DOMAIN
         elif node.op_type not in known:

@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from optimum_ipu_backend.compiler.op_table import DEFAULT_DOMAINS
+from optimum_ipu_backend.compiler.op_table import DEFAULT_DOMAINS, operator_name
 from optimum_ipu_backend.conformance.definition import (
     DISTRIBUTION_EXPECTATIONS_FILE,
     DefinitionError,
@@ -30,11 +30,6 @@ from optimum_ipu_backend.integration.discovery import (
 )
 
 REFERENCE_PROVIDER = "CPUExecutionProvider"
-
-
-def operator_name(domain: str, op_type: str) -> str:
-    """How the suite names an operator: ``Op``, or ``domain::Op`` outside the default domain."""
-    return op_type if domain in DEFAULT_DOMAINS else f"{domain}::{op_type}"
 
 
 class ProviderNotFoundError(ConfigurationError, LookupError):

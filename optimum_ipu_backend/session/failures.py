@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from optimum_ipu_backend.compiler.errors import CompilerBugError, LegalizationError, OpsetConversionError
+from optimum_ipu_backend.compiler.errors import LegalizationError
 from optimum_ipu_backend.errors import DeviceError, UnsupportedModelError
 
 # Top-level modules of the libraries engines run on; an exception of theirs is the engine failing.
@@ -44,14 +44,16 @@ def failures_name_the_call(
     """Re-raise a compile failure or an engine library's error with the inputs of the call.
 
     A compile failure is about the call's shapes only where the model leaves a dimension to the call
-    (not ``fixed_shapes``) and the failure is not one whatever the shapes: a compiler bug, or an opset the
-    converter cannot take. Otherwise it reaches the caller as the compiler raised it."""
+    (not ``fixed_shapes``) and the failure may depend on sizes (``LegalizationError.about_shapes``: not a
+    compiler bug, an opset, a custom domain, an operator or a type PopART lacks). Otherwise it reaches
+    the caller as the compiler raised it, without advice about sizes."""
     try:
         yield
     except UnsupportedModelError as exc:
-        if fixed_shapes and isinstance(exc, LegalizationError):
-            exc.for_fixed_shapes()  # the same error, without advice about sizes the model fixes
-        if fixed_shapes or isinstance(exc, UnsupportedShapeError | CompilerBugError | OpsetConversionError):
+        about_shapes = not isinstance(exc, LegalizationError) or exc.about_shapes
+        if isinstance(exc, LegalizationError) and (fixed_shapes or not about_shapes):
+            exc.for_fixed_shapes()  # the same error, without advice about sizes that are not the cause
+        if fixed_shapes or not about_shapes or isinstance(exc, UnsupportedShapeError):
             raise
         raise UnsupportedShapeError(
             f"the model cannot be compiled for the shapes of this call ({describe_feed(feed)}); "

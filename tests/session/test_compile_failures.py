@@ -84,3 +84,16 @@ def test_an_initializer_default_is_served_and_cannot_be_overridden(tmp_path):
     np.testing.assert_array_equal(session.run(None, {"x": feed})[0], feed + bias)
     with pytest.raises(InvalidFeedError, match=r"overrides \['bias'\].*compiles that default"):
         session.run(None, {"x": feed, "bias": np.zeros(3, np.float32)})
+
+
+def test_a_refusal_whatever_the_sizes_is_no_shape_error_even_for_a_call_chosen_dimension(tmp_path):
+    """float64 has no Poplar type at any size: the compiler's error, without advice about sizes."""
+    x = helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["batch", 3])
+    session = emulator_session(
+        _save(tmp_path, [helper.make_node("Neg", ["x"], ["y"])], [x], [y]), tmp_path / "c"
+    )
+    with pytest.raises(LegalizationError, match="DOUBLE, which Poplar cannot hold") as raised:
+        session.run(None, {"x": np.ones((2, 3), np.float64)})
+    assert not isinstance(raised.value, UnsupportedShapeError)
+    assert "input dimension" not in str(raised.value)

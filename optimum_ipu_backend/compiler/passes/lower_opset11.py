@@ -33,10 +33,12 @@ from ..graphs import (
     has_shape,
     infer_shapes,
     iter_graphs,
+    iter_nodes,
     names_read,
+    shape_view,
     subgraphs_of,
 )
-from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, default_opset
+from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, default_opset, operator_name
 from ..refused_operators import REFUSAL_REASONS
 from .base import GraphPass, PassContext
 from .prelu6_slope import keep_prelu6_channels
@@ -101,6 +103,8 @@ class _RunState:
     names: NameAllocator
     source_opset: int
     listed_initializers_are_constant: bool
+    #: The version the model imports of each domain besides ai.onnx (what a contrib rewrite is given).
+    domain_versions: dict[str, int] = field(default_factory=dict)
     problems: list[UnsupportedNode] = field(default_factory=list)
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     #: Inputs of replaced nodes: constants among them may have lost their last reader.
@@ -132,6 +136,7 @@ class LowerToOpset11(GraphPass):
         if source_opset < TARGET_OPSET:
             model = self._upgrade(model, source_opset)
             source_opset = TARGET_OPSET
+        _type_lowered_contrib_outputs(model)
         inferred = infer_shapes(model, propagate_data=True, with_weights=False)
         types_by_graph = [declared_types(graph) for graph in iter_graphs(inferred.graph)]
         graphs = list(iter_graphs(model.graph))
@@ -142,6 +147,9 @@ class LowerToOpset11(GraphPass):
             names=NameAllocator.for_model(model),
             source_opset=source_opset,
             listed_initializers_are_constant=model.ir_version < 4,
+            domain_versions={
+                o.domain: int(o.version) for o in model.opset_import if o.domain not in DEFAULT_DOMAINS
+            },
         )
         self._lower_graph(model.graph, None, state)
         if state.problems:
@@ -152,6 +160,7 @@ class LowerToOpset11(GraphPass):
                 _HINTS,
             )
         _drop_orphaned_constants(model.graph, state.replaced_inputs)
+        _drop_unused_domains(model)
         for opset in model.opset_import:
             if opset.domain in DEFAULT_DOMAINS:
                 opset.version = TARGET_OPSET
@@ -198,7 +207,7 @@ class LowerToOpset11(GraphPass):
             for subgraph in subgraphs_of(node):
                 self._lower_graph(subgraph, scope, state)
             try:
-                replacement = self._lower_node(node, scope, state.source_opset)
+                replacement = self._lower_node(node, scope, state)
             except CannotLower as refusal:
                 where = f" (in subgraph '{graph.name}')" if parent is not None else ""
                 state.problems.append(_unsupported(node, refusal.reason + where))
@@ -216,11 +225,18 @@ class LowerToOpset11(GraphPass):
         graph.initializer.extend(scope.new_initializers)
 
     def _lower_node(
-        self, node: onnx.NodeProto, scope: GraphScope, source_opset: int
+        self, node: onnx.NodeProto, scope: GraphScope, state: _RunState
     ) -> list[onnx.NodeProto] | None:
         """The replacement of one node, or None to keep it; CannotLower when neither is possible."""
+        source_opset = state.source_opset
         if node.domain not in DEFAULT_DOMAINS:
-            raise CannotLower(f"operators of domain '{node.domain}' have no opset-11 lowering")
+            contrib = REWRITE_FOR_OP.get(operator_name(node.domain, node.op_type))
+            replacement = None
+            if contrib is not None:
+                replacement = contrib.lower(node, state.domain_versions.get(node.domain, 1), scope)
+            if replacement is None:
+                raise CannotLower(f"operators of domain '{node.domain}' have no opset-11 lowering")
+            return replacement
         try:
             since_version = onnx.defs.get_schema(node.op_type, source_opset, "").since_version
         except onnx.defs.SchemaError:
@@ -292,6 +308,42 @@ def _complete_types(graph: onnx.GraphProto, scope: GraphScope, source_opset: int
         for name, found in inferred.items():
             if has_shape(found) and not has_shape(scope.type_of(name)):
                 scope.learn_type(name, found)
+
+
+def _type_lowered_contrib_outputs(model: onnx.ModelProto) -> None:
+    """Give the outputs of the runtime-specific nodes a rewrite lowers (com.microsoft's fused operators)
+    their types and shapes, in place, so that ONNX's shape inference, which does not know them, types
+    everything after them too. onnxruntime's symbolic shape inference knows them; where it fails, the
+    types stay unknown and a rewrite that needs one refuses its node, naming it."""
+    lowered = [
+        node
+        for node in iter_nodes(model.graph)
+        if node.domain not in DEFAULT_DOMAINS and operator_name(node.domain, node.op_type) in REWRITE_FOR_OP
+    ]
+    if not lowered:
+        return
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(shape_view(model), auto_merge=True)
+    except Exception:  # noqa: BLE001 - its failure leaves the types as they were
+        return
+    if inferred is None:
+        return
+    typed = {value.name for value in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
+    wanted = {name for node in lowered for name in node.output if name}
+    model.graph.value_info.extend(
+        value for value in inferred.graph.value_info if value.name in wanted and value.name not in typed
+    )
+
+
+def _drop_unused_domains(model: onnx.ModelProto) -> None:
+    """Drop the imports of domains besides ai.onnx that no node uses (optimizers declare several)."""
+    used = {node.domain for node in iter_nodes(model.graph)}
+    kept = [o for o in model.opset_import if o.domain in DEFAULT_DOMAINS or o.domain in used]
+    if len(kept) != len(model.opset_import):
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
 
 
 def _drop_orphaned_constants(graph: onnx.GraphProto, candidates: set[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from ...op_table import operator_name
 from .activations import ActivationRewrite
 from .arg_extreme import ArgExtremeRewrite
 from .attribute_adapters import NeutralAttributeRewrite
@@ -95,15 +96,17 @@ def _owners(rewrites: tuple[Rewrite, ...]) -> dict[str, Rewrite]:
     table: dict[str, Rewrite] = {}
     for rewrite in rewrites:
         for op_type in rewrite.op_types:
-            if op_type in table:
-                raise RuntimeError(f"two rewrites claim {op_type}: {table[op_type]!r} and {rewrite!r}")
-            table[op_type] = rewrite
+            name = operator_name(rewrite.domain, op_type)
+            if name in table:
+                raise RuntimeError(f"two rewrites claim {name}: {table[name]!r} and {rewrite!r}")
+            table[name] = rewrite
     return table
 
 
-#: The rewrite that owns each operator it declares.
+#: The rewrite that owns each operator it declares, by ``op_table.operator_name`` (``Op`` in the default
+#: domain, ``domain::Op`` in another).
 REWRITE_FOR_OP: Mapping[str, Rewrite] = MappingProxyType(_owners(REWRITES))
-#: Every operator some rewrite lowers.
+#: Every operator some rewrite lowers, named the same way.
 LOWERED_OP_TYPES: frozenset[str] = frozenset(REWRITE_FOR_OP)
 
 __all__ = ["LOWERED_OP_TYPES", "REWRITES", "REWRITE_FOR_OP", "CannotLower", "GraphScope", "Rewrite"]

@@ -133,6 +133,8 @@ class Rewrite(ABC):
     """Replace nodes of ``op_types`` by nodes valid at opset 11 with the same outputs."""
 
     op_types: ClassVar[frozenset[str]]
+    #: The domain of ``op_types``: the default one, or a runtime's own (com.microsoft's fused operators).
+    domain: ClassVar[str] = ""
 
     @abstractmethod
     def lower(
