@@ -964,6 +964,45 @@ def export_onnx(model_dir: Path, task: str, out_dir: Path, **kwargs: Any) -> Pat
     return build_once(out_dir, build, finished)
 
 
+#: onnxruntime's graph optimization levels as optimum's ORTOptimizer names them (AutoOptimizationConfig).
+OPTIMIZATION_LEVELS = ("O1", "O2", "O3", "O4")
+
+
+def optimize_onnx(onnx_dir: Path, level: str, out_dir: Path) -> Path:
+    """``onnx_dir``'s export as optimum's ``ORTOptimizer`` optimizes it at ``level`` (O1..O4), the way
+    Optimum's documentation optimizes a model before deploying it, in ``out_dir`` (reused if it holds it).
+
+    The optimized files keep the export's names (``model.onnx``, ``encoder_model.onnx``, ...), so every
+    ORTModel class loads them as it loads the export."""
+    if level not in OPTIMIZATION_LEVELS:
+        raise ValueError(f"level must be one of {OPTIMIZATION_LEVELS}, not {level!r}")
+    onnx_dir, out_dir = Path(onnx_dir), Path(out_dir)
+    request = {"onnx_dir": str(onnx_dir.resolve()), "level": level}
+    marker = out_dir / _EXPORT_MARKER
+
+    def finished(out_dir: Path) -> bool:
+        return marker.is_file() and json.loads(marker.read_text(encoding="utf-8")) == request
+
+    def build(staging: Path) -> None:
+        from optimum.onnxruntime import AutoOptimizationConfig, ORTOptimizer
+
+        files = sorted(path.name for path in onnx_dir.glob("*.onnx"))
+        if any(onnx_dir.glob("*.onnx_data")) or any(onnx_dir.glob("*.onnx.data")):
+            raise ValueError(f"{onnx_dir}: exports with external data are not optimized by the zoo")
+        optimizer = ORTOptimizer.from_pretrained(onnx_dir, file_names=files)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "There is no gpu for onnxruntime to do optimization" (O4)
+            optimizer.optimize(getattr(AutoOptimizationConfig, level)(), save_dir=staging)
+        for name in files:
+            (staging / name.replace(".onnx", "_optimized.onnx")).rename(staging / name)
+        for extra in onnx_dir.iterdir():  # the tokenizer, processor and generation files
+            if extra.is_file() and extra.suffix != ".onnx" and not (staging / extra.name).exists():
+                shutil.copy2(extra, staging / extra.name)
+        (staging / _EXPORT_MARKER).write_text(json.dumps(request, indent=1), encoding="utf-8")
+
+    return build_once(out_dir, build, finished)
+
+
 def _texts(batch: int, seq: int, rng: np.random.Generator) -> list[str]:
     """Row 0 is long enough to be truncated; the last row is one word, so it always carries padding."""
     texts = []
@@ -1126,6 +1165,10 @@ class ModelZoo:
             model_dir = self.model(name, task)
             self._exports[key] = export_onnx(model_dir, task, self.root / "onnx" / f"{name}-{task}")
         return self._exports[key]
+
+    def optimized(self, name: str, task: str, level: str) -> Path:
+        """The export of ``onnx(name, task)`` optimized by ORTOptimizer at ``level``."""
+        return optimize_onnx(self.onnx(name, task), level, self.root / "optimized" / f"{name}-{task}-{level}")
 
 
 def cache_fingerprint() -> str:
