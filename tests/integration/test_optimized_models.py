@@ -1,0 +1,86 @@
+"""Optimum's "optimize" step: models from ORTOptimizer (O1 to O4) through their ORTModel classes with
+provider="ipu" on the host emulator, against CPU onnxruntime running the same optimized files.
+
+O1 keeps standard operators; O2 and O3 fuse attention, skip layer normalizations and Gelu into
+onnxruntime's own operators, which the compiler lowers back into opset 11; O4 adds float16 weights.
+Forward outputs within atol 1e-4; greedy generation gives the same 32 new tokens. The checks run in one
+fresh interpreter of the installed environment (ortmodel_checks.py), as in test_ortmodels.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from subprocess_env import python
+
+ATOL = 1e-4
+NEW_TOKENS = 32
+LEVELS = ("O1", "O2", "O3", "O4")
+
+FORWARD = {
+    "bert": ("ORTModelForSequenceClassification", "text-classification"),
+    "roberta": ("ORTModelForSequenceClassification", "text-classification"),
+    "vit": ("ORTModelForImageClassification", "image-classification"),
+}
+GENERATE = {
+    "gpt2": ("ORTModelForCausalLM", "text-generation-with-past"),
+    "t5": ("ORTModelForSeq2SeqLM", "text2text-generation-with-past"),
+    "bart": ("ORTModelForSeq2SeqLM", "text2text-generation-with-past"),
+}
+
+
+def _build_task(task: str) -> str:
+    return task.removesuffix("-with-past")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, zoo) -> dict:
+    cases = {}
+    for model, (cls, task) in {**FORWARD, **GENERATE}.items():
+        for level in LEVELS:
+            cases[f"{model}-{level}"] = {
+                "kind": "forward" if model in FORWARD else "generate",
+                "class": cls,
+                "model": model,
+                "model_dir": str(zoo.model(model, _build_task(task))),
+                "onnx_dir": str(zoo.optimized(model, task, level)),
+                "new_tokens": NEW_TOKENS,
+                "scratch": str(tmp_path_factory.mktemp(f"{model}-{level}")),
+            }
+    spec = tmp_path_factory.mktemp("optimized") / "cases.json"
+    spec.write_text(json.dumps(cases))
+    script = Path(__file__).with_name("ortmodel_checks.py")
+    completed = python(
+        f"import runpy, sys; sys.argv = ['checks', {str(spec)!r}]; "
+        f"runpy.run_path({str(script)!r}, run_name='__main__')",
+        timeout=1500,
+    )
+    assert completed.returncode == 0, completed.stderr[-5000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def _on_the_emulator(result: dict) -> None:
+    assert "error" not in result, result.get("error")
+    assert result["provider"] == "IPUExecutionProvider"
+    assert result["sessions"] and all(s["options"]["device"] == "emulator" for s in result["sessions"])
+    assert result["fallback_warnings"] == []
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("model", list(FORWARD))
+def test_an_optimized_encoder_matches_cpu(results, model, level):
+    result = results[f"{model}-{level}"]
+    _on_the_emulator(result)
+    assert result["max_abs_diff"] <= ATOL, result
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("model", list(GENERATE))
+def test_an_optimized_generator_gives_cpus_tokens(results, model, level):
+    result = results[f"{model}-{level}"]
+    _on_the_emulator(result)
+    assert result["tokens_equal"], result["expected_tokens"]
+    assert result["distinct_tokens"] >= 3, "degenerate generation cannot tell providers apart"
+    assert len(result["expected_tokens"][0]) >= NEW_TOKENS
