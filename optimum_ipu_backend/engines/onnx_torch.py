@@ -229,9 +229,7 @@ def _conv(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     pads = _pads(attrs, data, weight.shape[2:])
     begin, end = pads[:spatial], pads[spatial:]
     if begin != end:
-        data = torch.nn.functional.pad(
-            data, [p for pair in zip(reversed(begin), reversed(end)) for p in pair]
-        )
+        data = torch.nn.functional.pad(data, _torch_pads(begin, end))
         begin = [0] * spatial
     conv = (torch.nn.functional.conv1d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)[spatial - 1]
     return conv(
@@ -400,30 +398,50 @@ def _resize(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     )
 
 
+def _torch_pads(begin: Sequence[int], end: Sequence[int]) -> list[int]:
+    """ONNX ``[begin...], [end...]`` pads in ``torch.nn.functional.pad``'s order: pairs from the last
+    dimension back."""
+    return [p for pair in zip(reversed(begin), reversed(end)) for p in pair]
+
+
 def _pool(kind: str) -> Op:
     def op(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
         data = inputs[0]
         spatial = data.dim() - 2
         kernel = attrs["kernel_shape"]
         pads = _pads(attrs, data, kernel)
-        if pads[:spatial] != pads[spatial:]:
-            raise EngineContractError(
-                f"{kind} with asymmetric pads is not supported by the PopTorch converter"
-            )
         strides = attrs.get("strides", [1] * spatial)
+        ceil_mode = bool(attrs.get("ceil_mode", 0))
+        count_include_pad = bool(attrs.get("count_include_pad", 0))
         functional = torch.nn.functional
+        begin, end = pads[:spatial], pads[spatial:]
+        if begin != end:
+            # torch pools pad both sides alike; Caffe2 exports (GoogLeNet, AlexNet) pad only the end. The
+            # pads are applied here instead, then the pool runs unpadded, which gives ONNX's floor-mode
+            # output size. In ceil mode ONNX and torch drop a last window in the padding differently.
+            if ceil_mode:
+                raise EngineContractError(
+                    f"{kind} with asymmetric pads and ceil_mode=1 is not supported by the PopTorch "
+                    "converter; serve this model with engine='popart'"
+                )
+            torch_pads = _torch_pads(begin, end)
+            if kind == "MaxPool":
+                # a padded cell never wins the max
+                data = functional.pad(data, torch_pads, value=-math.inf)
+            elif not count_include_pad:
+                # the window's sum over the cells of the input, divided by how many of them it covers
+                inside = functional.pad(torch.ones_like(data[:1, :1]), torch_pads, value=0.0)
+                pool = (functional.avg_pool1d, functional.avg_pool2d, functional.avg_pool3d)[spatial - 1]
+                padded = functional.pad(data, torch_pads, value=0.0)
+                return pool(padded, kernel, strides) / pool(inside, kernel, strides)
+            else:
+                data = functional.pad(data, torch_pads, value=0.0)
+            begin = [0] * spatial
         if kind == "MaxPool":
             pool = (functional.max_pool1d, functional.max_pool2d, functional.max_pool3d)[spatial - 1]
-            return pool(data, kernel, strides, pads[:spatial], ceil_mode=bool(attrs.get("ceil_mode", 0)))
+            return pool(data, kernel, strides, begin, ceil_mode=ceil_mode)
         pool = (functional.avg_pool1d, functional.avg_pool2d, functional.avg_pool3d)[spatial - 1]
-        return pool(
-            data,
-            kernel,
-            strides,
-            pads[:spatial],
-            ceil_mode=bool(attrs.get("ceil_mode", 0)),
-            count_include_pad=bool(attrs.get("count_include_pad", 0)),
-        )
+        return pool(data, kernel, strides, begin, ceil_mode=ceil_mode, count_include_pad=count_include_pad)
 
     return op
 
@@ -452,6 +470,22 @@ def _flatten(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
     data = inputs[0]
     axis = _axis(attrs.get("axis", 1), data.dim())
     return data.reshape(math.prod(data.shape[:axis]), -1)
+
+
+def _lrn(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
+    """ONNX LRN: each channel divided by ``(bias + alpha / size * sum of squares)^beta`` over the channels
+    ``c - floor((size-1)/2) .. c + ceil((size-1)/2)``. Not torch's local_response_norm, whose window for
+    an even ``size`` is centred one channel lower."""
+    x = inputs[0]
+    size = attrs["size"]
+    channels = x.shape[1]
+    # F.pad lists pairs from the last dimension back; only the channel dimension (1) is padded.
+    padded = torch.nn.functional.pad(x * x, [0, 0] * (x.dim() - 2) + [(size - 1) // 2, size // 2])
+    square_sum = padded[:, 0:channels]
+    for offset in range(1, size):
+        square_sum = square_sum + padded[:, offset : offset + channels]
+    scale = attrs.get("bias", 1.0) + attrs.get("alpha", 1e-4) / size * square_sum
+    return x / scale.pow(attrs.get("beta", 0.75))
 
 
 def _scatter_elements(inputs: list[Any], attrs: Attrs) -> torch.Tensor:
@@ -510,6 +544,7 @@ OPS: dict[str, Op] = {
     "Less": _binary(torch.lt),
     "Log": _unary(torch.log),
     "LogSoftmax": _flat_softmax(torch.log_softmax),
+    "LRN": _lrn,
     "MatMul": _binary(torch.matmul),
     "Max": _variadic(torch.maximum),
     "MaxPool": _pool("MaxPool"),

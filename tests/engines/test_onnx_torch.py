@@ -9,6 +9,7 @@ also runs on torch's ``meta`` device (values absent, host reads refused) and mus
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import onnx
@@ -187,6 +188,31 @@ def test_max_pool_auto_pad():
     )
 
 
+@pytest.mark.parametrize(
+    "op_type, attributes",
+    [
+        ("MaxPool", {}),
+        ("AveragePool", {}),
+        ("AveragePool", {"count_include_pad": 1}),
+    ],
+)
+@pytest.mark.parametrize("pads", [[0, 0, 1, 1], [1, 0, 2, 1]])
+def test_pools_with_asymmetric_pads(op_type, attributes, pads):
+    """Caffe2's exports (GoogLeNet, Inception-v2, AlexNet) pad a pool's end only. Negative inputs show a
+    padded zero winning a max; an average shows whether padded cells count."""
+    x = np.random.default_rng(5).standard_normal((1, 2, 7, 6)).astype(np.float32) - 3
+    model = _model(op_type, list(x.shape), {}, kernel_shape=[3, 3], strides=[2, 2], pads=pads, **attributes)
+    _compare(model, x)
+
+
+def test_a_pool_with_asymmetric_pads_in_ceil_mode_is_refused_naming_the_engine_that_serves_it():
+    model = _model(
+        "MaxPool", [1, 1, 6, 6], {}, kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1], ceil_mode=1
+    )
+    with pytest.raises(EngineContractError, match="asymmetric pads and ceil_mode=1.*engine='popart'"):
+        OnnxGraphModule(model)(torch.zeros(1, 1, 6, 6))
+
+
 # -- operands PopART needs at compile time ----------------------------------------------------------------
 
 
@@ -330,3 +356,34 @@ def test_an_operand_computed_from_a_graph_input_is_refused_at_conversion_naming_
     inputs = [("x", TensorProto.FLOAT, [2, 3, 4]), ("n3", TensorProto.INT64, [3])]
     with pytest.raises(EngineContractError, match=r"'tile' \(Tile\) needs its repeats operand 'n3'"):
         OnnxGraphModule(_graph_model(direct, inputs, {}))
+
+
+@pytest.mark.parametrize("size", [3, 5])
+def test_lrn(size):
+    """AlexNet, GoogLeNet and ZFNet normalize with LRN."""
+    _compare(_model("LRN", list(_LRN_X.shape), {}, size=size, alpha=0.3, beta=0.75, bias=2.0), _LRN_X)
+
+
+_LRN_X = np.random.default_rng(9).standard_normal((2, 7, 3, 4)).astype(np.float32) * 4
+
+
+def _lrn_by_the_spec(x: np.ndarray, size: int, alpha: float, beta: float, bias: float) -> np.ndarray:
+    """The ONNX LRN formula, channel by channel in float64. (onnx 1.x's reference evaluator loops over
+    the batch axis instead of the channels, so it is no oracle here.)"""
+    square_sum = np.zeros(x.shape)
+    for c in range(x.shape[1]):
+        low, high = max(0, c - math.floor((size - 1) / 2)), min(x.shape[1] - 1, c + math.ceil((size - 1) / 2))
+        square_sum[:, c] = (x[:, low : high + 1].astype(np.float64) ** 2).sum(axis=1)
+    return x / (bias + alpha / size * square_sum) ** beta
+
+
+def test_lrn_of_even_size_places_its_window_as_onnx_defines_it():
+    """onnxruntime refuses an even size, so the spec's formula is the oracle: the window runs from
+    floor((size-1)/2) channels below to ceil((size-1)/2) above, one higher than torch's
+    local_response_norm puts it (which this must therefore differ from)."""
+    model = _model("LRN", list(_LRN_X.shape), {}, size=4, alpha=0.3, beta=0.75, bias=2.0)
+    expected = _lrn_by_the_spec(_LRN_X, 4, 0.3, 0.75, 2.0)
+    (got,) = OnnxGraphModule(model)(torch.from_numpy(_LRN_X))
+    np.testing.assert_allclose(got.numpy(), expected, atol=ATOL, rtol=0)
+    torch_window = torch.nn.functional.local_response_norm(torch.from_numpy(_LRN_X), 4, 0.3, 0.75, 2.0)
+    assert np.abs(torch_window.numpy() - expected).max() > 100 * ATOL
