@@ -31,10 +31,6 @@ GENERATE = {
 }
 
 
-def _build_task(task: str) -> str:
-    return task.removesuffix("-with-past")
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, zoo) -> dict:
     cases = {}
@@ -44,7 +40,7 @@ def results(tmp_path_factory, zoo) -> dict:
                 "kind": "forward" if model in FORWARD else "generate",
                 "class": cls,
                 "model": model,
-                "model_dir": str(zoo.model(model, _build_task(task))),
+                "model_dir": str(zoo.model(model, task)),
                 "onnx_dir": str(zoo.optimized(model, task, level)),
                 "new_tokens": NEW_TOKENS,
                 "scratch": str(tmp_path_factory.mktemp(f"{model}-{level}")),
