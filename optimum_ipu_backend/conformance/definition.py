@@ -25,7 +25,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from optimum_ipu_backend.conformance.results import CASE_PREFIXES, LEVELS
-from optimum_ipu_backend.conformance.zoo import MODEL_NAMES, TASK_ROUTES
+from optimum_ipu_backend.conformance.zoo import MODEL_NAMES, OPTIMIZATION_LEVELS, TASK_ROUTES
 from optimum_ipu_backend.errors import ConfigurationError
 
 MODELS_FILE = "models.toml"
@@ -99,10 +99,13 @@ class ModelEntry:
     architecture: str
     task: str
     quick: bool = False
+    #: The ORTOptimizer level (O1..O4) the export is optimized at before it is run, or None for none.
+    optimization: str | None = None
 
     @property
     def case_id(self) -> str:
-        return f"model/{self.architecture}-{self.task}"
+        suffix = f"-{self.optimization}" if self.optimization else ""
+        return f"model/{self.architecture}-{self.task}{suffix}"
 
     @property
     def export_task(self) -> str:
@@ -156,14 +159,18 @@ def load_models(directory: Path | None = None) -> ModelMatrix:
     seen = set()
     for index, item in enumerate(raw["model"]):
         where = f"{path} [[model]] #{index + 1}"
-        _check_keys(where, item, {"architecture", "task", "quick"}, {"architecture", "task"})
+        _check_keys(where, item, {"architecture", "task", "quick", "optimization"}, {"architecture", "task"})
+        if item.get("optimization", OPTIMIZATION_LEVELS[0]) not in OPTIMIZATION_LEVELS:
+            raise DefinitionError(f"{where}: optimization must be one of {OPTIMIZATION_LEVELS}")
         if item["architecture"] not in MODEL_NAMES:
             raise DefinitionError(
                 f"{where}: architecture {item['architecture']!r} is not in the zoo {MODEL_NAMES}"
             )
         if item["task"] not in TASK_ROUTES:
             raise DefinitionError(f"{where}: task {item['task']!r} is not one of {sorted(TASK_ROUTES)}")
-        entry = ModelEntry(item["architecture"], item["task"], bool(item.get("quick", False)))
+        entry = ModelEntry(
+            item["architecture"], item["task"], bool(item.get("quick", False)), item.get("optimization")
+        )
         if entry.case_id in seen:
             raise DefinitionError(f"{where}: {entry.case_id} is listed twice")
         seen.add(entry.case_id)

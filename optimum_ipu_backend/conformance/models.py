@@ -95,7 +95,10 @@ class ModelCase:
     def onnx_dir(self, zoo: ModelZoo, work_dir: Path) -> Path:
         """The exported model: built and exported by the zoo, the user's export, or exported once here."""
         if self.entry is not None:
-            return zoo.onnx(self.entry.architecture, self.entry.export_task)
+            entry = self.entry
+            if entry.optimization:
+                return zoo.optimized(entry.architecture, entry.export_task, entry.optimization)
+            return zoo.onnx(entry.architecture, entry.export_task)
         assert self.model_dir is not None
         if any(self.model_dir.glob("*.onnx")):
             return self.model_dir

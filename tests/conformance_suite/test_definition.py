@@ -36,9 +36,16 @@ def test_matrix_covers_every_zoo_architecture_and_every_ortmodel_class() -> None
     classes = set(TASKS) | set(PATTERN_TASKS)
     assert {entry.ort_class for entry in matrix.entries} == classes
     # --quick: exactly one small model per ORTModel class of the main matrix, never the 22M-parameter
-    # MiniLM; the padding-pattern models (audio frames among them) run in the full run.
+    # MiniLM; the padding-pattern models (audio frames among them) run in the full run. Beside them, the
+    # O2-optimized forms of the quick models whose architectures ORTOptimizer fuses.
     quick = matrix.select(quick=True, names=None)
-    assert sorted(entry.ort_class for entry in quick) == sorted(TASKS)
+    exported = [entry for entry in quick if entry.optimization is None]
+    assert sorted(entry.ort_class for entry in exported) == sorted(TASKS)
+    optimized = {(entry.architecture, entry.task, entry.optimization) for entry in quick} - {
+        (entry.architecture, entry.task, None) for entry in exported
+    }
+    assert {(a, t) for a, t, _ in optimized} <= {(e.architecture, e.task) for e in exported}
+    assert {level for _, _, level in optimized} == {"O2"} and len(optimized) == 4
     assert all(entry.architecture != "minilm" for entry in quick)
     # Several lengths and batch sizes, and every batch of more than one row carries a padded row.
     assert len({(s.batch, s.sequence_length) for s in matrix.input_sets}) >= 3
@@ -47,7 +54,10 @@ def test_matrix_covers_every_zoo_architecture_and_every_ortmodel_class() -> None
 
 def test_matrix_selection_by_glob_and_its_errors() -> None:
     matrix = load_models()
-    assert [e.case_id for e in matrix.select(False, ["bert-text-*"])] == ["model/bert-text-classification"]
+    assert [e.case_id for e in matrix.select(False, ["bert-text-*"])] == [
+        "model/bert-text-classification",
+        "model/bert-text-classification-O2",
+    ]
     assert matrix.select(True, ["none"]) == []
     assert len(matrix.select(True, ["all"])) == len(matrix.entries)
     with pytest.raises(DefinitionError, match="matches no matrix entry; entries: bert-text-classification"):
