@@ -25,6 +25,7 @@ PATTERN_INT32_RANGE = "int64 value beyond int32"
 PATTERN_INVALID_GRAPH = "invalid ONNX"
 PATTERN_OPSET = "opset PopART cannot import"
 PATTERN_PASS_FAILURE = "compiler pass failed"
+PATTERN_QUANTIZATION = "quantization the IPU cannot compute exactly"
 
 #: Kinds of construct that do not depend on the sizes a graph is compiled for: an error made only of
 #: these is the model's (or ours) whatever the shapes of a call.
@@ -35,6 +36,7 @@ SHAPE_INDEPENDENT_PATTERNS = frozenset(
         PATTERN_DEVICE_DTYPE,
         PATTERN_OPSET,
         PATTERN_PASS_FAILURE,
+        PATTERN_QUANTIZATION,
     }
 )
 

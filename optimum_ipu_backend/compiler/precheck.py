@@ -12,13 +12,20 @@ It runs when a graph is first described (a cold start), never on a warm one.
 
 from __future__ import annotations
 
+import collections
+
 import onnx
 
-from .errors import PATTERN_CUSTOM_DOMAIN, PATTERN_MISSING_OPERATOR, UnsupportedNode
+from .errors import PATTERN_CUSTOM_DOMAIN, PATTERN_MISSING_OPERATOR, PATTERN_QUANTIZATION, UnsupportedNode
 from .graphs import iter_nodes
 from .op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, operator_name
 from .passes.rewrites import LOWERED_OP_TYPES
-from .refused_operators import REPLACED_BELOW_OPSET11, refusal_reason
+from .refused_operators import (
+    DYNAMIC_QUANTIZATION_OPS,
+    DYNAMIC_QUANTIZATION_REASON,
+    REPLACED_BELOW_OPSET11,
+    refusal_reason,
+)
 
 # Operators neither PopART nor a rewrite takes, which the compiler removes by folding constants when
 # their inputs are fixed at compile time (a static shape, a constant mask).
@@ -36,13 +43,21 @@ def _default_opset(model: onnx.ModelProto) -> int | None:
 
 
 def precheck_operators(model: onnx.ModelProto) -> list[UnsupportedNode]:
-    """Nodes whose operator is neither PopART's, nor lowered, nor folded away by the compiler."""
+    """Nodes whose operator is neither PopART's, nor lowered, nor folded away by the compiler.
+
+    A dynamically quantized model is one refusal, first, whatever the number of its quantized nodes:
+    the quantization, not each node, is what the IPU cannot compute."""
     known = accepted_op_types()
     opset = _default_opset(model)
     if opset is not None and opset < 11:
         known |= REPLACED_BELOW_OPSET11
     problems = []
+    quantized: collections.Counter[str] = collections.Counter()
     for node in iter_nodes(model.graph):
+        name = operator_name(node.domain, node.op_type)
+        if name in DYNAMIC_QUANTIZATION_OPS:
+            quantized[name] += 1
+            continue
         if node.domain not in DEFAULT_DOMAINS:
             if operator_name(node.domain, node.op_type) in LOWERED_OP_TYPES:
                 continue
@@ -53,4 +68,16 @@ def precheck_operators(model: onnx.ModelProto) -> list[UnsupportedNode]:
         else:
             continue
         problems.append(UnsupportedNode(node.name, node.op_type, node.domain, reason, pattern))
+    if quantized:
+        found = ", ".join(f"{count} {name}" for name, count in sorted(quantized.items()))
+        problems.insert(
+            0,
+            UnsupportedNode(
+                "<model>",
+                "quantized model",
+                "",
+                f"{DYNAMIC_QUANTIZATION_REASON} (found: {found})",
+                PATTERN_QUANTIZATION,
+            ),
+        )
     return problems

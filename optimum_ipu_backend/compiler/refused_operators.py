@@ -19,14 +19,35 @@ NEWEST_EXPORTED_OPSET = 23
 PLANNED = "planned"
 
 _UNUSED = "not written: no architecture optimum exports uses it"
-_QDQ = (
-    "planned in issue 24 (models from ORTQuantizer): QuantizeLinear/DequantizeLinear with constant scales "
-    "and zero points lowered to exact float arithmetic, any other form refused naming the quantization"
+#: The quantization a dynamically quantized model (ORTQuantizer with ``is_static=False``) is refused for.
+DYNAMIC_QUANTIZATION = "dynamic int8 quantization (DynamicQuantizeLinear + MatMulInteger)"
+#: Why, and what to do instead: the one message, quoted at session creation and by the lowering pass.
+DYNAMIC_QUANTIZATION_REASON = (
+    f"{DYNAMIC_QUANTIZATION} cannot run on the IPU: its integer matrix products take scales computed on "
+    "every call from the data, PopART's opset 11 has no int8 matrix multiply to compute them, and emulating "
+    "them in float would change the results, which this backend never does silently. Load the unquantized "
+    'model instead, with provider_options={"precision": "fp16"}'
 )
-_INTEGER_QUANTIZED = (
-    "planned in issue 24 (models from ORTQuantizer): integer quantized arithmetic, which PopART's opset 11 "
-    "cannot express (no int8 MatMul or Conv) and float does not reproduce exactly in general; refused at "
-    "creation naming the quantization, with the alternative precision='fp16' on the unquantized model"
+#: The operators of dynamic quantization (ai.onnx's and onnxruntime's fused ones), named as
+#: ``op_table.operator_name`` names them: a model with any of them is refused with the message above.
+DYNAMIC_QUANTIZATION_OPS: frozenset[str] = frozenset(
+    {
+        "DynamicQuantizeLinear",
+        "MatMulInteger",
+        "ConvInteger",
+        "com.microsoft::DynamicQuantizeLinear",
+        "com.microsoft::DynamicQuantizeMatMul",
+        "com.microsoft::DynamicQuantizeLSTM",
+        "com.microsoft::MatMulIntegerToFloat",
+        "com.microsoft::QAttention",
+    }
+)
+_QOPERATOR = (
+    "static int8 quantization in operator form (QOperator format): integer products requantized inside the "
+    "operator, which PopART's opset 11 cannot express (no int8 MatMul or Conv) and float does not reproduce "
+    "exactly; quantize in the QDQ format instead (QuantizeLinear/DequantizeLinear with constant scales are "
+    'lowered to exact float arithmetic), or load the unquantized model with provider_options={"precision": '
+    '"fp16"}'
 )
 _SEQUENCE = "takes or makes a sequence of tensors: Poplar holds tensors only (PopART has no sequence type)"
 _OPTIONAL = "takes or makes an optional value: Poplar holds tensors only (PopART has no optional type)"
@@ -86,12 +107,11 @@ REFUSAL_REASONS: Mapping[str, str] = MappingProxyType(
         "Col2Im": ("the inverse of im2col (a sum of overlapping patches): not in PopART, " + _UNUSED),
         "Compress": _DATA_DEPENDENT_SHAPE + " (with a constant condition it would be a Gather, not written)",
         "ConcatFromSequence": _SEQUENCE,
-        "ConvInteger": _INTEGER_QUANTIZED,
+        "ConvInteger": DYNAMIC_QUANTIZATION_REASON,
         "DFT": _FOURIER,
         "DeformConv": ("convolution sampled at per-element learned offsets: not in PopART, " + _UNUSED),
-        "DequantizeLinear": _QDQ,
         "Det": "matrix determinant: needs a pivoted factorisation with data-dependent control; not in PopART",
-        "DynamicQuantizeLinear": _INTEGER_QUANTIZED,
+        "DynamicQuantizeLinear": DYNAMIC_QUANTIZATION_REASON,
         "GlobalLpPool": _LP_POOL,
         "GridSample": (
             "sampling at data-dependent coordinates: not in PopART; a Floor/GatherElements lowering at "
@@ -104,7 +124,7 @@ REFUSAL_REASONS: Mapping[str, str] = MappingProxyType(
             "decoded on the host"
         ),
         "LpPool": _LP_POOL,
-        "MatMulInteger": _INTEGER_QUANTIZED,
+        "MatMulInteger": DYNAMIC_QUANTIZATION_REASON,
         "MaxRoiPool": ("not in PopART (RoiAlign is, and is accepted), " + _UNUSED),
         "MaxUnpool": (
             "scatters to the positions a MaxPool's indices output chose: not in PopART, " + _UNUSED
@@ -116,9 +136,8 @@ REFUSAL_REASONS: Mapping[str, str] = MappingProxyType(
         "Optional": _OPTIONAL,
         "OptionalGetElement": _OPTIONAL,
         "OptionalHasElement": _OPTIONAL,
-        "QLinearConv": _INTEGER_QUANTIZED,
-        "QLinearMatMul": _INTEGER_QUANTIZED,
-        "QuantizeLinear": _QDQ,
+        "QLinearConv": _QOPERATOR,
+        "QLinearMatMul": _QOPERATOR,
         "RegexFullMatch": _STRING,
         "STFT": _FOURIER,
         "Scatter": _DEPRECATED.format(since=11, by="ScatterElements"),

@@ -46,7 +46,7 @@ class GraphDescription:
     digest: str  # graph_digest of the files' content key: the identity of its cache entries and proofs
     inputs: list[IOSpec]  # what callers see (the exported graph's inputs, initializers excluded)
     outputs: list[IOSpec]
-    unsupported: list[list[str]]  # [name, op_type, domain, reason] from the operator pre-check
+    unsupported: list[list[str]]  # [name, op_type, domain, reason, pattern] from the pre-check
     served_inputs: dict[str, list[Any]]  # symbolic shapes of the graph the runtime compiles
     served_outputs: dict[str, list[Any]]
     branch_inputs: list[str] = field(default_factory=list)
@@ -100,7 +100,9 @@ def _describe(model: onnx.ModelProto, served: ServedGraph, digest: str) -> Graph
     served_initializers = {init.name for init in served.model.graph.initializer}
     selections = {entry[0] for entry in served.unsupported}
     unsupported = [
-        [n.name, n.op_type, n.domain, n.reason] for n in precheck_operators(model) if n.name not in selections
+        [n.name, n.op_type, n.domain, n.reason, n.pattern]
+        for n in precheck_operators(model)
+        if n.name not in selections
     ]
     return GraphDescription(
         digest=digest,

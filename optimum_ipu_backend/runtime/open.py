@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from optimum_ipu_backend.compiler.errors import LegalizationError, UnsupportedNode
+from optimum_ipu_backend.compiler.errors import PATTERN_QUANTIZATION, LegalizationError, UnsupportedNode
 from optimum_ipu_backend.engines import Engine, load_engine
 from optimum_ipu_backend.engines.base import CompileOptions
 from optimum_ipu_backend.engines.probe import EMULATION_NOTICE, DeviceResolution, resolve_device
@@ -92,7 +92,14 @@ def _check_graph(source: GraphSource, model: str | os.PathLike | bytes) -> None:
     offending = [UnsupportedNode(*entry) for entry in source.description.unsupported]
     if offending:
         where = "the model" if isinstance(model, (bytes, bytearray)) else str(model)
-        raise LegalizationError(f"{where} contains operators the IPU compiler cannot legalize", offending)
+        # A quantization refusal says what to do itself; the general advice (re-export, other sizes,
+        # other precision) does not apply to it.
+        only_quantization = all(node.pattern == PATTERN_QUANTIZATION for node in offending)
+        raise LegalizationError(
+            f"{where} contains operators the IPU compiler cannot legalize",
+            offending,
+            () if only_quantization else None,
+        )
 
 
 def _compile_smallest_shape(runner: StaticShapeRunner) -> None:

@@ -38,6 +38,7 @@ from .normalizations import (
 from .one_hot import OneHotRewrite
 from .pad import PadRewrite
 from .pow import PowRewrite
+from .quantization import QuantizeLinearRewrite
 from .range import RangeRewrite
 from .recurrent_layout import RecurrentLayoutRewrite
 from .resize import ResizeRewrite
@@ -89,6 +90,7 @@ REWRITES: tuple[Rewrite, ...] = (
     ModRewrite(),
     SpaceToDepthRewrite(),
     NegativeIndicesRewrite(),
+    QuantizeLinearRewrite(),
 )
 
 
