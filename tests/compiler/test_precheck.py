@@ -11,9 +11,10 @@ import onnxruntime as ort
 import pytest
 from graph_testing import make_model, tensor_info
 from onnx import TensorProto, helper
+from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
 from optimum_ipu_backend.compiler.errors import LegalizationError
-from optimum_ipu_backend.compiler.op_table import POPART_OPSET11_OPS
+from optimum_ipu_backend.compiler.op_table import POPART_OPSET11_OPS, operator_name
 from optimum_ipu_backend.compiler.passes import rewrites
 from optimum_ipu_backend.compiler.passes.rewrites import LOWERED_OP_TYPES, REWRITE_FOR_OP, REWRITES, Rewrite
 from optimum_ipu_backend.compiler.precheck import accepted_op_types, precheck_operators
@@ -198,6 +199,39 @@ CASES: dict[str, tuple[int, list[tuple[str, np.ndarray, bool]], dict, int]] = {
         {},
         1,
     ),
+    "SimplifiedLayerNormalization": (18, [("x", _f(2, 3, 4), True), ("scale", _f(4), False)], {}, 1),
+    "com.microsoft::SkipLayerNormalization": (
+        18,
+        [
+            ("x", _f(2, 3, 4), True),
+            ("skip", _f(2, 3, 4), True),
+            ("gamma", _f(4), False),
+            ("beta", _f(4), False),
+        ],
+        {"epsilon": 1e-5},
+        1,
+    ),
+    "com.microsoft::SkipSimplifiedLayerNormalization": (
+        18,
+        [("x", _f(2, 3, 4), True), ("skip", _f(2, 3, 4), True), ("gamma", _f(4), False)],
+        {"epsilon": 1e-5},
+        1,
+    ),
+    "com.microsoft::EmbedLayerNormalization": (
+        18,
+        [
+            ("ids", _i([[1, 0, 2]], np.int32), True),
+            ("segment_ids", _i([[0, 1, 1]], np.int32), True),
+            ("word", _f(3, 4), False),
+            ("position", _f(5, 4), False),
+            ("segment", _f(2, 4), False),
+            ("gamma", _f(4), False),
+            ("beta", _f(4), False),
+            ("mask", _i([[1, 1, 0]], np.int32), True),
+        ],
+        {"epsilon": 1e-5},
+        2,
+    ),
     "Shape": (15, [("x", _f(2, 3, 4), True)], {"start": 1}, 1),
     "Size": (13, [("x", _f(2, 3, 4), True)], {}, 1),
     "Softmax": (13, [("x", _f(2, 3, 4), True)], {"axis": 1}, 1),
@@ -228,11 +262,13 @@ def _normalise(entry):
 
 def _one_node_model(op_type: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     opset, inputs, attributes, outputs = _normalise(CASES[op_type])
+    domain, _, op = op_type.rpartition("::")  # operator_name's form: "domain::Op" outside the default domain
     node = helper.make_node(
-        op_type,
+        op,
         [name for name, _, _ in inputs],
         [f"out{i}" for i in range(outputs)],
-        name=f"the_{op_type}",
+        name=f"the_{op}",
+        domain=domain,
         **attributes,
     )
     graph_inputs = [
@@ -241,7 +277,14 @@ def _one_node_model(op_type: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray
         if is_input
     ]
     initializers = {name: value for name, value, is_input in inputs if not is_input}
-    model = make_model([node], graph_inputs, [], initializers, opset=opset, check=False)
+    model = make_model(
+        [node], graph_inputs, [], initializers, opset=opset, extra_opsets=_RUNTIME_OPSETS, check=False
+    )
+    if domain or not onnx.defs.has(op):
+        # ONNX does not know onnxruntime's own operators; onnxruntime's symbolic shape inference does.
+        model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in node.output)
+        typed = SymbolicShapeInference.infer_shapes(model)
+        return typed, {name: value for name, value, is_input in inputs if is_input}
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     found = [value for value in inferred.graph.value_info if value.name.startswith("out")]
     if not found:
@@ -254,6 +297,10 @@ def _one_node_model(op_type: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray
     model.graph.output.extend(found)
     onnx.checker.check_model(model, full_check=True)
     return model, {name: value for name, value, is_input in inputs if is_input}
+
+
+#: The runtime domains the samples may use (an import no node uses is harmless).
+_RUNTIME_OPSETS = {"com.microsoft": 1}
 
 
 def _det_model() -> onnx.ModelProto:
@@ -285,7 +332,9 @@ def test_every_rewrite_in_the_package_is_registered():
         if inspect.isclass(cls) and issubclass(cls, Rewrite) and not inspect.isabstract(cls)
     }
     assert defined == {type(rewrite) for rewrite in REWRITES}
-    assert set(REWRITE_FOR_OP) == {op for rewrite in REWRITES for op in rewrite.op_types}
+    assert set(REWRITE_FOR_OP) == {
+        operator_name(rewrite.domain, op) for rewrite in REWRITES for op in rewrite.op_types
+    }
 
 
 def test_the_precheck_accepts_what_the_compiler_takes_and_refuses_the_rest():

@@ -229,7 +229,7 @@ class LowerToOpset11(GraphPass):
     ) -> list[onnx.NodeProto] | None:
         """The replacement of one node, or None to keep it; CannotLower when neither is possible."""
         source_opset = state.source_opset
-        if node.domain not in DEFAULT_DOMAINS:
+        if _is_runtime_operator(node):
             contrib = REWRITE_FOR_OP.get(operator_name(node.domain, node.op_type))
             replacement = None
             if contrib is not None:
@@ -310,6 +310,14 @@ def _complete_types(graph: onnx.GraphProto, scope: GraphScope, source_opset: int
                 scope.learn_type(name, found)
 
 
+def _is_runtime_operator(node: onnx.NodeProto) -> bool:
+    """A runtime's own operator: of another domain, or one onnxruntime registers in the default domain
+    that ONNX does not define (SimplifiedLayerNormalization) and a rewrite declares."""
+    if node.domain not in DEFAULT_DOMAINS:
+        return True
+    return not onnx.defs.has(node.op_type) and node.op_type in REWRITE_FOR_OP
+
+
 def _type_lowered_contrib_outputs(model: onnx.ModelProto) -> None:
     """Give the outputs of the runtime-specific nodes a rewrite lowers (com.microsoft's fused operators)
     their types and shapes, in place, so that ONNX's shape inference, which does not know them, types
@@ -318,7 +326,7 @@ def _type_lowered_contrib_outputs(model: onnx.ModelProto) -> None:
     lowered = [
         node
         for node in iter_nodes(model.graph)
-        if node.domain not in DEFAULT_DOMAINS and operator_name(node.domain, node.op_type) in REWRITE_FOR_OP
+        if _is_runtime_operator(node) and operator_name(node.domain, node.op_type) in REWRITE_FOR_OP
     ]
     if not lowered:
         return

@@ -22,6 +22,7 @@ from .comparisons import ComparisonRewrite
 from .constant_values import ConstantValueRewrite
 from .dropout import DropoutRewrite
 from .einsum import EinsumRewrite
+from .fused_normalizations import FusedNormalizationRewrite, SimplifiedLayerNormalizationRewrite
 from .gather_scatter import GatherElementsRewrite, GatherNDRewrite, ScatterNDRewrite
 from .hardmax import HardmaxRewrite
 from .identity_castlike import CastLikeRewrite, IdentityRewrite
@@ -91,6 +92,8 @@ REWRITES: tuple[Rewrite, ...] = (
     SpaceToDepthRewrite(),
     NegativeIndicesRewrite(),
     QuantizeLinearRewrite(),
+    FusedNormalizationRewrite(),
+    SimplifiedLayerNormalizationRewrite(),
 )
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 
 from ...graphs import attribute
 from .common import CannotLower, GraphScope, Rewrite, input_at, numpy_dtype
+from .emit import NodeEmitter
 
 _LOW_PRECISION = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
 
@@ -30,41 +30,47 @@ class LayerNormalizationRewrite(Rewrite):
         # half-precision inputs are widened (PopART has no double, and widening float32 is a no-op).
         widen = stash_type == onnx.TensorProto.FLOAT and x_type in _LOW_PRECISION
         compute_type = onnx.TensorProto.FLOAT if widen else x_type
-        hint = node.name or "LayerNormalization"
-        nodes: list[onnx.NodeProto] = []
-
-        def emit(
-            op_type: str, inputs: list[str], suffix: str, output: str | None = None, **attrs: object
-        ) -> str:
-            outputs: list[str] | int = [output] if output else 1
-            new = scope.make_node(op_type, inputs, outputs, f"{hint}/{suffix}", **attrs)
-            nodes.append(new)
-            return new.output[0]
-
-        x_compute = x if compute_type == x_type else emit("Cast", [x], "cast_in", to=compute_type)
-        mean_output = _optional_output(node, 1)
-        inv_std_output = _optional_output(node, 2)
-        # Variance of the centred values: squaring un-centred activations overflows float16. Of the
-        # float16-safe forms measured (docs/compiler.md, "LayerNormalization accuracy"), none is closer to
-        # float64 or to onnxruntime's kernel; this is the shortest, and the variance pattern that
-        # precision_fp16 keeps in float32 (Mul(d, d), ReduceMean, Add, Sqrt).
-        mean = emit("ReduceMean", [x_compute], "mean", mean_output, axes=axes, keepdims=1)
-        deviation = emit("Sub", [x_compute, mean], "deviation")
-        squared = emit("Mul", [deviation, deviation], "squared")
-        variance = emit("ReduceMean", [squared], "variance", axes=axes, keepdims=1)
-        eps = scope.add_constant(np.array(epsilon, dtype=numpy_dtype(compute_type)), f"{hint}/epsilon")
-        std_dev = emit("Sqrt", [emit("Add", [variance, eps], "variance_eps")], "std_dev")
-        if inv_std_output:
-            emit("Reciprocal", [std_dev], "inv_std_dev", inv_std_output)
-        normalized = emit("Div", [deviation, std_dev], "normalized")
-        if compute_type != x_type:
-            normalized = emit("Cast", [normalized], "cast_out", to=x_type)
+        emit = NodeEmitter(node, scope)
+        x_compute = emit.cast(x, x_type, compute_type, "cast_in")
+        normalized = standardize(
+            emit, x_compute, axes, epsilon, compute_type, _optional_output(node, 1), _optional_output(node, 2)
+        )
+        normalized = emit.cast(normalized, compute_type, x_type, "cast_out")
         if bias:
             scaled = emit("Mul", [normalized, scale], "scaled")
             emit("Add", [scaled, bias], "biased", node.output[0])
         else:
             emit("Mul", [normalized, scale], "scaled", node.output[0])
-        return nodes
+        return emit.nodes
+
+
+def standardize(
+    emit: NodeEmitter,
+    x: str,
+    axes: list[int],
+    epsilon: float,
+    compute_type: int,
+    mean_output: str | None = None,
+    inv_std_output: str | None = None,
+) -> str:
+    """``(x - mean) / sqrt(variance + epsilon)`` over ``axes``, with ``x`` already in ``compute_type``.
+
+    The one definition of layer normalization's first stage, shared with onnxruntime's fused forms
+    (fused_normalizations.py). ``mean_output`` and ``inv_std_output`` name the statistics when wanted.
+    """
+    # Variance of the centred values: squaring un-centred activations overflows float16. Of the
+    # float16-safe forms measured (docs/compiler.md, "LayerNormalization accuracy"), none is closer to
+    # float64 or to onnxruntime's kernel; this is the shortest, and the variance pattern that
+    # precision_fp16 keeps in float32 (Mul(d, d), ReduceMean, Add, Sqrt).
+    mean = emit("ReduceMean", [x], "mean", mean_output, axes=axes, keepdims=1)
+    deviation = emit("Sub", [x, mean], "deviation")
+    squared = emit("Mul", [deviation, deviation], "squared")
+    variance = emit("ReduceMean", [squared], "variance", axes=axes, keepdims=1)
+    eps = emit.constant(epsilon, numpy_dtype(compute_type), "epsilon")
+    std_dev = emit("Sqrt", [emit("Add", [variance, eps], "variance_eps")], "std_dev")
+    if inv_std_output:
+        emit("Reciprocal", [std_dev], "inv_std_dev", inv_std_output)
+    return emit("Div", [deviation, std_dev], "normalized")
 
 
 def _optional_output(node: onnx.NodeProto, index: int) -> str | None:

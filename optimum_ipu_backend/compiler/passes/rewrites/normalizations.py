@@ -31,7 +31,7 @@ def _centred_variance(emit: NodeEmitter, x: str, axes: list[int]) -> tuple[str, 
     return deviation, variance
 
 
-def _trailing_axes(node: onnx.NodeProto, scope: GraphScope, x: str) -> list[int]:
+def trailing_axes(node: onnx.NodeProto, scope: GraphScope, x: str) -> list[int]:
     """The axes ``[axis, rank)`` of the ``axis`` attribute (default -1); negative ones need no rank."""
     axis = int(attribute(node, "axis", -1))
     axes = list(range(axis, 0)) if axis < 0 else list(range(axis, scope.require_rank(x)))
@@ -87,18 +87,39 @@ class RMSNormalizationRewrite(Rewrite):
 
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
         x, scale = node.input[:2]
-        axes = _trailing_axes(node, scope, x)
+        axes = trailing_axes(node, scope, x)
         x_type = scope.require_elem_type(x)
         compute_type = int(attribute(node, "stash_type", onnx.TensorProto.FLOAT))
         emit = NodeEmitter(node, scope)
         x_compute = emit.cast(x, x_type, compute_type, "cast_in")
-        squared = emit("Mul", [x_compute, x_compute], "squared")
-        mean_square = emit("ReduceMean", [squared], "mean_square", axes=axes, keepdims=1)
-        epsilon = emit.constant(float(attribute(node, "epsilon", 1e-5)), numpy_dtype(compute_type), "epsilon")
-        rms = emit("Sqrt", [emit("Add", [mean_square, epsilon], "mean_square_eps")], "rms")
-        normalized = emit.cast(emit("Div", [x_compute, rms], "normalized"), compute_type, x_type, "cast_out")
-        emit("Mul", [normalized, scale], "scaled", node.output[0])
+        epsilon = float(attribute(node, "epsilon", 1e-5))
+        normalized = rms_normalize(emit, x_compute, axes, epsilon, compute_type)
+        emit(
+            "Mul", [emit.cast(normalized, compute_type, x_type, "cast_out"), scale], "scaled", node.output[0]
+        )
         return emit.nodes
+
+
+def rms_normalize(
+    emit: NodeEmitter,
+    x: str,
+    axes: list[int],
+    epsilon: float,
+    compute_type: int,
+    inv_rms_output: str | None = None,
+) -> str:
+    """``x / sqrt(mean(x^2) + epsilon)`` over ``axes``, with ``x`` already in ``compute_type``.
+
+    The one definition of root-mean-square normalization, shared with onnxruntime's fused forms
+    (fused_normalizations.py); ``inv_rms_output`` names ``1 / sqrt(mean(x^2) + epsilon)`` when wanted.
+    """
+    squared = emit("Mul", [x, x], "squared")
+    mean_square = emit("ReduceMean", [squared], "mean_square", axes=axes, keepdims=1)
+    eps = emit.constant(epsilon, numpy_dtype(compute_type), "epsilon")
+    rms = emit("Sqrt", [emit("Add", [mean_square, eps], "mean_square_eps")], "rms")
+    if inv_rms_output:
+        emit("Reciprocal", [rms], "inv_rms", inv_rms_output)
+    return emit("Div", [x, rms], "normalized")
 
 
 class MeanVarianceNormalizationRewrite(Rewrite):
