@@ -216,7 +216,7 @@ class LowerToOpset11(GraphPass):
             if replacement is None:
                 lowered.append(node)
                 continue
-            state.counts[node.op_type] += 1
+            state.counts[operator_name(node.domain, node.op_type)] += 1
             state.replaced_inputs.update(name for name in node.input if name)
             lowered.extend(scope.take_pending_nodes())
             lowered.extend(replacement)

@@ -22,6 +22,7 @@ from .comparisons import ComparisonRewrite
 from .constant_values import ConstantValueRewrite
 from .dropout import DropoutRewrite
 from .einsum import EinsumRewrite
+from .fused_activations import BiasAddRewrite, FusedGeluRewrite
 from .gather_scatter import GatherElementsRewrite, GatherNDRewrite, ScatterNDRewrite
 from .hardmax import HardmaxRewrite
 from .identity_castlike import CastLikeRewrite, IdentityRewrite
@@ -89,6 +90,8 @@ REWRITES: tuple[Rewrite, ...] = (
     ModRewrite(),
     SpaceToDepthRewrite(),
     NegativeIndicesRewrite(),
+    FusedGeluRewrite(),
+    BiasAddRewrite(),
 )
 
 
