@@ -22,6 +22,7 @@ from .comparisons import ComparisonRewrite
 from .constant_values import ConstantValueRewrite
 from .dropout import DropoutRewrite
 from .einsum import EinsumRewrite
+from .fused_activations import BiasAddRewrite, FusedGeluRewrite
 from .fused_normalizations import FusedNormalizationRewrite, SimplifiedLayerNormalizationRewrite
 from .gather_scatter import GatherElementsRewrite, GatherNDRewrite, ScatterNDRewrite
 from .hardmax import HardmaxRewrite
@@ -94,6 +95,8 @@ REWRITES: tuple[Rewrite, ...] = (
     QuantizeLinearRewrite(),
     FusedNormalizationRewrite(),
     SimplifiedLayerNormalizationRewrite(),
+    FusedGeluRewrite(),
+    BiasAddRewrite(),
 )
 
 

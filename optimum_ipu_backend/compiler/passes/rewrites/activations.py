@@ -1,7 +1,9 @@
 """Gelu, Mish, HardSwish and Celu (absent from PopART's opset 11) as the arithmetic of their definitions.
 
 Each replacement is the operator's ONNX function body (or, for Gelu, its formula) in opset-11 operators
-PopART implements, evaluated in the input's element type as the body is.
+PopART implements, evaluated in the input's element type as the body is. Gelu's two forms are computed in
+the order of onnxruntime's kernels; ``gelu_erf`` and ``gelu_tanh`` are also what com.microsoft's Gelu,
+BiasGelu and FastGelu lower to (``fused_activations``).
 """
 
 from __future__ import annotations
@@ -43,18 +45,44 @@ class ActivationRewrite(Rewrite):
 
 
 def _gelu(node: onnx.NodeProto, x: str, y: str, dtype: np.dtype, emit: NodeEmitter) -> None:
-    """0.5 * x * (1 + erf(x / sqrt(2))), or with tanh(sqrt(2 / pi) * (x + 0.044715 x^3)) for erf."""
     approximate = text_attribute(node, "approximate", "none")
     if approximate == "none":
-        scaled = emit("Div", [x, emit.constant(math.sqrt(2.0), dtype, "sqrt_2")], "scaled")
-        phi_part = emit("Erf", [scaled], "erf")
+        gelu_erf(emit, x, y, dtype)
     elif approximate == "tanh":
-        cubed = emit("Mul", [emit("Mul", [x, x], "squared"), x], "cubed")
-        inner = emit("Add", [x, emit("Mul", [emit.constant(0.044715, dtype, "c0"), cubed], "cubic")], "inner")
-        sqrt_2_over_pi = emit.constant(math.sqrt(2.0 / math.pi), dtype, "sqrt_2_over_pi")
-        phi_part = emit("Tanh", [emit("Mul", [sqrt_2_over_pi, inner], "tanh_input")], "tanh")
+        gelu_tanh(emit, x, y, dtype)
     else:
         raise CannotLower(f"approximate={approximate!r} is neither 'none' nor 'tanh'")
-    one_plus = emit("Add", [emit.constant(1.0, dtype, "one"), phi_part], "one_plus")
+
+
+#: The tanh form's constants as onnxruntime's Gelu and FastGelu kernels fold them: tanh(x·(C·x² + B)).
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+TANH_CUBIC = 0.044715 * SQRT_2_OVER_PI
+
+
+def gelu_erf(emit: NodeEmitter, x: str, y: str, dtype: np.dtype | type) -> str:
+    """``y`` = 0.5·x·(1 + erf(x·(1/√2))), in ``dtype``: the exact Gelu.
+
+    The order of onnxruntime's kernels (ONNX Gelu-20 and com.microsoft Gelu/BiasGelu alike): x times the
+    rounded 1/√2, Erf, plus one, times 0.5·x.
+    """
+    scaled = emit("Mul", [x, emit.constant(1.0 / math.sqrt(2.0), dtype, "sqrt_half")], "scaled")
+    return _half_x_times_one_plus(emit, x, y, dtype, emit("Erf", [scaled], "erf"))
+
+
+def gelu_tanh(emit: NodeEmitter, x: str, y: str, dtype: np.dtype | type) -> str:
+    """``y`` = 0.5·x·(1 + tanh(x·(C·x² + B))), B = √(2/π), C = 0.044715·√(2/π), in ``dtype``.
+
+    √(2/π)·(x + 0.044715·x³) as onnxruntime's kernels compute it (ONNX Gelu-20 approximate='tanh' and
+    com.microsoft FastGelu alike): ((C·x)·x + B)·x, so that each rounding falls where theirs does.
+    """
+    cubic = emit("Mul", [emit("Mul", [emit.constant(TANH_CUBIC, dtype, "c"), x], "c_x"), x], "c_x_x")
+    slope = emit("Add", [cubic, emit.constant(SQRT_2_OVER_PI, dtype, "b")], "slope")
+    tanh = emit("Tanh", [emit("Mul", [x, slope], "tanh_input")], "tanh")
+    return _half_x_times_one_plus(emit, x, y, dtype, tanh)
+
+
+def _half_x_times_one_plus(emit: NodeEmitter, x: str, y: str, dtype: np.dtype | type, phi_part: str) -> str:
+    """(0.5·x)·(phi_part + 1), the last step both Gelu forms share."""
+    one_plus = emit("Add", [phi_part, emit.constant(1.0, dtype, "one")], "one_plus")
     half_x = emit("Mul", [emit.constant(0.5, dtype, "half"), x], "half_x")
-    emit("Mul", [half_x, one_plus], "gelu", y)
+    return emit("Mul", [half_x, one_plus], "gelu", y)
