@@ -24,6 +24,13 @@ MS = "com.microsoft"
 MASK_FILTERS = st.sampled_from([None, FLT_LOWEST, -50.0])
 
 
+@pytest.fixture(autouse=True)
+def _scratch_directory(tmp_path_factory, monkeypatch):
+    """onnxruntime's symbolic shape inference, which types the contrib outputs, saves
+    sym_shape_infer_temp.onnx in the working directory when it cannot type everything."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 def _contrib_model(op_type, inputs, outputs, node_inputs, **attributes):
     node = helper.make_node(
         op_type,
