@@ -330,12 +330,7 @@ def _type_lowered_contrib_outputs(model: onnx.ModelProto) -> None:
     ]
     if not lowered:
         return
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-    try:
-        inferred = SymbolicShapeInference.infer_shapes(shape_view(model), auto_merge=True)
-    except Exception:  # noqa: BLE001 - its failure leaves the types as they were
-        return
+    inferred = _symbolic_shapes(shape_view(model))
     if inferred is None:
         return
     typed = {value.name for value in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
@@ -343,6 +338,24 @@ def _type_lowered_contrib_outputs(model: onnx.ModelProto) -> None:
     model.graph.value_info.extend(
         value for value in inferred.graph.value_info if value.name in wanted and value.name not in typed
     )
+
+
+def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``model`` typed by onnxruntime's symbolic shape inference as far as it gets, or None.
+
+    ``SymbolicShapeInference.infer_shapes`` saves the model into the working directory and raises where it
+    types only part of a graph; its steps, run here, keep what it typed and write nothing. Should those
+    steps change in onnxruntime, the types stay unknown and the rewrites refuse their nodes by name."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        inference = SymbolicShapeInference(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess, verbose
+        inference._preprocess(model)
+        while inference.run_:
+            inference._infer_impl()
+        return inference.out_mp_
+    except Exception:  # noqa: BLE001 - its failure leaves the types as they were
+        return None
 
 
 def _drop_unused_domains(model: onnx.ModelProto) -> None:

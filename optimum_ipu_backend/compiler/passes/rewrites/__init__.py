@@ -13,6 +13,7 @@ from types import MappingProxyType
 from ...op_table import operator_name
 from .activations import ActivationRewrite
 from .arg_extreme import ArgExtremeRewrite
+from .attention import AttentionRewrite, MultiHeadAttentionRewrite
 from .attribute_adapters import NeutralAttributeRewrite
 from .average_pool import AveragePoolRewrite
 from .axes_to_attributes import AxesToAttributesRewrite
@@ -97,6 +98,8 @@ REWRITES: tuple[Rewrite, ...] = (
     SimplifiedLayerNormalizationRewrite(),
     FusedGeluRewrite(),
     BiasAddRewrite(),
+    AttentionRewrite(),
+    MultiHeadAttentionRewrite(),
 )
 
 
