@@ -316,6 +316,56 @@ def infer_shapes(
     return inferred
 
 
+# -- a runtime's own operators ---------------------------------------------------------------------------
+
+
+def is_runtime_operator(node: onnx.NodeProto) -> bool:
+    """An operator ONNX does not define: of another domain (com.microsoft's fused operators), or one
+    onnxruntime registers in the default domain (SimplifiedLayerNormalization)."""
+    return node.domain not in _DEFAULT_DOMAINS or not onnx.defs.has(node.op_type)
+
+
+def type_runtime_operator_outputs(model: onnx.ModelProto) -> None:
+    """Give the outputs of the runtime's own operators their types and shapes (``value_info``, in place).
+
+    ONNX's shape inference does not know them, so without this nothing after them is typed either, and a
+    shape computed from one (a Shape of a fused layer norm's output) is never folded. onnxruntime's
+    symbolic shape inference knows them; where it cannot type one, its type stays unknown and what needs
+    it refuses, naming the node."""
+    runtime_outputs = {
+        name for node in iter_nodes(model.graph) if is_runtime_operator(node) for name in node.output if name
+    }
+    if not runtime_outputs:
+        return
+    inferred = _symbolic_shapes(shape_view(model))
+    if inferred is None:
+        return
+    typed = {value.name for value in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
+    model.graph.value_info.extend(
+        value
+        for value in inferred.graph.value_info
+        if value.name in runtime_outputs and value.name not in typed and has_shape(value.type)
+    )
+
+
+def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``model`` typed by onnxruntime's symbolic shape inference as far as it gets, or None.
+
+    ``SymbolicShapeInference.infer_shapes`` saves the model into the working directory and raises where it
+    types only part of a graph; its steps, run here, keep what it typed and write nothing. Should those
+    steps change in onnxruntime, the types stay unknown and the rewrites refuse their nodes by name."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        inference = SymbolicShapeInference(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess, verbose
+        inference._preprocess(model)
+        while inference.run_:
+            inference._infer_impl()
+        return inference.out_mp_
+    except Exception:  # noqa: BLE001 - its failure leaves the types as they were
+        return None
+
+
 # -- names ---------------------------------------------------------------------------------------------
 
 

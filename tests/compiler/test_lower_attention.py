@@ -371,3 +371,40 @@ def _mha(q=(1, 2, 4), k=(1, 3, 4), v=(1, 3, 4), outputs=("y",), past=None, **att
 )
 def test_multi_head_attention_forms_not_lowered_are_refused_naming_the_node(model, match):
     lt.assert_refused(model(), "the_MultiHeadAttention.*" + match)
+
+
+@lt.property_test(
+    batch=st.integers(1, 3),
+    sequence=st.integers(1, 4),
+    heads=st.integers(1, 3),
+    head=st.integers(1, 4),
+    mask_form=st.sampled_from([None, "end", "2d"]),
+    past=st.sampled_from([None, 2]),
+    seed=lt.seeds,
+)
+def test_float16_attention_runs_in_float32_as_onnxruntime_runs_it(
+    batch, sequence, heads, head, mask_form, past, seed
+):
+    """An O4-optimized model's Attention takes float16: onnxruntime's session runs its float32-only kernel
+    between Casts, and the lowering computes the same (within one float16 rounding of the result)."""
+    rng = np.random.default_rng(seed)
+    hidden_in, width = int(rng.integers(1, 6)), heads * head
+    half = TensorProto.FLOAT16
+    total = sequence + (past or 0)
+    inputs = [("input", half, [batch, sequence, hidden_in]), ("weights", half, [hidden_in, 3 * width])]
+    node_inputs = ["input", "weights", "bias", "", ""]
+    inputs.append(("bias", half, [3 * width]))
+    if mask_form:
+        inputs.append(("mask", INT32, _mask_shape(mask_form, batch, sequence, total)))
+        node_inputs[3] = "mask"
+    outputs = [("output", half, [batch, sequence, width])]
+    if past is not None:
+        inputs.append(("past", half, [2, batch, heads, past, head]))
+        node_inputs[4] = "past"
+        outputs.append(("present", half, [2, batch, heads, total, head]))
+    model = _contrib_model("Attention", inputs, outputs, node_inputs, num_heads=heads)
+    feeds = {n: rng.uniform(-1, 1, s).astype(np.float16) for n, t, s in inputs if t == half}
+    if mask_form:
+        feeds["mask"] = _random_mask(rng, mask_form, batch, sequence, total)
+    lowered = lt.lower_and_compare(model, feeds, atol=1e-3, rtol=1e-3)
+    assert "Attention" not in lt.op_types(lowered)

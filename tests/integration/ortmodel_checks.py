@@ -144,13 +144,40 @@ def generate_case(case: dict) -> dict:
     result = {
         "tokens_equal": bool(torch.equal(expected, got)),
         "expected_tokens": expected.tolist(),
+        "got_tokens": got.tolist(),
         "distinct_tokens": len(set(expected.flatten().tolist())),
         **_session_facts(ipu),
     }
     if case.get("io_binding"):
         bound = cls.from_pretrained(case["onnx_dir"], use_io_binding=True, **IPU, **kwargs)
         result["io_binding_tokens_equal"] = bool(torch.equal(expected, bound.generate(**inputs, **generate)))
+    if not result["tokens_equal"] and expected.shape == got.shape:
+        result["divergences"] = _divergences(cpu, inputs, generate, expected, got)
     return result
+
+
+def _divergences(cpu, inputs: dict, generate: dict, expected, got) -> list[dict]:
+    """Where each row's tokens first differ: CPU's logit for its own token and for the other provider's,
+    at that step, after the same prefix. A gap within the logits' rounding is a tie either side may break."""
+    scored = cpu.generate(**inputs, **generate, output_scores=True, return_dict_in_generate=True)
+    first_new = expected.shape[1] - len(scored.scores)
+    found = []
+    for row in range(expected.shape[0]):
+        differing = torch.nonzero(expected[row] != got[row]).flatten().tolist()
+        if not differing:
+            continue
+        step = differing[0] - first_new
+        logits = scored.scores[step][row].float()
+        finite = logits[torch.isfinite(logits)]
+        found.append(
+            {
+                "row": row,
+                "step": step,
+                "gap": float(logits[expected[row, differing[0]]] - logits[got[row, differing[0]]]),
+                "logit_scale": float(finite.abs().max()),
+            }
+        )
+    return found
 
 
 def pipeline_case(case: dict) -> dict:

@@ -2,9 +2,13 @@
 provider="ipu" on the host emulator, against CPU onnxruntime running the same optimized files.
 
 O1 keeps standard operators; O2 and O3 fuse attention, skip layer normalizations and Gelu into
-onnxruntime's own operators, which the compiler lowers back into opset 11; O4 adds float16 weights.
-Forward outputs within atol 1e-4; greedy generation gives the same 32 new tokens. The checks run in one
-fresh interpreter of the installed environment (ortmodel_checks.py), as in test_ortmodels.py.
+onnxruntime's own operators, which the compiler lowers back into opset 11. O1 to O3: forward outputs within
+atol 1e-4, greedy generation gives the same 32 new tokens. O4 is O3 with float16 weights and arithmetic:
+two correct float16 computations differ by their rounding order (onnxruntime sums a fused layer norm's
+squares in a loop, ReduceMean does not), so its outputs agree within two float16 ulps of their scale, and
+greedy tokens agree up to ties: where a row's tokens first differ, CPU's logits for the two tokens lie
+within one float16 ulp of the logits' scale. The checks run in one fresh interpreter of the installed
+environment (ortmodel_checks.py), as in test_ortmodels.py.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from subprocess_env import python
 
@@ -57,6 +62,11 @@ def results(tmp_path_factory, zoo) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+def _float16_ulp(scale: float) -> float:
+    """The spacing of float16 numbers at ``scale``."""
+    return float(np.spacing(np.float16(scale)))
+
+
 def _on_the_emulator(result: dict) -> None:
     assert "error" not in result, result.get("error")
     assert result["provider"] == "IPUExecutionProvider"
@@ -69,7 +79,8 @@ def _on_the_emulator(result: dict) -> None:
 def test_an_optimized_encoder_matches_cpu(results, model, level):
     result = results[f"{model}-{level}"]
     _on_the_emulator(result)
-    assert result["max_abs_diff"] <= ATOL, result
+    allowed = ATOL if level != "O4" else max(ATOL, 2 * _float16_ulp(result["max_abs_expected"]))
+    assert result["max_abs_diff"] <= allowed, result
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -77,6 +88,11 @@ def test_an_optimized_encoder_matches_cpu(results, model, level):
 def test_an_optimized_generator_gives_cpus_tokens(results, model, level):
     result = results[f"{model}-{level}"]
     _on_the_emulator(result)
-    assert result["tokens_equal"], result["expected_tokens"]
+    if level == "O4" and not result["tokens_equal"]:
+        assert result["divergences"], result["expected_tokens"]
+        for divergence in result["divergences"]:
+            assert abs(divergence["gap"]) <= _float16_ulp(divergence["logit_scale"]), divergence
+    else:
+        assert result["tokens_equal"], result["expected_tokens"]
     assert result["distinct_tokens"] >= 3, "degenerate generation cannot tell providers apart"
     assert len(result["expected_tokens"][0]) >= NEW_TOKENS

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from ..errors import PATTERN_INPUT_SIZE, LegalizationError, UnsupportedNode
-from ..graphs import infer_shapes, iter_graphs, subgraphs_of
+from ..graphs import infer_shapes, iter_graphs, subgraphs_of, type_runtime_operator_outputs
 from .base import GraphPass, PassContext
 
 _SHAPE_HINTS = (
@@ -106,6 +106,7 @@ def _type_passthrough_outputs(model: onnx.ModelProto) -> bool:
 def refresh_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Drop every inferred shape (keeping graph inputs) and infer them again from the inputs."""
     _forget_inferred_shapes(model)
+    type_runtime_operator_outputs(model)  # ONNX's inference does not know onnxruntime's fused operators
     model = infer_shapes(model, propagate_data=True)
     if _type_passthrough_outputs(model):
         model = infer_shapes(model, propagate_data=True)

@@ -35,8 +35,8 @@ from ..graphs import (
     iter_graphs,
     iter_nodes,
     names_read,
-    shape_view,
     subgraphs_of,
+    type_runtime_operator_outputs,
 )
 from ..op_table import DEFAULT_DOMAINS, POPART_OPSET11_OPS, default_opset, operator_name
 from ..refused_operators import REFUSAL_REASONS
@@ -136,7 +136,7 @@ class LowerToOpset11(GraphPass):
         if source_opset < TARGET_OPSET:
             model = self._upgrade(model, source_opset)
             source_opset = TARGET_OPSET
-        _type_lowered_contrib_outputs(model)
+        type_runtime_operator_outputs(model)
         inferred = infer_shapes(model, propagate_data=True, with_weights=False)
         types_by_graph = [declared_types(graph) for graph in iter_graphs(inferred.graph)]
         graphs = list(iter_graphs(model.graph))
@@ -316,46 +316,6 @@ def _is_runtime_operator(node: onnx.NodeProto) -> bool:
     if node.domain not in DEFAULT_DOMAINS:
         return True
     return not onnx.defs.has(node.op_type) and node.op_type in REWRITE_FOR_OP
-
-
-def _type_lowered_contrib_outputs(model: onnx.ModelProto) -> None:
-    """Give the outputs of the runtime-specific nodes a rewrite lowers (com.microsoft's fused operators)
-    their types and shapes, in place, so that ONNX's shape inference, which does not know them, types
-    everything after them too. onnxruntime's symbolic shape inference knows them; where it fails, the
-    types stay unknown and a rewrite that needs one refuses its node, naming it."""
-    lowered = [
-        node
-        for node in iter_nodes(model.graph)
-        if _is_runtime_operator(node) and operator_name(node.domain, node.op_type) in REWRITE_FOR_OP
-    ]
-    if not lowered:
-        return
-    inferred = _symbolic_shapes(shape_view(model))
-    if inferred is None:
-        return
-    typed = {value.name for value in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
-    wanted = {name for node in lowered for name in node.output if name}
-    model.graph.value_info.extend(
-        value for value in inferred.graph.value_info if value.name in wanted and value.name not in typed
-    )
-
-
-def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """``model`` typed by onnxruntime's symbolic shape inference as far as it gets, or None.
-
-    ``SymbolicShapeInference.infer_shapes`` saves the model into the working directory and raises where it
-    types only part of a graph; its steps, run here, keep what it typed and write nothing. Should those
-    steps change in onnxruntime, the types stay unknown and the rewrites refuse their nodes by name."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-    try:
-        inference = SymbolicShapeInference(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess, verbose
-        inference._preprocess(model)
-        while inference.run_:
-            inference._infer_impl()
-        return inference.out_mp_
-    except Exception:  # noqa: BLE001 - its failure leaves the types as they were
-        return None
 
 
 def _drop_unused_domains(model: onnx.ModelProto) -> None:

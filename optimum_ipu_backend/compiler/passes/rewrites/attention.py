@@ -13,7 +13,8 @@ adding the same float32 values reproduces both. Unidirectional (causal) attentio
 has more than one position, overwrites the keys after ``past + s`` with the lowest float. The scores are
 laid out with the key axis last, so Softmax-11's coercion to 2-D around the last axis is row-wise, exact.
 
-Refused, each with its reason: element types other than float32 (the CPU kernels are float32 only),
+A float16 node (an O4-optimized model's) is computed in float32 between Casts, as onnxruntime's session
+runs it (``in_float32``). Refused, each with its reason: element types other than float32 and float16,
 do_rotary, past_present_share_buffer and past_sequence_length, the 4-D Megatron mask and the
 (3·batch + 2) index (the CPU kernel implements neither), MultiHeadAttention's packed QKV and KV forms
 (nor these), its query without key, its cache_indirection input and qk output. Static shapes are needed.
@@ -21,6 +22,7 @@ do_rotary, past_present_share_buffer and past_sequence_length, the 4-D Megatron 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +60,51 @@ class _Sizes:
     @property
     def total(self) -> int:  # T = P + L
         return self.past + self.kv_sequence
+
+
+def in_float32(
+    node: onnx.NodeProto,
+    scope: GraphScope,
+    lower: Callable[[onnx.NodeProto, GraphScope], list[onnx.NodeProto]],
+) -> list[onnx.NodeProto]:
+    """``lower`` applied to ``node`` with its float16 inputs and outputs in float32.
+
+    onnxruntime's CPU attention kernels are float32 only; its session runs a float16 node (an O4-optimized
+    model's) between Casts to float32 and back, so the lowering computes exactly that."""
+    half = [
+        name
+        for name in (*node.input, *node.output)
+        if name and scope.elem_type(name) == onnx.TensorProto.FLOAT16
+    ]
+    if not half:
+        return lower(node, scope)
+    emit = NodeEmitter(node, scope)
+    wide = onnx.NodeProto()
+    wide.CopyFrom(node)
+    back: list[tuple[str, str]] = []
+    for slot, name in enumerate(node.input):
+        if name in half:
+            wide.input[slot] = emit("Cast", [name], f"input{slot}_to_float32", to=_FLOAT)
+            scope.learn_type(wide.input[slot], _float32_like(scope, name))
+    for slot, name in enumerate(node.output):
+        if name in half:
+            wide.output[slot] = scope.names.fresh(f"{emit.hint}/output{slot}_float32")
+            scope.learn_type(wide.output[slot], _float32_like(scope, name))
+            back.append((wide.output[slot], name))
+    nodes = emit.nodes + lower(wide, scope)
+    narrow = NodeEmitter(node, scope)
+    for wide_name, name in back:
+        narrow("Cast", [wide_name], f"{name}_to_float16", name, to=onnx.TensorProto.FLOAT16)
+    return nodes + narrow.nodes
+
+
+def _float32_like(scope: GraphScope, name: str) -> onnx.TypeProto:
+    found = onnx.TypeProto()
+    known = scope.type_of(name)
+    if known is not None:
+        found.CopyFrom(known)
+    found.tensor_type.elem_type = _FLOAT
+    return found
 
 
 def _require_float(scope: GraphScope, node: onnx.NodeProto, *names: str) -> None:
@@ -199,6 +246,9 @@ class AttentionRewrite(Rewrite):
     domain = _MS_DOMAIN
 
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
+        return in_float32(node, scope, self._lower_float32)
+
+    def _lower_float32(self, node: onnx.NodeProto, scope: GraphScope) -> list[onnx.NodeProto]:
         x, weights = node.input[0], node.input[1]
         bias, mask, past = input_at(node, 2), input_at(node, 3), input_at(node, 4)
         attention_bias, past_length = input_at(node, 5), input_at(node, 6)
@@ -282,6 +332,9 @@ class MultiHeadAttentionRewrite(Rewrite):
     domain = _MS_DOMAIN
 
     def lower(self, node: onnx.NodeProto, since_version: int, scope: GraphScope) -> list[onnx.NodeProto]:
+        return in_float32(node, scope, self._lower_float32)
+
+    def _lower_float32(self, node: onnx.NodeProto, scope: GraphScope) -> list[onnx.NodeProto]:
         query, key, value = node.input[0], input_at(node, 1), input_at(node, 2)
         bias, mask, attention_bias = input_at(node, 3), input_at(node, 4), input_at(node, 5)
         past_key, past_value = input_at(node, 6), input_at(node, 7)
