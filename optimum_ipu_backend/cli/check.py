@@ -170,6 +170,19 @@ class FileResult:
     def ready(self) -> bool:
         return self.error is None and not self.problems
 
+    @property
+    def runtime_operators_lowered(self) -> dict[str, int]:
+        """The operators of onnxruntime's own (an optimizer's fused Attention, SkipLayerNormalization, ...)
+        the compiler lowered, by name and count."""
+        import onnx
+
+        lowered: dict[str, int] = {}
+        for report in self.reports:
+            for name, count in report.ops_removed.items():
+                if "::" in name or not onnx.defs.has(name):
+                    lowered[name] = lowered.get(name, 0) + count
+        return dict(sorted(lowered.items()))
+
     def as_json(self) -> dict[str, Any]:
         return {
             "file": str(self.path),
@@ -180,6 +193,7 @@ class FileResult:
             "passes": [{**asdict(r), "seconds": round(r.seconds, 4)} for r in self.reports],
             "failed_pass": self.failed_pass,
             "unsupported": [asdict(problem) for problem in self.problems],
+            "runtime_operators_lowered": self.runtime_operators_lowered,
             "error": self.error,
             "graph_notes": self.notes,
             "memory": None if self.memory is None else asdict(self.memory),
@@ -396,9 +410,12 @@ def format_result(result: FileResult) -> str:
     elif result.error is not None:
         lines.append(f"  not checked: {result.error}")
     lines.extend(f"  note: {note}" for note in result.notes)
+    if result.runtime_operators_lowered:
+        lowered = ", ".join(f"{count} {name}" for name, count in result.runtime_operators_lowered.items())
+        lines.append(f"  onnxruntime's own operators lowered: {lowered}")
     if result.problems:
         lines.append(f"  unsupported ({len(result.problems)}):")
-        lines.extend(f"    - {problem.describe()}" for problem in result.problems)
+        lines.extend(f"    - {line}" for line in _grouped(result.problems))
     if result.memory is not None:
         memory = result.memory
         lines.append(
@@ -415,6 +432,21 @@ def format_result(result: FileResult) -> str:
 # ------------------------------------------------------------------------------------------------------
 # The subcommand
 # ------------------------------------------------------------------------------------------------------
+
+
+def _grouped(problems: Sequence[UnsupportedNode]) -> list[str]:
+    """One line per reason: a quantized model refuses dozens of nodes for the same one."""
+    groups: dict[tuple[str, str, str], list[UnsupportedNode]] = {}
+    for problem in problems:
+        groups.setdefault((problem.op_type, problem.reason, problem.pattern), []).append(problem)
+    lines = []
+    for (op_type, reason, pattern), members in groups.items():
+        if len(members) == 1:
+            lines.append(members[0].describe())
+            continue
+        names = ", ".join(member.name or "<unnamed>" for member in members[:2])
+        lines.append(f"{len(members)} {op_type} nodes ({names}, ...): {reason} [pattern: {pattern}]")
+    return lines
 
 
 def _per_ipu_lines(estimates: Sequence[MemoryEstimate]) -> list[str]:

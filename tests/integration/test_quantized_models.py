@@ -147,3 +147,31 @@ def test_ortmodel_from_pretrained_refuses_it_with_the_same_message(dynamically_q
             provider_options={"device": "emulator", "executable_cache_dir": str(tmp_path)},
         )
     _assert_the_quantization_message(str(raised.value))
+
+
+def test_check_reports_the_refused_quantization_once_per_kind(dynamically_quantized_bert, capsys):
+    """`optimum-ipu check` on the quantized export: each refused kind on one line with its count."""
+    from optimum_ipu_backend.cli.check import main
+
+    assert main([str(dynamically_quantized_bert), "--dim", "sequence_length=16"]) == 1
+    text = capsys.readouterr().out
+    assert "PopART-ready: no" in text
+    lines = [line for line in text.splitlines() if "dynamic int8 quantization" in line]
+    assert len(lines) == 2, text  # DynamicQuantizeLinear and MatMulInteger, each with its count
+    assert any(line.strip().startswith("- 18 MatMulInteger nodes") for line in lines), lines
+
+
+def test_check_names_the_fused_operators_it_lowered(zoo, capsys):
+    """`optimum-ipu check` on ORTOptimizer's O2 BERT: onnxruntime's fused operators, lowered, by count."""
+    import json
+
+    from optimum_ipu_backend.cli.check import main
+
+    optimized = zoo.optimized("bert", "text-classification", "O2")
+    assert main([str(optimized), "--dim", "sequence_length=16", "--json"]) == 0
+    (report,) = json.loads(capsys.readouterr().out)["files"]
+    assert report["runtime_operators_lowered"] == {
+        "com.microsoft::Attention": 2,
+        "com.microsoft::BiasGelu": 2,
+        "com.microsoft::SkipLayerNormalization": 4,
+    }
