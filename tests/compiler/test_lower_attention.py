@@ -293,6 +293,9 @@ def test_padding_is_not_proven_through_attention_and_the_verdict_names_it():
     assert not proof.exact
     (problem,) = proof.problems
     assert problem.startswith("node 'the_Attention' (Attention)"), problem
+    assert (
+        "onnxruntime's own operator com.microsoft::Attention, which the padding proof has no rule" in problem
+    )
 
 
 def _attention(

@@ -1651,7 +1651,16 @@ def rule_one_hot(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None])
 
 
 def rule_not_followed(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
-    """An operator without a rule: shapes from running it on zeros, nothing exact."""
+    """An operator without a rule: shapes from running it on zeros, nothing exact. A runtime's own operator
+    (onnxruntime's fused Attention, ...) stops the proof: it has no rule, and no ONNX semantics to run."""
+    if node.domain not in ("", "ai.onnx") or not onnx.defs.has(node.op_type):
+        raise ProofAborted(
+            describe(
+                node,
+                f"is onnxruntime's own operator {node.domain or 'ai.onnx'}::{node.op_type}, which the "
+                "padding proof has no rule for, so the graph is compiled at the sizes of each call",
+            )
+        )
     template = next(v for v in inputs if isinstance(v, Data))
     out_p, out_u = _shapes_by_zeros(ctx, node, inputs)
     return [
