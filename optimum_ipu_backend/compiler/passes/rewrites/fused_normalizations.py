@@ -137,32 +137,14 @@ def _embed_layer_normalization(node: onnx.NodeProto, scope: GraphScope) -> list[
         # [batch or 1, sequence] ids: the [1, sequence] form is shared by every row, as Add broadcasts it.
         positions = emit("Gather", [position, position_ids], "position", axis=0)
     else:
-        positions = emit(
-            "Slice",
-            [
-                position,
-                emit.constant([0], np.int64, "position_start"),
-                emit.constant([sequence], np.int64, "position_end"),
-                emit.constant([0], np.int64, "position_axis"),
-            ],
-            "position",
-        )
+        positions = _first_rows(emit, position, sequence, "position")
     total = emit("Add", [total, positions], "word_position")
     if segment:
         if segment_ids:
             segments = emit("Gather", [segment, segment_ids], "segment", axis=0)
         else:
             # Without ids onnxruntime's kernel adds the segment table's first row to every token.
-            segments = emit(
-                "Slice",
-                [
-                    segment,
-                    emit.constant([0], np.int64, "segment_start"),
-                    emit.constant([1], np.int64, "segment_end"),
-                    emit.constant([0], np.int64, "segment_axis"),
-                ],
-                "segment",
-            )
+            segments = _first_rows(emit, segment, 1, "segment")
         total = emit("Add", [total, segments], "embedding_sum")
     sum_output = _output(node, 2)
     if sum_output:
@@ -180,6 +162,14 @@ def _embed_layer_normalization(node: onnx.NodeProto, scope: GraphScope) -> list[
         else:
             scope.add_constant(np.zeros([batch], np.int32), "mask_index", exact_name=mask_index)
     return emit.nodes
+
+
+def _first_rows(emit: NodeEmitter, table: str, count: int, what: str) -> str:
+    """Rows [0, count) of an embedding table (a Slice-10 on axis 0)."""
+    bounds = [
+        emit.constant([value], np.int64, f"{what}_{name}") for name, value in (("start", 0), ("end", count))
+    ]
+    return emit("Slice", [table, *bounds, emit.constant([0], np.int64, f"{what}_axis")], what)
 
 
 class SimplifiedLayerNormalizationRewrite(Rewrite):
