@@ -1,8 +1,8 @@
 """A test double of PopTorch's public Python API, for CI without the Poplar SDK.
 
-It behaves as graphcore/poptorch at tag ``sdk-release-3.4`` does; each behaviour cites the source it
-follows (repository graphcore/poptorch unless said otherwise), or says that it is *assumed* and why where
-the behaviour lives in closed source (Poplar, PopDist).
+It behaves as graphcore/poptorch at branch ``sdk-release-3.4`` (commit c2a8b177) does; each behaviour
+cites the source it follows (repository graphcore/poptorch unless said otherwise), or says that it is
+*assumed* and why where the behaviour lives in closed source (Poplar, PopDist).
 
 * ``inferenceModel(model, options)`` wraps a shallow copy of the module in a ``PoplarExecutor``.
 * ``compile`` traces ``forward`` ONCE, on a device without values, as PopTorch traces on ``ipu:0``:
