@@ -22,8 +22,10 @@ Context: for a decoder-only model, the prompt length. For the seq2seq decoders, 
 length (the cross-attention keys and values every decoder step reads): T5's input tokens; Whisper's is
 fixed by the model (3000 mel frames -> 1500 positions), so it has one context. The decoder's own past
 grows from its start tokens to the generated length. Only the decoder sessions are counted (the encoder
-runs once per generation). A case whose context + new tokens exceed the model's position limit
-(``n_positions`` / ``max_target_positions``) runs at the largest valid size and says so.
+runs once per generation). A case whose positions exceed the model's limit runs at the largest valid
+size and says so in its context column: a decoder-only model's prompt + new tokens within ``n_positions``
+(new tokens cut to at most half of it, the prompt to the rest); a seq2seq decoder's start tokens + new
+tokens within ``max_target_positions``. A capped case equal to a row already run is skipped.
 
 Models are the conformance zoo's tiny random ones (``conformance.zoo.ModelZoo``: hidden 32, 2 layers, 4
 heads), batch 1, ``provider="ipu"`` on the host emulator with a fresh executable cache. Modes: greedy,
@@ -110,6 +112,7 @@ class Traffic:
     needed_rest_in: int = 0
     needed_rest_out: int = 0
     step_bytes: list[int] = field(default_factory=list)  # in + out of each step, in order
+    first_ids: int | None = None  # input_ids length of the first decoder call: the prompt it starts from
     state_in_elements: int = 0  # cross-checked against the executables' compiled shapes x calls
 
     @property
@@ -181,6 +184,8 @@ class LinkMeter:
             return
         traffic = self.traffic
         traffic.calls += 1
+        if traffic.first_ids is None and "input_ids" in feed:
+            traffic.first_ids = int(np.asarray(feed["input_ids"]).shape[-1])
         itemsizes = getattr(self._current, "itemsizes", {})
         for name, array in feed.items():
             if not is_state_input(name):
@@ -280,7 +285,7 @@ def build_inputs(case: Case, model_dir: Path, context: int, seed: int) -> tuple[
     }, context
 
 
-def sizes_for(case: Case, config: Any, context: int, new_tokens: int, prefix: int) -> tuple[int, int, str]:
+def sizes_for(case: Case, config: Any, context: int, new_tokens: int, start: int) -> tuple[int, int, str]:
     """(context, new tokens, note): the asked sizes, or the largest valid ones under the position limit."""
     limit = position_limit(config, case)
     if limit is None:
@@ -295,9 +300,9 @@ def sizes_for(case: Case, config: Any, context: int, new_tokens: int, prefix: in
             min(new_tokens, limit - valid_context),
             (f"asked {context}+{new_tokens}; n_positions {limit}"),
         )
-    if prefix + new_tokens <= limit:
+    if start + new_tokens <= limit:  # the seq2seq decoder starts from ``start`` tokens
         return context, new_tokens, ""
-    return context, limit - prefix, f"asked {new_tokens} new; max_target_positions {limit}"
+    return context, limit - start, f"asked {new_tokens} new; max_target_positions {limit}"
 
 
 @contextlib.contextmanager
@@ -367,12 +372,14 @@ def generate_once(
     }
 
 
-def decoder_prompt_length(case: Case, onnx_dir: Path, cache_dir: Path, inputs: Mapping[str, Any]) -> int:
-    """Tokens a seq2seq generate() puts before the generated ones (Whisper's forced prefix), from a short
-    greedy generation: output length minus new tokens."""
+def decoder_prompt(case: Case, onnx_dir: Path, cache_dir: Path, inputs: Mapping[str, Any]) -> tuple[int, int]:
+    """(tokens generate() returns before the generated ones, tokens the decoder starts from): the prompt
+    for a decoder-only model; for a seq2seq one, from a short greedy generation (Whisper starts from forced
+    tokens that its generate() does not return)."""
     if case.context == "prompt":
-        return int(inputs["input_ids"].shape[1])
-    return generate_once(case, onnx_dir, cache_dir, inputs, "greedy", 2, 0, prefix=0)["tokens"] - 2
+        return int(inputs["input_ids"].shape[1]), int(inputs["input_ids"].shape[1])
+    probe = generate_once(case, onnx_dir, cache_dir, inputs, "greedy", 2, 0, prefix=0)
+    return probe["tokens"] - 2, int(probe["traffic"].first_ids)
 
 
 def run_case(
@@ -386,8 +393,8 @@ def run_case(
     done: set[tuple[int, int]] = set()
     for asked in contexts if case.context != "audio" else contexts[:1]:
         inputs, context = build_inputs(case, onnx_dir, asked, seed)
-        prefix = decoder_prompt_length(case, onnx_dir, cache_dir, inputs)
-        context, new, note = sizes_for(case, config, context, new_tokens, prefix)
+        prefix, start = decoder_prompt(case, onnx_dir, cache_dir, inputs)
+        context, new, note = sizes_for(case, config, context, new_tokens, start)
         if (context, new) in done:
             print(f"- {case.label}: context {asked} ({note}) is the same as a row above; skipped", flush=True)
             continue
