@@ -11,6 +11,9 @@ cites the source it follows (repository graphcore/poptorch unless said otherwise
   ``.to("cpu")``) raises PopTorch's error. Only then is the executable "compiled" (memory, cache, IPUs).
 * A call runs the module eagerly on the CPU, one micro-batch per device iteration and replica, and
   concatenates outputs on dim 0 (``OutputMode.All``): the values PopTorch would compute.
+* The device holds its own copy of the parameters and buffers, uploaded on every attach; calls run on
+  it, in-place updates of a buffer persist there, and the user's module sees them only after
+  ``copyWeightsToHost()`` (see "device state" below).
 
 Test controls, shared with the popart double: ``POPART_DOUBLE_CONFIG`` (a JSON file reread on every call:
 ``ipus``, ``ipu_version``, ``version``, ``memory_bytes_per_ipu``, ``memory_report_lines`` (lines in
@@ -331,6 +334,7 @@ class Options(_OptionsDict):
         self._distributed = _DistributedOptions()
         super().__init__(
             replication_factor=1,
+            broadcast_buffers=True,
             device_iterations=1,
             auto_round_num_ipus=False,
             output_mode=OutputMode.Default.value,
@@ -375,6 +379,12 @@ class Options(_OptionsDict):
 
     def replicationFactor(self, replication_factor: int) -> Options:  # noqa: N802
         self.set(replication_factor=replication_factor)
+        return self
+
+    def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:  # noqa: N802
+        """Options.broadcastBuffers (default True, Options.__init__): False lets each replica keep its
+        own buffers (SessionOptions.cpp registers it as poptorch_options.broadcast_buffers)."""
+        self.set(broadcast_buffers=broadcast_buffers)
         return self
 
     def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> Options:  # noqa: N802
@@ -514,13 +524,30 @@ _ITEM_CALLS = {torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__, 
 _COPY_CALLS = {torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.to}
 
 
+# Ops without a handler: JitDispatch.cpp, JITDispatch::fallback records any aten op as a node of its
+# schema; InplaceOps.cpp, removeRemainingInplaceOps turns an in-place node into its out-of-place kind
+# (outplaceKind drops the trailing "_"); a node canonicalisation leaves as "aten::" fails the compile
+# (ErrorOnUnsupportedAten.cpp). Inferred, not run on an SDK: poptorch/source has no handler for
+# aten::index_copy or aten::index_copy_ (the name occurs only in python/_dataloader.py), so both forms
+# are refused under the out-of-place name.
+_UNSUPPORTED = {torch.Tensor.index_copy_: "aten::index_copy", torch.Tensor.index_copy: "aten::index_copy",
+                torch.index_copy: "aten::index_copy"}  # fmt: skip
+
+
 class _DispatchTrace(TorchFunctionMode):
     """A host read of a traced tensor raises PopTorch's error (type poptorch_cpp_error: the dispatcher's
-    ERROR goes through PopTorch's exception conversion)."""
+    ERROR goes through PopTorch's exception conversion). Ops without a handler are recorded in
+    ``unsupported``: PopTorch refuses them only after the trace, when the graph is lowered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsupported: set[str] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         traced = any(isinstance(a, torch.Tensor) and a.device.type == _TRACE_DEVICE for a in args)
+        if traced and func in _UNSUPPORTED:
+            self.unsupported.add(_UNSUPPORTED[func])
         if traced and func in _ITEM_CALLS:
             raise _cpp_error(
                 "poptorch_cpp_error",
@@ -584,7 +611,76 @@ def _entries(model: torch.nn.Module, kind: str):
                 yield table, name, tensor
 
 
+# _impl.py, BUFFERS_CAN_CHANGE: modules whose buffers may be replaced during forward.
+_BUFFERS_CAN_CHANGE = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
+# _poplar_executor.py, NO_EXECUTABLE_ERR.
+_NO_EXECUTABLE = "Model has not been compiled or has been destroyed."
+# InplaceOps.cpp, InplaceInputsTracker::finalizeGraph: an in-place update of a parameter or buffer (all
+# that _compileWithDispatch moves to the IPU count as parameters: RegisterAtenOverloads.cpp,
+# moving_parameters) when replicas need broadcasting (LowerToPopartFactories.cpp, lowerToPopartFromDispatch:
+# hasInputReplication() && broadcastBuffers(); SessionOptions.cpp: input_group_size < replicatedGraphCount).
+_BROADCAST_ERROR = (
+    "PopTorch does not support broadcasting buffers. If your model is able to tolerate buffers becoming "
+    "out of sync between replicas, you can disable buffer broadcasting using "
+    "poptorch.Options.broadcastBuffers(False)."
+)
+
+
+def _addresses(model: torch.nn.Module) -> tuple[dict, dict]:
+    """_impl.py, getBufferAndParameterAddresses: each buffer (not those of BUFFERS_CAN_CHANGE modules) and
+    each parameter by name, with its identity (an IPU tensor's id there, the tensor object here)."""
+    buffers = {}
+    for prefix, module in model.named_modules():
+        if not isinstance(module, _BUFFERS_CAN_CHANGE):
+            buffers.update(module.named_buffers(prefix=prefix, recurse=False))
+    return buffers, dict(model.named_parameters())
+
+
+def _error_on_address_changes(old: tuple[dict, dict], new: tuple[dict, dict]) -> None:
+    """_impl.py, errorOnBufferOrParameterAddressChanges: buffers first, then parameters."""
+    for kind, before, after in zip(("Buffer", "Parameter"), old, new):  # noqa: B905
+        for name, tensor in before.items():
+            if name not in after:
+                raise _python_error(
+                    f"{kind} {name} is removed from the model when calling the forward method."
+                )
+            if after[name] is not tensor:
+                raise _python_error(
+                    f"{kind} {name} is reassigned within the model when calling the forward method. This is "
+                    f"not supported. Consider using self.{name}.copy_(src) to copy data from a source tensor, "
+                    "where src is the name of the source tensor."
+                )
+
+
+def _device_copy(tensor: torch.Tensor) -> torch.Tensor:
+    copied = tensor.detach().clone()
+    return (
+        torch.nn.Parameter(copied, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else copied
+    )
+
+
 class PoplarExecutor:
+    """Device state. PopTorch keeps the weights in two places: the host tensors of the user's module and
+    the device's variables. The double keeps the second as ``_device``, a copy per replica of every named
+    parameter and buffer, and runs ``forward`` with those copies in the module's place:
+
+    * upload: _on_device_attach calls copyWeightsToDevice on every attach, i.e. when _compile attaches
+      (ConnectionType.Always) and in attachToDevice; copyWeightsToDevice writes all named parameters and
+      buffers (_poplar_executor.py; popart_compiler/source/Compiler.cpp, Compiler::copyWeightsToDevice:
+      writeWeights then weightsFromHost);
+    * in-place updates of a parameter or buffer in forward become poptorch::update_param_inplace
+      (InplaceOps.cpp, finalizeGraph), lowered to PopART's CopyVarUpdate, so they persist on the device
+      across calls (tests/buffers_test.py, test_no_input_but_one_buffer);
+    * download: only copyWeightsToHost, which copies all of them into the host tensors' memory
+      (Compiler::copyWeightsToHost: weightsToHost, readWeights; python/poptorch.cpp passes the tensors'
+      data pointers). An inference model never does it implicitly: __call__ sets _dirty_host_weights
+      only when training, and detachFromDevice and destroy copy back only when training;
+      docs/user_guide/overview.rst, "PyTorch buffers", says so;
+    * with replicas and broadcastBuffers(False), each replica updates its own buffers
+      (tests/buffers_test.py, test_unsynchronised_replicated_buffers). Micro-batch k of a call runs on
+      replica k % replicas (PopART's host layout [iterations, replicas, ...]).
+    """
+
     def __init__(self, model: torch.nn.Module, options: Options) -> None:
         # PoplarExecutor.__init__: the given options are frozen and cloned; an inference model defaults to
         # OutputMode.All; gradientAccumulation must be 1.
@@ -603,7 +699,22 @@ class PoplarExecutor:
         self._outputs_structure = None
         self._is_attached = False
         self._attached_ipus = 0
+        self._device: list[dict[str, torch.Tensor]] = []
+        self._replicas_diverge = False
         options._freeze()
+
+    def __getattr__(self, name: str):
+        """PoplarExecutor.__getattr__: other attributes are the wrapped module's (its host tensors).
+        Assumed away: PopTorch hands a Parameter back inside a ReplicaGroupingWrapper that forwards its
+        attributes; the double hands back the Parameter."""
+        model = self.__dict__.get("_model")
+        if model is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(model, name)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model
 
     @property
     def _factor(self) -> int:
@@ -626,28 +737,41 @@ class PoplarExecutor:
         )
         return tensor if tensor.shape == torch.Size([]) else tensor.narrow(0, 0, size // self._factor)
 
-    def _trace(self, micro_args: list) -> None:
+    def _trace(self, micro_args: list) -> tuple[bool, set[str]]:
         """_compileWithDispatch: parameters and buffers move to the IPU (here: meta) and back afterwards,
         inputs with requires_grad are refused, the module runs once, outputs not on the device draw a
-        warning."""
+        warning; once the CPU tensors are back, a parameter or buffer that forward replaced or removed is
+        refused (errorOnBufferOrParameterAddressChanges, in the same finally block).
+
+        Returns whether forward updated a parameter or buffer in place (an in-place op on it or on a view
+        of it bumps its version counter, as the dispatcher's alias tracking follows views to the input)
+        and the ops that have no handler."""
         for index, tensor in enumerate(micro_args):
             if tensor.requires_grad:
                 raise _python_error(f"An input tensor to an IPU model can not have requires_grad set to True, "
                                     f"however input {index} does: {tensor}")  # fmt: skip
-        saved = []
+        saved, moved = [], []
+        tracer = _DispatchTrace()
+        old = new = ({}, {})
         try:
             for kind in ("_parameters", "_buffers"):
                 for table, name, tensor in list(_entries(self._model, kind)):
                     saved.append((table, name, tensor))
-                    moved = torch.empty_like(tensor, device=_TRACE_DEVICE)
-                    table[name] = (
-                        torch.nn.Parameter(moved, tensor.requires_grad) if kind == "_parameters" else moved
-                    )
-            with _OnTraceDevice(), _DispatchTrace():
-                result = self._model(*[t.detach().to(_TRACE_DEVICE) for t in micro_args])
+                    on_device = torch.empty_like(tensor, device=_TRACE_DEVICE)
+                    if kind == "_parameters":
+                        on_device = torch.nn.Parameter(on_device, tensor.requires_grad)
+                    table[name] = on_device
+                    moved.append(on_device)
+            old = _addresses(self._model)
+            try:
+                with _OnTraceDevice(), tracer:
+                    result = self._model(*[t.detach().to(_TRACE_DEVICE) for t in micro_args])
+            finally:
+                new = _addresses(self._model)
         finally:
             for table, name, tensor in reversed(saved):
                 table[name] = tensor
+            _error_on_address_changes(old, new)
         outputs = [result] if isinstance(result, torch.Tensor) else list(result)
         for output in outputs:
             if output.device.type != _TRACE_DEVICE:
@@ -655,6 +779,24 @@ class PoplarExecutor:
                     f"Output expected to be on the IPU but is on {output.device.type}", stacklevel=3
                 )
         self._outputs_structure = type(result)
+        return any(tensor._version for tensor in moved), tracer.unsupported
+
+    def _lower(self, updates_weights: bool, unsupported: set[str]) -> None:
+        """LowerToPopartFactories.cpp, lowerToPopartFromDispatch: the in-place pass (finalizeGraph) runs
+        before the check for ops left without a handler (errorOnUnsupportedAten); both are C++ errors."""
+        opts = self._options
+        # The double has no inputReplicaGrouping: input_group_size is 1.
+        if updates_weights and opts.replication_factor > 1 and opts.broadcast_buffers:
+            raise _cpp_error("poptorch_cpp_error", _BROADCAST_ERROR, "poptorch/source/InplaceOps.cpp", 228)
+        if unsupported:
+            # torch::jit::Symbol::toQualString of each; the order of an unordered_set (here: sorted).
+            raise _cpp_error("poptorch_cpp_error", (
+                f"Unsupported ops found in compiled model: [{', '.join(sorted(unsupported))}]. Not all "
+                "operations are supported yet by Graphcore's PyTorch compiler. If you believe any of these "
+                "should be, please report this message to support@graphcore.ai."),
+                "poptorch/source/ErrorOnUnsupportedAten.cpp", 30)  # fmt: skip
+        # Replicas differ only when forward writes a weight; otherwise one copy stands for all.
+        self._replicas_diverge = updates_weights and opts.replication_factor > 1
 
     def _ipus(self) -> int:
         return self._options.replication_factor
@@ -735,7 +877,7 @@ class PoplarExecutor:
              processes=[opts.Distributed.processId, opts.Distributed.numProcesses],
              ipuId=opts.ipu_id if opts.exists("ipu_id") else None)  # fmt: skip
         micro = [self._narrow(index, a) for index, a in enumerate(args)]
-        self._trace(micro)
+        self._lower(*self._trace(micro))
         _fault("compile")
         if self._uses_model() and offline:
             raise _cpp_error("poptorch_cpp_error", "ConnectionType.Never / poptorch.Options.useOfflineIpuTarget "
@@ -762,9 +904,70 @@ class PoplarExecutor:
                     stream.write(b"POPEF-DOUBLE poptorch\n")
                 _log("cache_write", path=path)
         self._compiled_args = [(a.shape, a.dtype) for a in args]
-        # _compile: ConnectionType.Always attaches while compiling, Never not at all.
+        # _compile: ConnectionType.Always attaches while compiling, Never not at all; an attach uploads
+        # the weights (_on_device_attach).
         if not offline:
             self._acquire()
+            self._on_device_attach()
+
+    def _on_device_attach(self) -> None:
+        """PoplarExecutor._on_device_attach: copyWeightsToDevice (the optimizer and RNG state are not
+        modelled)."""
+        self.copyWeightsToDevice()
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """copyWeightsToHost / copyWeightsToDevice: named_parameters, then named_buffers, of the model."""
+        return {**dict(self._model.named_parameters()), **dict(self._model.named_buffers())}
+
+    def _on_device(self) -> None:
+        """The device copies are reachable only while attached. PopART's Devicex::weightsFromHost and
+        weightsToHost run a program (Devicex::run), which loads the engine when it is not loaded:
+        loadEngineAndConnectStreams refuses an offline device with this text (graphcore/popart
+        willow/src/popx/devicex.cpp). Assumed (Poplar is closed): loading on a device this process
+        detached from fails as well; the double refuses rather than return stale values."""
+        if self._is_attached:
+            return
+        if self._options.connection_type == ConnectionType.Never.value:
+            raise _cpp_error("popart_exception", "Trying to load an engine on an offline device")
+        raise _cpp_error("popart_exception", "Trying to load an engine on a device that is not attached")
+
+    def copyWeightsToDevice(self) -> None:  # noqa: N802
+        """PoplarExecutor.copyWeightsToDevice: every named parameter and buffer of the model, to every
+        replica (PopART streams one host value to all replicas of an ungrouped variable)."""
+        if self._compiled_args is None:
+            raise _python_error(_NO_EXECUTABLE)
+        self._on_device()
+        weights = self._weights()
+        replicas = self._options.replication_factor if self._replicas_diverge else 1
+        self._device = [{name: _device_copy(t) for name, t in weights.items()} for _ in range(replicas)]
+        _log("copyWeightsToDevice", weights=len(weights))
+
+    def copyWeightsToHost(self) -> None:  # noqa: N802
+        """PoplarExecutor.copyWeightsToHost: every named parameter and buffer, written into the host
+        tensors themselves (the user's, through the shallow copy). Assumed (PopART's retrieval of an
+        ungrouped variable from replicas that diverged is decided in Poplar's streams): replica 0's."""
+        if self._compiled_args is None:
+            raise _python_error(_NO_EXECUTABLE)
+        self._on_device()
+        with torch.no_grad():
+            for name, host in self._weights().items():
+                host.copy_(self._device[0][name])
+        _log("copyWeightsToHost")
+
+    def _run_micro_batch(self, replica: int, names: dict[int, str], args: list):
+        """One micro-batch with the replica's device copies in place of the module's tensors; the host
+        tensors are put back whatever happens."""
+        state = self._device[replica if self._replicas_diverge else 0]
+        saved = []
+        try:
+            for kind in ("_parameters", "_buffers"):
+                for table, name, tensor in list(_entries(self._model, kind)):
+                    saved.append((table, name, tensor))
+                    table[name] = state[names[id(tensor)]]
+            return self._model(*args)
+        finally:
+            for table, name, tensor in reversed(saved):
+                table[name] = tensor
 
     def __call__(self, *args):
         assert self._options.connection_type != ConnectionType.Never.value, (
@@ -795,8 +998,12 @@ class PoplarExecutor:
         _fault("run")
         factor = self._factor
         chunks = [torch.chunk(a, factor, dim=0) if a.dim() else [a] * factor for a in args]
+        names = {id(tensor): name for name, tensor in self._weights().items()}
+        replicas = self._options.replication_factor
         with torch.no_grad():
-            results = [self._model(*[c[k] for c in chunks]) for k in range(factor)]
+            results = [
+                self._run_micro_batch(k % replicas, names, [c[k] for c in chunks]) for k in range(factor)
+            ]
         if isinstance(results[0], torch.Tensor):
             results = [(r,) for r in results]
         merged = []
@@ -814,9 +1021,11 @@ class PoplarExecutor:
         return self._outputs_structure(merged) if self._outputs_structure in (tuple, list) else tuple(merged)
 
     def detachFromDevice(self) -> None:  # noqa: N802
-        """PoplarExecutor.detachFromDevice: compiled and attached, or poptorch_py_error."""
+        """PoplarExecutor.detachFromDevice: compiled and attached, or poptorch_py_error; the weights are
+        read back only when training, so an inference model's device state is lost (the next attach
+        uploads the host values again)."""
         if self._compiled_args is None:
-            raise _python_error("Model has not been compiled or has been destroyed.")
+            raise _python_error(_NO_EXECUTABLE)
         if not self._is_attached:
             raise _python_error("Device is not attached")
         _attached_ipus[0] -= self._attached_ipus
@@ -828,7 +1037,7 @@ class PoplarExecutor:
         """PoplarExecutor.attachToDevice: compiled, not offline (assertion), not attached; then the
         device is acquired and the weights uploaded (_on_device_attach)."""
         if self._compiled_args is None:
-            raise _python_error("Model has not been compiled or has been destroyed.")
+            raise _python_error(_NO_EXECUTABLE)
         assert self._options.connection_type != ConnectionType.Never.value, (
             "Trying to attach to an offline device (ConnectionType.Never)"
         )
@@ -836,6 +1045,7 @@ class PoplarExecutor:
             raise _python_error("Device is already attached")
         self._acquire()
         _log("attachToDevice")
+        self._on_device_attach()
 
     def isAttachedToDevice(self) -> bool:  # noqa: N802
         return self._compiled_args is not None and self._is_attached
@@ -845,7 +1055,8 @@ class PoplarExecutor:
 
     def destroy(self) -> None:
         """PoplarExecutor.destroy: nothing when not compiled; otherwise the executable is deleted, which
-        releases its device (assumed: the C++ executable's destructor detaches)."""
+        releases its device (assumed: the C++ executable's destructor detaches). Weights are copied back
+        only when training."""
         if self._compiled_args is None:
             return
         if self._is_attached:
@@ -853,6 +1064,7 @@ class PoplarExecutor:
             self._attached_ipus = 0
             self._is_attached = False
         self._compiled_args = None
+        self._device = []
         _log("destroy")
 
 
