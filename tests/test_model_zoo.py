@@ -80,7 +80,7 @@ def test_tasks_name_real_ort_classes_and_zoo_models() -> None:
     assert set(MODEL_NAMES) == {
         "bert", "roberta", "camembert", "distilbert", "albert", "electra",
         "gpt2", "t5", "bart", "vit", "whisper", "minilm",
-        "convbert", "esm", "m2m100", "longt5", "qwen3_moe", "wav2vec2",
+        "convbert", "esm", "m2m100", "longt5", "qwen3_moe", "wav2vec2", "llama",
     }  # fmt: skip
     for tasks in (TASKS, PATTERN_TASKS):
         for class_name in tasks:
@@ -176,6 +176,7 @@ def test_generation_models_do_not_repeat_one_token(zoo: ModelZoo) -> None:
         ("m2m100", "text2text-generation"),
         ("longt5", "text2text-generation"),
         ("qwen3_moe", "text-generation"),
+        ("llama", "text-generation"),
     ):
         model_dir = zoo.model(name, task)
         model = build_auto_model(model_dir)

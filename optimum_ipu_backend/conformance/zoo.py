@@ -62,6 +62,7 @@ MODEL_NAMES: tuple[str, ...] = (
     "longt5",
     "qwen3_moe",
     "wav2vec2",
+    "llama",
 )
 #: Built for tests of one head outside the conformance matrix (MBart's sequence classification, whose
 #: end-of-sentence selection ``compiler.graph_rewrites.eos_selection`` serves densely).
@@ -700,6 +701,34 @@ def _qwen3_moe(out_dir: Path) -> transformers.PretrainedConfig:
     )
 
 
+#: Llama's positions reach past the zoo's other models: generation checks run hundreds of new tokens after
+#: a context of hundreds.
+LLAMA_MAX_POSITIONS = 1024
+
+
+def _llama(out_dir: Path) -> transformers.PretrainedConfig:
+    """Llama's decoder: RMSNorm, rotary positions, SiLU-gated MLP and grouped-query attention (two query
+    heads share each key/value head)."""
+    import transformers
+
+    tokenizer = _decoder_tokenizer(out_dir)
+    return transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=TINY_HIDDEN,
+        intermediate_size=TINY_FFN,
+        num_hidden_layers=TINY_LAYERS,
+        num_attention_heads=TINY_HEADS,
+        num_key_value_heads=TINY_HEADS // 2,
+        max_position_embeddings=LLAMA_MAX_POSITIONS,
+        # At 0.02 (and 0.05) greedy decoding of the zoo's seed repeats one token after a 512-token prompt;
+        # at 0.3 it gives 100 distinct tokens in 256 and 23-26 in 32 after a short one.
+        initializer_range=0.3,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+
+
 def save_audio_feature_extractor(out_dir: Path) -> None:
     """A raw-audio feature extractor at 16 kHz, saved in ``out_dir``: no attention mask (the wav2vec2
     family's exports take ``input_values`` alone, so padding is part of the signal) and no normalisation
@@ -772,6 +801,7 @@ _BUILDERS: Mapping[str, Callable[[Path], transformers.PretrainedConfig]] = {
     ),
     "qwen3_moe": _qwen3_moe,
     "wav2vec2": wav2vec2_config,
+    "llama": _llama,
     "mbart": _mbart,
 }
 
@@ -1067,7 +1097,7 @@ def _decoder_input_ids(config: Any, batch: int, seq: int, rng: np.random.Generat
 
 
 # Decoder-only models whose export takes position_ids, which generate() derives from the attention mask.
-_POSITIONS_FROM_MASK = frozenset({"gpt2", "qwen3_moe"})
+_POSITIONS_FROM_MASK = frozenset({"gpt2", "qwen3_moe", "llama"})
 
 
 def preprocessed_inputs(
@@ -1078,8 +1108,9 @@ def preprocessed_inputs(
     Text inputs are ``(batch, seq)`` int64: row 0 is truncated to ``seq`` (a sentence pair where the
     tokenizer emits ``token_type_ids``) and the last row is one word padded to ``seq``, so attention masks
     contain zeros; multiple-choice heads get ``(batch, 2, seq)``. Besides what the preprocessor returns:
-    encoder-decoder models get ``decoder_input_ids`` ``(batch, max(seq // 2, 2))`` and GPT-2 and Qwen3-MoE
-    get the ``position_ids`` generate() would compute from the mask; drop those two before ``generate()``.
+    encoder-decoder models get ``decoder_input_ids`` ``(batch, max(seq // 2, 2))`` and GPT-2, Qwen3-MoE and
+    Llama get the ``position_ids`` generate() would compute from the mask; drop those two before
+    ``generate()``.
     Vision models get ``pixel_values`` at the config's image size; Whisper gets ``input_features`` of
     random waveforms (its ``seq`` is fixed by the feature extractor); wav2vec2 gets ``input_values`` of
     ``seq`` frames' worth of samples, the last rows shorter and zero-padded by its feature extractor.

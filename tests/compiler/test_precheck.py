@@ -217,6 +217,17 @@ CASES: dict[str, tuple[int, list[tuple[str, np.ndarray, bool]], dict, int]] = {
         {},
         1,
     ),
+    "com.microsoft::RotaryEmbedding": (
+        18,
+        [
+            ("x", _f(2, 2, 3, 4), True),
+            ("pos", _i([[0, 1, 2], [2, 3, 4]]), True),
+            ("cos", _f(5, 2), False),
+            ("sin", _f(5, 2), False),
+        ],
+        {},
+        1,
+    ),
     "SimplifiedLayerNormalization": (18, [("x", _f(2, 3, 4), True), ("scale", _f(4), False)], {}, 1),
     "com.microsoft::SkipLayerNormalization": (
         18,

@@ -61,7 +61,7 @@ def test_matrix_selection_by_glob_and_its_errors() -> None:
     assert matrix.select(True, ["none"]) == []
     assert len(matrix.select(True, ["all"])) == len(matrix.entries)
     with pytest.raises(DefinitionError, match="matches no matrix entry; entries: bert-text-classification"):
-        matrix.select(False, ["llama-*"])
+        matrix.select(False, ["mistral-*"])
 
 
 def test_tiers_state_what_the_issue_promises() -> None:

@@ -31,6 +31,8 @@ FORWARD = {
 }
 GENERATE = {
     "gpt2": ("ORTModelForCausalLM", "text-generation-with-past"),
+    # RMSNorm (SimplifiedLayerNormalization), SiLU (QuickGelu) and, at O4, com.microsoft::RotaryEmbedding
+    "llama": ("ORTModelForCausalLM", "text-generation-with-past"),
     "t5": ("ORTModelForSeq2SeqLM", "text2text-generation-with-past"),
     "bart": ("ORTModelForSeq2SeqLM", "text2text-generation-with-past"),
 }

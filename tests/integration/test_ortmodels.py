@@ -31,6 +31,8 @@ FORWARD = {
 GENERATE = {
     "causal-lm-with-cache": ("ORTModelForCausalLM", "gpt2", "text-generation-with-past", {}),
     "causal-lm-without-cache": ("ORTModelForCausalLM", "gpt2", "text-generation", {"use_cache": False}),
+    # grouped-query attention, rotary positions and RMSNorm
+    "causal-lm-llama": ("ORTModelForCausalLM", "llama", "text-generation-with-past", {}),
     "seq2seq-t5": ("ORTModelForSeq2SeqLM", "t5", "text2text-generation-with-past", {}),
     "seq2seq-t5-merged": ("ORTModelForSeq2SeqLM", "t5", "merged", {"use_merged": True}),
     "seq2seq-bart": ("ORTModelForSeq2SeqLM", "bart", "text2text-generation-with-past", {}),

@@ -46,7 +46,7 @@ from .range import RangeRewrite
 from .recurrent_layout import RecurrentLayoutRewrite
 from .resize import ResizeRewrite
 from .reverse_sequence import ReverseSequenceRewrite
-from .rotary_embedding import RotaryEmbeddingRewrite
+from .rotary_embedding import ContribRotaryEmbeddingRewrite, RotaryEmbeddingRewrite
 from .shape_slice import ShapeSliceRewrite
 from .size import SizeRewrite
 from .softmax import SoftmaxRewrite
@@ -90,6 +90,7 @@ REWRITES: tuple[Rewrite, ...] = (
     ReverseSequenceRewrite(),
     BitwiseNotRewrite(),
     RotaryEmbeddingRewrite(),
+    ContribRotaryEmbeddingRewrite(),
     ModRewrite(),
     SpaceToDepthRewrite(),
     NegativeIndicesRewrite(),
