@@ -14,6 +14,7 @@ every payload file, and ``optimum-ipu cache info KEY`` shows it as stored.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -35,6 +36,21 @@ CONFORMANCE_DIR = "conformance"  # the conformance suite's built models, exports
 STORES = (DESCRIPTIONS_DIR, PROOFS_DIR, CONFORMANCE_DIR)
 # A record of a graph no entry uses is kept this long after it was written (see ``drop_unused_records``).
 UNUSED_RECORD_SECONDS = 24 * 3600
+
+
+@functools.cache
+def code_identity() -> str:
+    """This package's version and a digest of its Python sources: what every cached record and
+    executable is keyed with beside its own inputs, so a changed compiler (a new release, or an edited
+    development checkout) never serves what an older one computed. Read once per process (~1 MB)."""
+    from optimum_ipu_backend import __version__
+
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for source in sorted(package.rglob("*.py")):
+        digest.update(source.relative_to(package).as_posix().encode())
+        digest.update(source.read_bytes())
+    return f"{__version__}+{digest.hexdigest()[:16]}"
 
 
 def _body_hash(body: Any) -> str:

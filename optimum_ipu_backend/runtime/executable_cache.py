@@ -61,6 +61,7 @@ from optimum_ipu_backend.errors import DeviceError
 from optimum_ipu_backend.runtime.cache_files import (
     CONFORMANCE_DIR,
     UNUSED_RECORD_SECONDS,
+    code_identity,
     drop_unused_records,
     store_usage,
     tree_usage,
@@ -207,8 +208,9 @@ class CacheKey:
         ``graph`` is the serialized graph the artifact derives from, or its sha256 hex digest. To let a warm
         load skip legalization, pass the *exported* graph and put whatever else shapes the legalized graph
         (compiler settings) into ``options``. ``shapes`` are the static input shapes, ``options`` any other
-        JSON data that changes the artifact. The package version and cache format are always included, so
-        a new release never reads an older release's artifacts.
+        JSON data that changes the artifact. The package's code (``cache_files.code_identity``: its version
+        and a digest of its sources) and the cache format are always included, so a new release, or an
+        edited checkout, never reads an older one's artifacts.
         """
         if isinstance(graph, bytes | bytearray | memoryview):
             graph_sha256 = hashlib.sha256(graph).hexdigest()
@@ -216,11 +218,9 @@ class CacheKey:
             graph_sha256 = graph
         else:
             raise TypeError("graph must be the serialized graph (bytes) or its sha256 hex digest")
-        from optimum_ipu_backend import __version__
-
         inputs = {
             "format": CACHE_FORMAT_VERSION,
-            "package_version": __version__,
+            "package_code": code_identity(),
             "graph_sha256": graph_sha256,
             "shapes": {name: [int(size) for size in shape] for name, shape in sorted(shapes.items())},
             "precision": precision,

@@ -22,9 +22,14 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import xxhash
 
-from optimum_ipu_backend import __version__
 from optimum_ipu_backend.compiler.served_graph import GeneratedMask, ServedGraph, served_graph
-from optimum_ipu_backend.runtime.cache_files import DESCRIPTIONS_DIR, graph_digest, read_record, write_record
+from optimum_ipu_backend.runtime.cache_files import (
+    DESCRIPTIONS_DIR,
+    code_identity,
+    graph_digest,
+    read_record,
+    write_record,
+)
 from optimum_ipu_backend.runtime.executable_cache import checksum_file
 
 if TYPE_CHECKING:
@@ -121,9 +126,9 @@ def _describe(model: onnx.ModelProto, served: ServedGraph, digest: str) -> Graph
 
 
 def _graph_key(checksum: str) -> str:
-    """The first half of a description's content key: the model's checksum, with this package's version
-    (a release describes every graph again)."""
-    return xxhash.xxh3_128_hexdigest(f"{__version__}:{checksum}".encode())
+    """The first half of a description's content key: the model's checksum, with this package's code
+    (``cache_files.code_identity``: a release, or an edited checkout, describes every graph again)."""
+    return xxhash.xxh3_128_hexdigest(f"{code_identity()}:{checksum}".encode())
 
 
 def _data_key(directory: Path, names: list[str]) -> str:
