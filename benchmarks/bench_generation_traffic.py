@@ -40,7 +40,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import sys
 import tempfile
 import threading
@@ -52,6 +51,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from bench_runtime import describe_machine  # one description of the machine for every benchmark
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -467,17 +467,6 @@ def print_table(figures: Sequence[Mapping[str, Any]]) -> None:
         )
 
 
-def describe_machine() -> str:
-    import onnxruntime
-
-    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    return (
-        f"{os.cpu_count()} CPU cores ({platform.machine()}), Python {platform.python_version()}, onnxruntime "
-        f"{onnxruntime.__version__}, load average {load} at the start; no IPU: every ipu figure is host "
-        "emulation (device 'emulator'), not an IPU measurement"
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -498,7 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from optimum_ipu_backend.conformance.zoo import ModelZoo
 
     print(f"`python {' '.join([os.path.relpath(__file__), *sys.argv[1:]])}`\n")
-    print(f"{describe_machine()}.\n")
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(f"{describe_machine()}; load average {load} at the start.\n")
     started = time.perf_counter()
     figures: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-traffic-") as scratch, quiet():

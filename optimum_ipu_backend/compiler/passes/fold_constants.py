@@ -13,7 +13,7 @@ folded nodes are put back into the branch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -214,12 +214,18 @@ def fold_top_level(model: onnx.ModelProto, *, everywhere: bool) -> int:
     order, so shape chains around a Scan or Loop become constants; Constants nothing reads any more are
     dropped. Returns how many nodes were folded."""
     graph = model.graph
-    known: dict[str, np.ndarray] = {}
-    for init in graph.initializer:
-        if init.data_location != onnx.TensorProto.EXTERNAL:
-            known[init.name] = numpy_helper.to_array(init)
+    stored = {
+        init.name: init for init in graph.initializer if init.data_location != onnx.TensorProto.EXTERNAL
+    }
+    known: dict[str, np.ndarray] = {}  # values read so far: an initializer is converted when first needed
+
+    def value_of(name: str) -> np.ndarray | None:
+        if name not in known and name in stored:
+            known[name] = numpy_helper.to_array(stored[name])
+        return known.get(name)
+
     outputs = {value.name for value in graph.output}
-    view = GraphView.of_model(model)
+    view: GraphView | None = None
     nodes, folded = [], 0
     for node in graph.node:
         if node.op_type == "Constant":
@@ -228,8 +234,16 @@ def fold_top_level(model: onnx.ModelProto, *, everywhere: bool) -> int:
                 known[node.output[0]] = value
             nodes.append(node)
             continue
-        values = _known_values(node, known, view, model.opset_import)
-        if values is None or not (everywhere or outputs.intersection(node.output)):
+        if not (everywhere or outputs.intersection(node.output)):
+            nodes.append(node)
+            continue
+        if node.op_type in ("Shape", "Size"):
+            view = view or GraphView.of_model(model)
+            shape_value = _static_shape_value(node, view.shape(node.input[0]))
+            values = None if shape_value is None else [shape_value]
+        else:
+            values = _evaluated(node, value_of, model.opset_import)
+        if values is None:
             nodes.append(node)
             continue
         names = [name for name in node.output if name]
@@ -249,15 +263,15 @@ def fold_top_level(model: onnx.ModelProto, *, everywhere: bool) -> int:
     return folded
 
 
-def _known_values(
-    node: onnx.NodeProto, known: Mapping[str, np.ndarray], view: GraphView, opset_import: Any
+def _evaluated(
+    node: onnx.NodeProto, value_of: Callable[[str], np.ndarray | None], opset_import: Any
 ) -> list[np.ndarray] | None:
-    """The node's output values if they follow from what is known, else None."""
-    if node.op_type in ("Shape", "Size"):
-        value = _static_shape_value(node, view.shape(node.input[0]))
-        return None if value is None else [value]
-    inputs = [name for name in node.input if name]
-    if not inputs or node.op_type in _RANDOM_OPS or subgraphs_of(node) or not all(n in known for n in inputs):
+    """The outputs of a node that computes from known values only, evaluated with onnxruntime; else None."""
+    inputs = list(dict.fromkeys(name for name in node.input if name))
+    if not inputs or node.op_type in _RANDOM_OPS or subgraphs_of(node):
+        return None
+    arrays = [value_of(name) for name in inputs]
+    if any(array is None for array in arrays):
         return None
     import onnxruntime
 
@@ -267,7 +281,7 @@ def _known_values(
         "fold",
         [],
         [onnx.helper.make_empty_tensor_value_info(name) for name in names],
-        [numpy_helper.from_array(known[name], name) for name in dict.fromkeys(inputs)],
+        [numpy_helper.from_array(array, name) for name, array in zip(inputs, arrays, strict=True)],
     )
     evaluated = onnx.helper.make_model(alone, opset_imports=list(opset_import))
     try:
