@@ -32,6 +32,7 @@ from ..graphs import (
     element_bytes,
     has_shape,
     infer_shapes,
+    is_runtime_operator,
     iter_graphs,
     iter_nodes,
     names_read,
@@ -229,12 +230,14 @@ class LowerToOpset11(GraphPass):
     ) -> list[onnx.NodeProto] | None:
         """The replacement of one node, or None to keep it; CannotLower when neither is possible."""
         source_opset = state.source_opset
-        if _is_runtime_operator(node):
+        if is_runtime_operator(node):
             contrib = REWRITE_FOR_OP.get(operator_name(node.domain, node.op_type))
             replacement = None
             if contrib is not None:
                 replacement = contrib.lower(node, state.domain_versions.get(node.domain, 1), scope)
             if replacement is None:
+                if node.domain in DEFAULT_DOMAINS:
+                    raise CannotLower(f"ai.onnx opset {source_opset} has no operator {node.op_type}")
                 raise CannotLower(f"operators of domain '{node.domain}' have no opset-11 lowering")
             return replacement
         try:
@@ -308,14 +311,6 @@ def _complete_types(graph: onnx.GraphProto, scope: GraphScope, source_opset: int
         for name, found in inferred.items():
             if has_shape(found) and not has_shape(scope.type_of(name)):
                 scope.learn_type(name, found)
-
-
-def _is_runtime_operator(node: onnx.NodeProto) -> bool:
-    """A runtime's own operator: of another domain, or one onnxruntime registers in the default domain
-    that ONNX does not define (SimplifiedLayerNormalization) and a rewrite declares."""
-    if node.domain not in DEFAULT_DOMAINS:
-        return True
-    return not onnx.defs.has(node.op_type) and node.op_type in REWRITE_FOR_OP
 
 
 def _drop_unused_domains(model: onnx.ModelProto) -> None:
