@@ -16,6 +16,10 @@ compiler above that. What an engine adds to that minimum is what real devices ne
 * **Residency.** An IPU holds one loaded executable at a time; an executable that shares a device
   with others counts the reloads (``switches``) its runs caused.
 * **Thread safety** is declared (``thread_safe``); the runtime serializes calls to engines that are not.
+* **Carried state.** A graph may keep tensors on the device from one run to the next, in PopART's own
+  form: an initializer that an ``ai.graphcore`` ``CopyVarUpdate`` node overwrites (``state_updates``).
+  Every run reads the values the previous run left; ``write_state`` uploads new ones; ``state_epoch``
+  changes whenever the device may have lost them (a reload, a reset), so the runtime uploads again.
 """
 
 from __future__ import annotations
@@ -42,6 +46,28 @@ class EngineContractError(DeviceError, ValueError):
 
 class EngineClosedError(DeviceError):
     """An executable or engine was used after ``close()``."""
+
+
+#: PopART's operator that overwrites a variable on the device at the end of a run (PopART
+#: ``AiGraphcoreOpset1::copyvarupdate``: inputs ``[variable, updater]``, the variable an initializer).
+STATE_UPDATE_DOMAIN = "ai.graphcore"
+STATE_UPDATE_OP = "CopyVarUpdate"
+
+
+def state_updates(graph: Any) -> dict[str, str]:
+    """The carried state of an ONNX ``GraphProto``: each initializer a ``CopyVarUpdate`` overwrites, mapped to
+    the tensor that replaces it after a run. Runs read the state as it was before the run."""
+    initializers = {tensor.name for tensor in graph.initializer}
+    updates = {}
+    for node in graph.node:
+        if node.domain == STATE_UPDATE_DOMAIN and node.op_type == STATE_UPDATE_OP:
+            variable, updater = node.input[0], node.input[1]
+            if variable not in initializers:
+                raise EngineContractError(
+                    f"CopyVarUpdate {node.name!r} updates {variable!r}, not an initializer"
+                )
+            updates[variable] = updater
+    return updates
 
 
 @dataclass(frozen=True)
@@ -166,6 +192,19 @@ class Executable(_Closable, ABC):
     outputs: tuple[TensorSpec, ...]
     # Engine reloads this executable's runs caused on a device it shares with other executables.
     switches: int = 0
+    #: The tensors it keeps on the device between runs (``state_updates``); empty for most graphs.
+    state: tuple[TensorSpec, ...] = ()
+
+    @property
+    def state_epoch(self) -> int:
+        """Changes whenever the device state may no longer be what the last runs left (the executable was
+        reloaded, reset or rebuilt); the runtime then uploads it again before it relies on it."""
+        return 0
+
+    def write_state(self, values: Mapping[str, np.ndarray]) -> None:
+        """Upload new values of some of ``state`` (shapes and dtypes as ``state`` says); the next run reads
+        them."""
+        raise EngineContractError(f"{type(self).__name__} keeps no state on the device")
 
     @abstractmethod
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
