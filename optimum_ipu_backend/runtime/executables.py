@@ -27,14 +27,20 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
+from optimum_ipu_backend.compiler.carried_state import ROWS_INPUT, carried_state_plan
 from optimum_ipu_backend.engines.base import CompileOptions, Engine, EngineClosedError, Executable
 from optimum_ipu_backend.runtime.boundary import to_device_dtype
 from optimum_ipu_backend.runtime.executable_cache import CacheKey, ExecutableCache
 from optimum_ipu_backend.runtime.progress import step_progress
+
+if TYPE_CHECKING:
+    from optimum_ipu_backend.compiler.carried_state import CarriedStatePlan
+    from optimum_ipu_backend.runtime.carried_state import CarryRequest
 
 _logger = logging.getLogger(__name__)
 
@@ -53,6 +59,8 @@ class CompiledEntry:
     source: str  # "compiled" or "cache"
     calls: int = 0
     device_input_dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    #: What the executable keeps on the device between runs (a decode step's key/value cache), or None.
+    carried: CarriedStatePlan | None = None
 
 
 class ExecutableTable:
@@ -88,6 +96,9 @@ class ExecutableTable:
         self._scratch: Path | None = None  # legalized graphs when there is no cache
         self._closed = False
         self._finalizer = weakref.finalize(self, _remove_scratch, [])
+        #: How a decode executable keeps its cache on the device (``runtime.carried_state`` sets it): a
+        #: signature holding ``ROWS_INPUT`` is compiled with that rewrite.
+        self.carry_request: CarryRequest | None = None
 
     def _save_legalized(
         self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool], directory: Path
@@ -99,23 +110,35 @@ class ExecutableTable:
             return _copy_graph(earlier, directory / LEGALIZED_GRAPH_FILE)
         # The compiler is imported on the first cache miss, keeping it off warm loads.
         from optimum_ipu_backend.compiler import build_passes, legalize
+        from optimum_ipu_backend.compiler.carried_state import carry_state
         from optimum_ipu_backend.compiler.external_data import save_graph
         from optimum_ipu_backend.compiler.served_graph import bind_branches
 
         model = bind_branches(self._load_model(), branches)
         sharding = self._sharding()
         passes = len(build_passes(self._options.precision, sharding))
-        with step_progress(f"legalizing for {shapes}", passes, self._progress) as advance:
+        carried = ROWS_INPUT in shapes
+        static = {name: shape for name, shape in shapes.items() if name != ROWS_INPUT}
+        with step_progress(f"legalizing for {static}", passes, self._progress) as advance:
             legalized = legalize(
                 model,
-                shapes,
+                static,
                 precision=self._options.precision,
                 progress=advance,
                 weights_dir=None if self._model_path is None else self._model_path.parent,
                 sharding=sharding,
             )
+        weight_names = legalized.weight_names
+        if carried:
+            request = self.carry_request
+            if request is None:
+                raise ValueError(f"a signature with {ROWS_INPUT!r} needs the table's carry_request")
+            _, plan = carry_state(
+                legalized.model, request.past_inputs, request.appended_inputs, request.padding_side
+            )
+            weight_names = weight_names | {spec.state for spec in plan.states}
         path = save_graph(
-            legalized.model, directory / LEGALIZED_GRAPH_FILE, legalized.weights_dir, legalized.weight_names
+            legalized.model, directory / LEGALIZED_GRAPH_FILE, legalized.weights_dir, weight_names
         )
         _legalized_files[key] = path
         return path
@@ -204,7 +227,12 @@ class ExecutableTable:
         seconds = time.perf_counter() - started
         _logger.info("%s %s for %s in %.2f s", source, self._engine.describe(), shapes, seconds)
         device_dtypes = {spec.name: spec.dtype for spec in executable.inputs}
-        return CompiledEntry(shapes, branches, executable, seconds, source, device_input_dtypes=device_dtypes)
+        carried = None
+        if ROWS_INPUT in shapes:  # what the rewrite kept on the device, as it wrote it into the graph
+            carried = carried_state_plan(onnx.load(str(graph), load_external_data=False))
+        return CompiledEntry(
+            shapes, branches, executable, seconds, source, device_input_dtypes=device_dtypes, carried=carried
+        )
 
     @property
     def count(self) -> int:
@@ -251,6 +279,11 @@ class ExecutableTable:
         entry.calls += 1  # a statistic; an occasional lost increment under threads is acceptable
         return outputs
 
+    def write_state(self, entry: CompiledEntry, values: Mapping[str, np.ndarray]) -> None:
+        """Upload new values of an executable's device state (``Executable.write_state``)."""
+        with self._run_lock:
+            entry.executable.write_state(values)
+
     @property
     def engine_thread_safe(self) -> bool:
         return self._engine.thread_safe
@@ -268,6 +301,7 @@ class ExecutableTable:
                 "source": entry.source,
                 "compile_seconds": entry.seconds,
                 "calls": entry.calls,
+                **({"kv_cache": "device"} if entry.carried is not None else {}),
                 **entry.executable.residency(),
             }
             for entry in self._entries.values()

@@ -404,6 +404,7 @@ def _layers_per_ipu(value: Any, where: str) -> tuple[int, ...]:
 
 
 COMPILE_MODES = ("lazy", "eager")
+KV_CACHE_PLACES = ("device", "host")
 
 SESSION_OPTION_HELP = {
     "device": f"one of {', '.join(DEVICE_KINDS)}; default from OPTIMUM_IPU_DEVICE, else 'ipu'",
@@ -424,6 +425,11 @@ SESSION_OPTION_HELP = {
     "trim_padding": (
         "1 or 0: run the rows of an encoder call grouped by real length, skipping the padding they share; "
         "outputs at masked positions are then zeros; default 0"
+    ),
+    "kv_cache": (
+        "'device' (a decoder's key/value cache stays on the device between generation steps; only the new "
+        "positions cross the link) or 'host' (the whole cache is sent and returned every step); default "
+        "device"
     ),
     "sdk_python": (
         "path (or name on PATH) of the Python interpreter that runs the Poplar SDK for the popart and "
@@ -448,6 +454,7 @@ class IPUProviderOptions:
     trim_padding: bool = False
     compile: str = "lazy"
     compile_timeout: float | None = None
+    kv_cache: str = "device"
     # Compile for an offline IPU target (fills the cache; nothing runs). Set by `optimum-ipu compile`.
     offline: bool = False
     ipu_version: str | None = None  # the IPU architecture an offline compile targets
@@ -485,6 +492,11 @@ class IPUProviderOptions:
             raise ProviderOptionError(str(exc)) from None
         progress = progress_enabled(_optional(raw, "progress", flag_or_none))
         trim_padding = bool(_optional(raw, "trim_padding", flag_or_none))
+        kv_cache = str(raw.get("kv_cache", "device")).strip().lower()
+        if kv_cache not in KV_CACHE_PLACES:
+            raise ProviderOptionError(
+                f"option 'kv_cache'={raw['kv_cache']!r}: {SESSION_OPTION_HELP['kv_cache']}"
+            )
         try:
             runtime = load_runtime_config(model_dir, raw, other_options=SESSION_OPTION_HELP)
         except (IPUConfigError, BucketOptionError) as exc:
@@ -506,6 +518,7 @@ class IPUProviderOptions:
             trim_padding,
             compile_mode,
             compile_timeout,
+            kv_cache=kv_cache,
             sdk_python=sdk_python,
             runtime=runtime,
             distributed=distributed,

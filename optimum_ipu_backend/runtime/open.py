@@ -245,6 +245,7 @@ def _runner(
         left_padded_dims=left_padded,
         generated_masks=generated,
         trim_padding=options.trim_padding,
+        kv_cache_on_device=options.kv_cache == "device",
         max_executables=runtime.max_executables,
         token_counts=tuple(description.token_count_checks()),
     )

@@ -22,6 +22,7 @@ import numpy as np
 from optimum_ipu_backend.errors import DeviceError
 from optimum_ipu_backend.runtime.boundary import to_host_dtype
 from optimum_ipu_backend.runtime.buckets import BucketPlan
+from optimum_ipu_backend.runtime.carried_state import CarriedState
 from optimum_ipu_backend.runtime.device_steps import merge_outputs, plan_steps, split_feed
 from optimum_ipu_backend.runtime.executables import ExecutableTable
 from optimum_ipu_backend.runtime.feed_preconditions import check_token_counts
@@ -66,6 +67,8 @@ class ServingConfig:
     #: Token counts the served graph needs of every call (``feed_preconditions``; a dense end-of-sentence
     #: selection).
     token_counts: tuple[SameTokenCount, ...] = ()
+    #: Keep a decoder's key/value cache on the device between steps (``runtime.carried_state``).
+    kv_cache_on_device: bool = True
 
 
 def _batch_axis(shape: SymbolicShape) -> int | None:
@@ -114,10 +117,27 @@ class StaticShapeRunner:
                 {name: shape for name, shape in self._input_shapes.items() if name not in generated}
             )
             self._decisions.settle(dims=[dim for dim in config.plan.dims if dim not in text])
+        self._carried = CarriedState.for_runner(self) if config.kv_cache_on_device else None
 
     @property
     def plan(self) -> BucketPlan:
         return self._config.plan
+
+    @property
+    def config(self) -> ServingConfig:
+        return self._config
+
+    @property
+    def input_shapes(self) -> dict[str, SymbolicShape]:
+        return self._input_shapes
+
+    @property
+    def output_dtypes(self) -> dict[str, np.dtype]:
+        return self._output_dtypes
+
+    @property
+    def decisions(self) -> PaddingDecisions:
+        return self._decisions
 
     @property
     def cache_description(self) -> str:
@@ -136,8 +156,16 @@ class StaticShapeRunner:
         """Per dimension tried so far, whether it is padded (proven) or compiled exactly, and why."""
         return self._decisions.verdicts()
 
+    def kv_cache_verdict(self) -> str | None:
+        """Where a decoder's key/value cache is kept between steps, and why; None for other graphs."""
+        return None if self._carried is None else self._carried.verdict
+
     def run(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         check_token_counts(self._config.token_counts, feed)  # the caller's own rows, before anything
+        if self._carried is not None:
+            outputs = self._carried.run(feed, output_names)
+            if outputs is not None:
+                return outputs
         lengths = self._row_lengths(feed) if self._config.trim_padding else None
         if lengths is not None:
             return self._run_regrouped(feed, output_names, lengths)
@@ -157,9 +185,9 @@ class StaticShapeRunner:
         feed = {name: array for name, array in feed.items() if name not in branches}
         if branches and not all(branches.values()):
             feed = self._placeholder_past(feed)  # a merged decoder called without its cache
-        shapes, actual = self._call_dims(feed) if dims is None else dims
+        shapes, actual = self.call_dims(feed) if dims is None else dims
         samples = next((size for dim, size in actual.items() if is_batch_dim(dim)), None)
-        wanted = self._compiled_sizes(actual, branches)
+        wanted = self.compiled_sizes(actual, branches)
         proof_actual = dict(actual)
         micro = None
         if samples is not None:
@@ -191,7 +219,7 @@ class StaticShapeRunner:
             for name in output_names
         ]
 
-    def _call_dims(self, feed: Mapping[str, np.ndarray]) -> tuple[dict[str, SymbolicShape], dict[str, int]]:
+    def call_dims(self, feed: Mapping[str, np.ndarray]) -> tuple[dict[str, SymbolicShape], dict[str, int]]:
         """The inputs' shapes for this call and the size of every dimension. Inputs that share a
         dimension name but disagree in size are served with those axes as dimensions of their own,
         compiled at their sizes (``padding.separate_labels``): names are labels, only dataflow ties sizes."""
@@ -204,7 +232,7 @@ class StaticShapeRunner:
                 raise
             return dict(shapes), infer_dims(feed, shapes)
 
-    def _compiled_sizes(self, actual: Mapping[str, int], branches: Mapping[str, bool]) -> dict[str, int]:
+    def compiled_sizes(self, actual: Mapping[str, int], branches: Mapping[str, bool]) -> dict[str, int]:
         """The compiled size of every planned dimension this call pads. A dimension whose verdict is
         exact is limited only by the model's own limit; a padded one past its plan is refused naming the
         option that raises it. Verdicts depend on the graph alone (``runtime.padding``), so the same

@@ -1,0 +1,399 @@
+"""Generation steps served with the key/value cache kept on the device.
+
+A decoder step fed one new token and a past of ``P`` positions runs on ONE decode executable: the graph
+compiled with the past at its largest planned size ``M`` and rewritten so that the cache is device state
+(``compiler.carried_state``). Only the new token's keys and values come back; they are
+written into a host *mirror*, and the caller gets views of it as ``present_*`` (optimum's loop then runs
+unchanged, handing the same buffers back as the next ``past_*``).
+
+Whether the device holds the past a call brings is decided from its content, never from how the caller
+behaves:
+
+* the past is the views returned last time (same buffer, shape and strides) and its rows still hash to
+  what was returned: nothing is uploaded;
+* its rows hash to rows of what the device holds, in another order (beam search reorders hypotheses by
+  ``index_select``): the device reorders (the graph's ``rows`` input), nothing is uploaded;
+* anything else (an edited cache, another generation interleaved on the session, the device lost its
+  state): the past is padded as a streamed step would pad it and uploaded whole.
+
+Masks over the past (GPT-2's ``attention_mask``, the runtime's own past mask) are kept on the device too:
+a call sends only their new position, after the part the device holds is checked equal to the call's.
+Steps of one decode executable hold its lock from the check to the mirror's update, so threads that
+interleave generations each get their own cache, re-uploaded when the other ran in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import xxhash
+
+from optimum_ipu_backend.compiler.carried_state import (
+    LENGTH_INPUT,
+    ROWS_INPUT,
+    CarriedStatePlan,
+    CarriedStateRefused,
+    StateSpec,
+)
+from optimum_ipu_backend.runtime.boundary import to_device_dtype, to_host_dtype
+from optimum_ipu_backend.runtime.dim_expressions import DimExpression
+from optimum_ipu_backend.runtime.padding import SymbolicShape, cut_output, generated_mask, pad_feed
+from optimum_ipu_backend.runtime.roles import (
+    InputRole,
+    generation_step_dims,
+    input_role,
+    is_batch_dim,
+    is_past_dim,
+)
+
+if TYPE_CHECKING:
+    from optimum_ipu_backend.runtime.executables import CompiledEntry
+    from optimum_ipu_backend.runtime.serving import StaticShapeRunner
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CarryRequest:
+    """What the rewrite needs to know of the served graph (from the inputs' roles and shapes): each past
+    input with its batch axis, each mask over the past with its batch and positions axes, and the side the
+    runtime pads the past on."""
+
+    past_inputs: dict[str, int]
+    appended_inputs: dict[str, tuple[int, int]]
+    padding_side: str
+
+
+@dataclass
+class _Resident:
+    """What the device holds for one decode executable, and the host mirror of it."""
+
+    epoch: int
+    length: int  # real past positions the device holds
+    mirrors: dict[str, np.ndarray]  # growing state -> [.., M, ..] host copy, real positions first
+    row_digests: dict[str, list[bytes]]  # state input -> digest of each row as last returned or uploaded
+    masks: dict[str, np.ndarray] = field(default_factory=dict)  # appended input -> real values held
+
+
+def _row_digests(array: np.ndarray, batch_axis: int) -> list[bytes]:
+    """A 128-bit digest of each row: equal digests are taken as equal rows (a collision is ~2^-64 even for
+    billions of rows)."""
+    return [
+        xxhash.xxh3_128_digest(np.ascontiguousarray(np.take(array, row, axis=batch_axis)).data)
+        for row in range(array.shape[batch_axis])
+    ]
+
+
+def _positions(axis: int, start: int, stop: int, rank: int) -> tuple[slice, ...]:
+    selector = [slice(None)] * rank
+    selector[axis] = slice(start, stop)
+    return tuple(selector)
+
+
+class CarriedState:
+    """Decides which calls a decode executable with device state serves, and serves them."""
+
+    def __init__(self, runner: StaticShapeRunner, request: CarryRequest, past_dim: str) -> None:
+        self._runner = runner
+        self.request = request
+        runner.executables.carry_request = request  # a signature with ROWS_INPUT compiles with it
+        self._past_dim = past_dim
+        self._step_dims = generation_step_dims(runner.input_shapes)
+        self._refused: str | None = None
+        self._lock = threading.Lock()
+        self._resident: dict[int, _Resident] = {}  # id(entry) -> what its device holds
+
+    @classmethod
+    def for_runner(cls, runner: StaticShapeRunner) -> CarriedState | None:
+        """The carried state of a decoder with a bucketed past, or None for other graphs."""
+        shapes = runner.input_shapes
+        config = runner.config
+        past = [name for name in shapes if input_role(name) is InputRole.PAST]
+        if not past or config.device_iterations != 1 or config.replicas != 1:
+            return None
+        past_dims = {
+            str(dim) for name in past for dim in shapes[name] if isinstance(dim, str) and is_past_dim(dim)
+        }
+        if len(past_dims) != 1:
+            return None
+        past_dim = past_dims.pop()
+        if past_dim not in runner.plan.sizes:
+            return None
+        batch_axes = {}
+        for name in past:
+            axis = _batch_axis(shapes[name])
+            if axis is None:
+                return None
+            batch_axes[name] = axis
+        appended = {}
+        generated = dict(config.generated_masks)
+        for name, shape in shapes.items():
+            if input_role(name) is not InputRole.ATTENTION_MASK and generated.get(name) != past_dim:
+                continue
+            for axis, dim in enumerate(shape):
+                if isinstance(dim, str) and past_dim in DimExpression.parse(dim).symbols:
+                    batch_axis = _batch_axis(shape)
+                    if batch_axis is None:
+                        return None
+                    appended[name] = (batch_axis, axis)
+        side = "left" if past_dim in config.left_padded_dims else "right"
+        return cls(runner, CarryRequest(batch_axes, appended, side), past_dim)
+
+    @property
+    def verdict(self) -> str:
+        """Why decoding steps are (not) served with the cache on the device."""
+        if self._refused is not None:
+            return f"the key/value cache is streamed: {self._refused}"
+        return (
+            "the key/value cache stays on the device (one decode executable at "
+            f"{self._past_dim}={self.capacity})"
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self._runner.plan.largest(self._past_dim)
+
+    def run(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray] | None:
+        """The outputs of a decoding step served with the cache on the device, or None when this call is
+        not such a step (it is then streamed, as every call was before)."""
+        if self._refused is not None:
+            return None
+        runner = self._runner
+        table = runner.executables
+        branches = {name: bool(np.asarray(feed[name]).reshape(-1)[0]) for name in table.branch_inputs}
+        if not all(branches.values()):
+            return None
+        feed = {name: array for name, array in feed.items() if name not in branches}
+        shapes, actual = runner.call_dims(feed)
+        if shapes is not runner.input_shapes or any(actual.get(dim) != 1 for dim in self._step_dims):
+            return None
+        length, capacity = actual[self._past_dim], self.capacity
+        if length + 1 > capacity:
+            return None  # the device state holds at most ``capacity`` positions: stream the last steps
+        batch_dim = next((dim for dim in actual if is_batch_dim(dim)), None)
+        if batch_dim is None or runner.plan.choose(batch_dim, actual[batch_dim]) != actual[batch_dim]:
+            return None  # a batch that would be padded: streamed
+        wanted = runner.compiled_sizes(actual, branches)
+        wanted[self._past_dim] = capacity
+        wanted[batch_dim] = actual[batch_dim]
+        call = runner.decisions.decide(actual, wanted, feed, branches, shapes)
+        if call.dims.get(self._past_dim) != capacity:
+            return None  # padding the past is not proven invisible for this call: compiled per length
+        targets = {dim: size for dim, size in call.dims.items() if not is_batch_dim(dim)}
+        config = runner.config
+
+        def padded(names: Sequence[str]) -> dict[str, np.ndarray]:
+            """The inputs ``names`` of this call padded as a streamed step pads them."""
+            return pad_feed(
+                {name: feed[name] for name in names},
+                shapes,
+                targets,
+                actual_dims=actual,
+                fill_values=config.fills,
+                left_padded_dims=config.left_padded_dims,
+                max_position_id=config.max_position_id,
+            ).feed
+
+        past = self.request.past_inputs
+        step_feed = padded([name for name in feed if name not in past])
+        for name, _ in config.generated_masks:
+            step_feed[name] = generated_mask(shapes[name], actual, targets, config.left_padded_dims)
+        sizes = {**actual, **call.dims}
+        signature = {name: _evaluated(shapes[name], sizes) for name in past}
+        signature.update({name: tuple(array.shape) for name, array in step_feed.items()})
+        signature[ROWS_INPUT] = (actual[batch_dim],)
+        try:
+            entry = table.entry_for(signature, branches)
+        except CarriedStateRefused as exc:
+            self._refused = str(exc)
+            _logger.warning("%s", self.verdict)
+            return None
+        plan = entry.carried
+        assert plan is not None
+        with self._lock:
+            outputs = self._step(
+                entry, plan, feed, step_feed, lambda: padded(list(past)), length, branches, signature
+            )
+        return [
+            outputs[name]
+            if name in outputs
+            else to_host_dtype(
+                np.asarray(cut_output(outputs["::device"][name], call.cuts.get(name, ())), order="C"),
+                runner.output_dtypes[name],
+            )
+            for name in output_names
+        ]
+
+    # -- one step, under the lock -----------------------------------------------------------------
+
+    def _step(
+        self,
+        entry: CompiledEntry,
+        plan: CarriedStatePlan,
+        feed: Mapping[str, np.ndarray],
+        padded: Mapping[str, np.ndarray],
+        padded_past: Callable[[], dict[str, np.ndarray]],
+        length: int,
+        branches: Mapping[str, bool],
+        signature: Mapping[str, tuple[int, ...]],
+    ) -> dict[str, Any]:
+        """``padded``: the call's other inputs as a streamed step has them; ``padded_past``: its past so."""
+        executable = entry.executable
+        resident = self._resident.get(id(entry))
+        rows = None
+        if resident is not None and resident.epoch == executable.state_epoch and resident.length == length:
+            rows = self._held_rows(plan, resident, feed)
+        batch = signature[ROWS_INPUT][0]
+        if rows is None:
+            resident = self._upload(entry, plan, feed, {**padded, **padded_past()}, length)
+            rows = np.arange(batch, dtype=np.int32)
+        assert resident is not None
+        device_dtypes = entry.device_input_dtypes
+        step_feed: dict[str, np.ndarray] = {}
+        for name, array in padded.items():
+            if name in device_dtypes:
+                step_feed[name] = array
+        for spec in plan.states:
+            if spec.kind == "appended":
+                step_feed[spec.input] = self._new_position(spec, padded)
+        step_feed[ROWS_INPUT] = rows
+        if LENGTH_INPUT in device_dtypes:
+            step_feed[LENGTH_INPUT] = np.array(length, dtype=np.int32)
+        result = self._runner.executables.run_step(
+            signature, branches, {name: np.asarray(array)[None, None] for name, array in step_feed.items()}
+        )
+        device_outputs = {name: array[0, 0] for name, array in result.items()}
+        return self._advance(plan, resident, rows, device_outputs, feed, length)
+
+    def _held_rows(
+        self, plan: CarriedStatePlan, resident: _Resident, feed: Mapping[str, np.ndarray]
+    ) -> np.ndarray | None:
+        """For each row of the call's past, the row of the device state it equals; None when some row is
+        not held (then the past is uploaded)."""
+        rows: np.ndarray | None = None
+        for spec in plan.states:
+            if spec.kind == "appended":
+                continue
+            # Even the very views returned last step are hashed again: the caller may have written into them.
+            digests = _row_digests(np.asarray(feed[spec.input]), spec.batch_axis)
+            held = resident.row_digests[spec.input]
+            index = {digest: row for row, digest in enumerate(held)}
+            found = [index.get(digest) for digest in digests]
+            if any(row is None for row in found):
+                return None
+            these = np.array(found, dtype=np.int32)
+            if rows is not None and not np.array_equal(rows, these):
+                return None  # the caches of one row disagree on where they come from
+            rows = these
+        for spec in plan.states:
+            if spec.kind == "appended" and spec.input in feed:
+                held_mask = resident.masks[spec.input][rows]
+                sent = np.asarray(feed[spec.input])
+                past_part = sent[_positions(spec.axis, 0, held_mask.shape[spec.axis], sent.ndim)]
+                if past_part.shape != held_mask.shape or not np.array_equal(past_part, held_mask):
+                    return None
+        return rows
+
+    def _upload(
+        self,
+        entry: CompiledEntry,
+        plan: CarriedStatePlan,
+        feed: Mapping[str, np.ndarray],
+        padded: Mapping[str, np.ndarray],
+        length: int,
+    ) -> _Resident:
+        """Upload the call's past, padded as a streamed step pads it, and make new mirrors of it."""
+        executable = entry.executable
+        state_dtypes = {spec.name: spec.dtype for spec in executable.state}
+        values = {}
+        mirrors, digests, masks = {}, {}, {}
+        for spec in plan.states:
+            if spec.kind == "appended":
+                array = np.asarray(padded[spec.input])
+                size = array.shape[spec.axis] - (1 if spec.spans_new else 0)
+                value = array[_positions(spec.axis, 0, size, array.ndim)]
+                if spec.input in feed:
+                    sent = np.asarray(feed[spec.input])
+                    masks[spec.input] = np.array(sent[_positions(spec.axis, 0, length, sent.ndim)])
+            else:
+                value = np.asarray(padded[spec.input])
+                array = np.asarray(feed[spec.input])
+                digests[spec.input] = _row_digests(array, spec.batch_axis)
+                if spec.kind == "grows":
+                    mirror = np.zeros(value.shape, dtype=self._runner.output_dtypes[spec.output])
+                    mirror[_positions(spec.axis, 0, length, mirror.ndim)] = array
+                    mirrors[spec.input] = mirror
+            values[spec.state] = to_device_dtype(
+                spec.state, np.ascontiguousarray(value), state_dtypes[spec.state]
+            )
+        self._runner.executables.write_state(entry, values)
+        resident = _Resident(executable.state_epoch, length, mirrors, digests, masks=masks)
+        self._resident[id(entry)] = resident
+        return resident
+
+    @staticmethod
+    def _new_position(spec: StateSpec, padded: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The one position of an appended input the step sends: the mask's last column where it covers
+        the new token, else 1 (the new token joins the past as a real position)."""
+        array = np.asarray(padded[spec.input])
+        if spec.spans_new:
+            return np.ascontiguousarray(
+                array[_positions(spec.axis, array.shape[spec.axis] - 1, None, array.ndim)]
+            )
+        shape = list(array.shape)
+        shape[spec.axis] = 1
+        return np.ones(shape, dtype=array.dtype)
+
+    def _advance(
+        self,
+        plan: CarriedStatePlan,
+        resident: _Resident,
+        rows: np.ndarray,
+        device_outputs: dict[str, np.ndarray],
+        feed: Mapping[str, np.ndarray],
+        length: int,
+    ) -> dict[str, Any]:
+        """Write the new positions into the mirrors (reordered first when the rows moved) and give the
+        caller views of them."""
+        moved = not np.array_equal(rows, np.arange(len(rows)))
+        returned: dict[str, Any] = {"::device": device_outputs}
+        for spec in plan.states:
+            if spec.kind == "appended":
+                if spec.input in feed:
+                    sent = np.asarray(feed[spec.input])
+                    resident.masks[spec.input] = np.array(
+                        sent[_positions(spec.axis, 0, length + 1, sent.ndim)]
+                    )
+                continue
+            digests = resident.row_digests[spec.input]
+            if spec.kind == "constant":
+                if moved:
+                    resident.row_digests[spec.input] = [digests[row] for row in rows]
+                continue
+            mirror = resident.mirrors[spec.input]
+            if moved:
+                mirror = np.take(mirror, rows, axis=spec.batch_axis)
+                resident.mirrors[spec.input] = mirror
+            new = device_outputs[spec.output]
+            mirror[_positions(spec.axis, length, length + 1, mirror.ndim)] = to_host_dtype(new, mirror.dtype)
+            view = mirror[_positions(spec.axis, 0, length + 1, mirror.ndim)]
+            resident.row_digests[spec.input] = _row_digests(view, spec.batch_axis)
+            returned[spec.output] = view
+        resident.length = length + 1
+        return returned
+
+
+def _evaluated(shape: SymbolicShape, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    return tuple(dim if isinstance(dim, int) else DimExpression.parse(dim).evaluate(sizes) for dim in shape)
+
+
+def _batch_axis(shape: SymbolicShape) -> int | None:
+    for axis, dim in enumerate(shape):
+        if isinstance(dim, str) and is_batch_dim(dim):
+            return axis
+    return None
