@@ -273,31 +273,38 @@ class CarriedState:
     def _held_rows(
         self, plan: CarriedStatePlan, resident: _Resident, feed: Mapping[str, np.ndarray]
     ) -> np.ndarray | None:
-        """For each row of the call's past, the row of the device state it equals; None when some row is
-        not held (then the past is uploaded)."""
-        rows: np.ndarray | None = None
+        """For each row of the call's past, a row of the device state that equals it in every state
+        tensor; None when some row is not held (then the past is uploaded). Rows that are equal in a tensor
+        are interchangeable there (the beams of one input share its cross-attention cache)."""
+        candidates: list[set[int]] | None = None
         for spec in plan.states:
             if spec.kind == "appended":
-                continue
-            # Even the very views returned last step are hashed again: the caller may have written into them.
-            digests = _row_digests(np.asarray(feed[spec.input]), spec.batch_axis)
-            held = resident.row_digests[spec.input]
-            index = {digest: row for row, digest in enumerate(held)}
-            found = [index.get(digest) for digest in digests]
-            if any(row is None for row in found):
-                return None
-            these = np.array(found, dtype=np.int32)
-            if rows is not None and not np.array_equal(rows, these):
-                return None  # the caches of one row disagree on where they come from
-            rows = these
-        for spec in plan.states:
-            if spec.kind == "appended" and spec.input in feed:
-                held_mask = resident.masks[spec.input][rows]
+                if spec.input not in feed:
+                    continue  # made by the runtime from the length, which the past's rows already check
+                held = resident.masks[spec.input]
                 sent = np.asarray(feed[spec.input])
-                past_part = sent[_positions(spec.axis, 0, held_mask.shape[spec.axis], sent.ndim)]
-                if past_part.shape != held_mask.shape or not np.array_equal(past_part, held_mask):
+                sent = sent[_positions(spec.axis, 0, held.shape[spec.axis], sent.ndim)]
+                if sent.shape != held.shape:
                     return None
-        return rows
+                digests = _row_digests(sent, spec.batch_axis)
+                held_digests = _row_digests(held, spec.batch_axis)
+            else:
+                # Even the very views returned last step are hashed again: the caller may have written
+                # into them since.
+                digests = _row_digests(np.asarray(feed[spec.input]), spec.batch_axis)
+                held_digests = resident.row_digests[spec.input]
+            rows_of: dict[bytes, set[int]] = {}
+            for row, digest in enumerate(held_digests):
+                rows_of.setdefault(digest, set()).add(row)
+            these = [rows_of.get(digest, set()) for digest in digests]
+            candidates = (
+                these if candidates is None else [a & b for a, b in zip(candidates, these, strict=True)]
+            )
+            if not all(candidates):
+                return None
+        if candidates is None:
+            return None
+        return np.array([min(rows) for rows in candidates], dtype=np.int32)
 
     def _upload(
         self,
