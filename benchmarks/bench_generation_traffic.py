@@ -72,14 +72,15 @@ class Case(NamedTuple):
     context: str
 
 
-#: Add a model with one line (Llama once the zoo builds it: the zoo name, ORTModelForCausalLM,
-#: "text-generation-with-past", "prompt").
+#: Add a model with one line. GPT-2 and Whisper are the zoo's ``*-long`` variants, with the position limits
+#: of the real models (1,024 and 448), so that 512 tokens of context and 256 new ones fit.
 CASES: tuple[Case, ...] = (
-    Case("GPT-2", "gpt2", "ORTModelForCausalLM", "text-generation-with-past", "prompt"),
+    Case("GPT-2", "gpt2-long", "ORTModelForCausalLM", "text-generation-with-past", "prompt"),
+    Case("Llama", "llama", "ORTModelForCausalLM", "text-generation-with-past", "prompt"),
     Case("T5 decoder", "t5", "ORTModelForSeq2SeqLM", "text2text-generation-with-past", "encoder-text"),
     Case(
         "Whisper decoder",
-        "whisper",
+        "whisper-long",
         "ORTModelForSpeechSeq2Seq",
         "automatic-speech-recognition-with-past",
         "audio",
@@ -111,6 +112,7 @@ class Traffic:
     needed_state_out: int = 0
     needed_rest_in: int = 0
     needed_rest_out: int = 0
+    uploads: int = 0  # state uploads (``ExecutableTable.write_state``): counted in state_in
     step_bytes: list[int] = field(default_factory=list)  # in + out of each step, in order
     first_ids: int | None = None  # input_ids length of the first decoder call: the prompt it starts from
     state_in_elements: int = 0  # cross-checked against the executables' compiled shapes x calls
@@ -173,6 +175,13 @@ class LinkMeter:
         traffic.step_bytes.append(step)
         self._current.itemsizes = itemsizes
 
+    def _record_upload(self, values: Mapping[str, np.ndarray]) -> None:
+        session = getattr(self._current, "session", None)
+        if session is None or id(session) not in self.watched:
+            return
+        self.traffic.state_in += sum(int(np.asarray(value).nbytes) for value in values.values())
+        self.traffic.uploads += 1
+
     def _record_call(
         self,
         session: Any,
@@ -212,6 +221,11 @@ class LinkMeter:
 
         meter = self
         original_step, original_execute = ExecutableTable.run_step, IPUInferenceSession._execute
+        original_write = ExecutableTable.write_state
+
+        def write_state(table: Any, entry: Any, values: Mapping[str, np.ndarray]) -> None:
+            original_write(table, entry, values)
+            meter._record_upload(values)
 
         def run_step(table: Any, micro_shapes: Any, branches: Any, feed: Any) -> dict[str, np.ndarray]:
             outputs = original_step(table, micro_shapes, branches, feed)
@@ -228,10 +242,12 @@ class LinkMeter:
             return results
 
         ExecutableTable.run_step, IPUInferenceSession._execute = run_step, execute  # type: ignore[method-assign]
+        ExecutableTable.write_state = write_state  # type: ignore[method-assign]
         try:
             yield self
         finally:
             ExecutableTable.run_step, IPUInferenceSession._execute = original_step, original_execute  # type: ignore[method-assign]
+            ExecutableTable.write_state = original_write  # type: ignore[method-assign]
 
 
 def sessions_of(model: Any, parts: Sequence[str]) -> list[Any]:
@@ -329,6 +345,7 @@ def generate_once(
     new_tokens: int,
     seed: int,
     prefix: int,
+    kv_cache: str = "device",
 ) -> dict[str, Any]:
     """One generation on a freshly loaded ipu model; its link traffic, steps and executables. ``prefix``:
     the tokens generate() returns before the generated ones (the prompt, or a seq2seq decoder's start)."""
@@ -336,7 +353,7 @@ def generate_once(
     import torch
 
     cls = getattr(ort_models, case.ort_class)
-    options = {"device": "emulator", "executable_cache_dir": str(cache_dir)}
+    options = {"device": "emulator", "executable_cache_dir": str(cache_dir), "kv_cache": kv_cache}
     model = cls.from_pretrained(onnx_dir, provider="ipu", provider_options=options)
     sessions = decoder_sessions(model)
     if not sessions:
@@ -350,12 +367,14 @@ def generate_once(
     seconds = time.perf_counter() - started
     executables = [entry for session in sessions for entry in session.compiled_executables()]
     traffic = meter.traffic
-    # An independent count of the same steps: each executable's compiled past shapes times the calls it
-    # served (one micro-batch per step at the default device_iterations = replicas = 1).
+    # An independent count of the same steps: each streaming executable's compiled past shapes times the
+    # calls it served (one micro-batch per step at the default device_iterations = replicas = 1); a decode
+    # executable that keeps the cache on the device (``kv_cache``) is fed no past.
     compiled = sum(
         int(entry["calls"])
         * sum(math.prod(shape) for name, shape in entry["shapes"].items() if is_state_input(name))
         for entry in executables
+        if entry.get("kv_cache") != "device"
     )
     if compiled != traffic.state_in_elements:
         raise RuntimeError(
@@ -367,6 +386,7 @@ def generate_once(
         "output_length": int(tokens.shape[1]),
         "traffic": traffic,
         "executables": len(executables),
+        "decode_executables": sum(entry.get("kv_cache") == "device" for entry in executables),
         "executable_sources": sorted(str(entry["source"]) for entry in executables),
         "seconds": seconds,
     }
@@ -383,7 +403,13 @@ def decoder_prompt(case: Case, onnx_dir: Path, cache_dir: Path, inputs: Mapping[
 
 
 def run_case(
-    case: Case, zoo: Any, cache_dir: Path, contexts: Sequence[int], new_tokens: int, seed: int
+    case: Case,
+    zoo: Any,
+    cache_dir: Path,
+    contexts: Sequence[int],
+    new_tokens: int,
+    seed: int,
+    kv_caches: Sequence[str] = ("device",),
 ) -> list[dict[str, Any]]:
     import transformers
 
@@ -403,17 +429,28 @@ def run_case(
             inputs, context = build_inputs(case, onnx_dir, context, seed)
             prefix = context
         for mode in MODES:
-            result = generate_once(case, onnx_dir, cache_dir, inputs, mode, new, seed, prefix)
-            if result["tokens"] != new:
-                raise RuntimeError(f"{case.label} {mode}: generated {result['tokens']} tokens, asked {new}")
-            rows.append(
-                {"model": case.label, "mode": mode, "context": context, "new": new, "note": note, **result}
-            )
-            print(
-                f"- {case.label} {mode} context {context}: {result['seconds']:.1f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+            for kv_cache in kv_caches:  # interleaved, so that both see the same machine
+                result = generate_once(case, onnx_dir, cache_dir, inputs, mode, new, seed, prefix, kv_cache)
+                if result["tokens"] != new:
+                    raise RuntimeError(
+                        f"{case.label} {mode}: generated {result['tokens']} tokens, asked {new}"
+                    )
+                rows.append(
+                    {
+                        "model": case.label,
+                        "mode": mode,
+                        "kv_cache": kv_cache,
+                        "context": context,
+                        "new": new,
+                        "note": note,
+                        **result,
+                    }
+                )
+                print(
+                    f"- {case.label} {mode} kv_cache={kv_cache} context {context}: {result['seconds']:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return rows
 
 
@@ -427,6 +464,7 @@ def row_figures(row: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "model": row["model"],
         "mode": row["mode"],
+        "kv_cache": row["kv_cache"],
         "context": row["context"],
         "new_tokens": row["new"],
         "note": row["note"],
@@ -444,6 +482,8 @@ def row_figures(row: Mapping[str, Any]) -> dict[str, Any]:
         "device_steps": traffic.steps,
         "session_calls": traffic.calls,
         "executables": row["executables"],
+        "decode_executables": row["decode_executables"],
+        "uploads": traffic.uploads,
         "executable_sources": row["executable_sources"],
         "seconds": row["seconds"],
     }
@@ -451,19 +491,20 @@ def row_figures(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def print_table(figures: Sequence[Mapping[str, Any]]) -> None:
     print(
-        "| model | mode | context | new | state in KiB/tok | state out KiB/tok | rest in KiB/tok | "
-        "rest out KiB/tok | needed KiB/tok | measured / needed | last step KiB | device steps | "
-        "executables | wall s |"
+        "| model | mode | kv_cache | context | new | state in KiB/tok | state out KiB/tok | "
+        "rest in KiB/tok | rest out KiB/tok | needed KiB/tok | measured / needed | last step KiB | device steps | uploads | "
+        "executables (decode) | wall s |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in figures:
         context = f"{f['context']}" + (f" ({f['note']})" if f["note"] else "")
         print(
-            f"| {f['model']} | {f['mode']} | {context} | {f['new_tokens']} | "
+            f"| {f['model']} | {f['mode']} | {f['kv_cache']} | {context} | {f['new_tokens']} | "
             f"{kib(f['state_in_per_token'])} | {kib(f['state_out_per_token'])} | "
             f"{kib(f['rest_in_per_token'])} | {kib(f['rest_out_per_token'])} | "
             f"{kib(f['needed_per_token'])} | {f['ratio']:.1f}x | {kib(f['last_step_bytes'])} | "
-            f"{f['device_steps']} | {f['executables']} | {f['seconds']:.1f} |"
+            f"{f['device_steps']} | {f['uploads']} | {f['executables']} ({f['decode_executables']}) | "
+            f"{f['seconds']:.1f} |"
         )
 
 
@@ -476,6 +517,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--contexts", default="64,512", help="context lengths, comma-separated")
     parser.add_argument("--models", help="comma-separated labels of CASES to run (default: all)")
+    parser.add_argument(
+        "--kv-cache",
+        default="device,host",
+        help="where the key/value cache is kept (the provider option kv_cache): device, host, or both",
+    )
     parser.add_argument("--seed", type=int, default=0, help="prompt tokens, waveform and sampling seed")
     parser.add_argument("--workdir", type=Path, help="keep the zoo here (default: a temp dir)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -497,7 +543,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for case in cases:
             figures.extend(
                 row_figures(row)
-                for row in run_case(case, zoo, cache_dir, contexts, args.new_tokens, args.seed)
+                for row in run_case(
+                    case, zoo, cache_dir, contexts, args.new_tokens, args.seed, args.kv_cache.split(",")
+                )
             )
     print()
     print_table(figures)

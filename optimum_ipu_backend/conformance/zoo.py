@@ -66,7 +66,10 @@ MODEL_NAMES: tuple[str, ...] = (
 )
 #: Built for tests of one head outside the conformance matrix (MBart's sequence classification, whose
 #: end-of-sentence selection ``compiler.graph_rewrites.eos_selection`` serves densely).
-EXTRA_NAMES: tuple[str, ...] = ("mbart",)
+#: ``*-long``: GPT-2 and Whisper with the position limits of the real models (1,024 and 448), for generation
+#: at the contexts users reach (the traffic benchmark and the key/value-cache tests: 512 tokens of context
+#: plus 256 generated).
+EXTRA_NAMES: tuple[str, ...] = ("mbart", "gpt2-long", "whisper-long")
 
 
 class ZooCase(NamedTuple):
@@ -457,13 +460,13 @@ def _decoder_tokenizer(out_dir: Path) -> transformers.PreTrainedTokenizerFast:
     )
 
 
-def _gpt2(out_dir: Path) -> transformers.PretrainedConfig:
+def _gpt2(out_dir: Path, n_positions: int = TINY_MAX_POSITIONS) -> transformers.PretrainedConfig:
     import transformers
 
     tokenizer = _decoder_tokenizer(out_dir)
     return transformers.GPT2Config(
         vocab_size=len(tokenizer),
-        n_positions=TINY_MAX_POSITIONS,
+        n_positions=n_positions,
         n_embd=TINY_HIDDEN,
         n_layer=TINY_LAYERS,
         n_head=TINY_HEADS,
@@ -590,7 +593,7 @@ _WHISPER_SPECIALS = ("<|startoftranscript|>", "<|en|>", "<|translate|>", "<|tran
 _WHISPER_MEL_BINS = 16
 
 
-def _whisper(out_dir: Path) -> transformers.PretrainedConfig:
+def _whisper(out_dir: Path, max_target_positions: int = TINY_MAX_POSITIONS) -> transformers.PretrainedConfig:
     import transformers
 
     tokenizer = _byte_level_tokenizer(out_dir, "WhisperTokenizerFast", ["<|endoftext|>"])
@@ -609,7 +612,7 @@ def _whisper(out_dir: Path) -> transformers.PretrainedConfig:
         **_ENCODER_DECODER_SIZES,
         # The encoder requires exactly 2 * max_source_positions mel frames.
         max_source_positions=feature_extractor.nb_max_frames // 2,
-        max_target_positions=TINY_MAX_POSITIONS,
+        max_target_positions=max_target_positions,
         pad_token_id=eot,
         bos_token_id=eot,
         eos_token_id=eot,
@@ -803,6 +806,8 @@ _BUILDERS: Mapping[str, Callable[[Path], transformers.PretrainedConfig]] = {
     "wav2vec2": wav2vec2_config,
     "llama": _llama,
     "mbart": _mbart,
+    "gpt2-long": partial(_gpt2, n_positions=1024),
+    "whisper-long": partial(_whisper, max_target_positions=448),
 }
 
 
@@ -851,7 +856,7 @@ def build_model(name: str, root: Path, task: str | None = None) -> Path:
             _AFTER_INIT[name](model)
         model.eval()
         model.save_pretrained(staging)
-        if name == "whisper":
+        if name.startswith("whisper"):
             _whisper_generation_config(staging, config)
 
     return build_once(Path(root) / model_dir_name(name, task), build)
