@@ -30,8 +30,8 @@ place (``engines.onnx_torch``), which PopTorch keeps on the device between calls
 ``Options.updatableNamedBuffers``, so that ``write_state`` writes the host copies and uploads those alone
 (``copyNamedBuffersToDevice``; graphcore/poptorch sdk-release-3.4, python/_poplar_executor.py). An inference
 model never copies buffers back to the host, and every attach uploads the host copies
-(``_on_device_attach``): a switch or a reset puts the last written values back, which the worker reports
-as a new state epoch.
+(``_on_device_attach``): before a switch detaches an executable with state, the worker downloads its
+buffers (``copyWeightsToHost``), so the state survives the switch; a reset is not retried (the worker).
 """
 
 from __future__ import annotations
@@ -234,6 +234,11 @@ class PopTorchBackend(Backend[_Executor]):
 
     def unload(self, built: _Executor) -> None:
         if built.executor.isAttachedToDevice():
+            if built.state_buffers:
+                # An inference model's detach keeps nothing, and the next attach uploads the host copies
+                # (_poplar_executor.py, detachFromDevice, _on_device_attach): bring the state home first,
+                # so that it survives the switch. copyWeightsToHost is PopTorch's only download (all weights).
+                built.executor.copyWeightsToHost()
             built.executor.detachFromDevice()
 
     def reset(self, built: _Executor) -> None:

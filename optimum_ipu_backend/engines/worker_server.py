@@ -310,6 +310,13 @@ class Server:
             recovery = fault.extra.get("recovery_action")
             if fault.kind != "recoverable" or recovery not in RESETTABLE:
                 raise self._fault_on_device(entry, exc, fault) from exc
+            if state_specs(entry.built):
+                # a reset loses what the runs left on the device, and a retry would read stale state: a
+                # wrong answer. The error goes to the caller; the next call rebuilds and uploads again.
+                fault.extra.update(
+                    outcome="the executable keeps state on the device, which a reset would lose; not retried"
+                )
+                raise self._fault_on_device(entry, exc, fault) from exc
             try:  # the documented recovery: reset, reload, run once more
                 entry.epoch += 1
                 self.backend.reset(entry.built)

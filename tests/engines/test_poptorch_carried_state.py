@@ -183,9 +183,10 @@ def test_kv_cache_step_matches_the_emulator_run_after_run(tmp_path, emulator, po
     executable.close()
 
 
-def test_a_switch_puts_the_host_copy_back_and_changes_the_epoch(tmp_path, emulator, poptorch_engine, double):
-    """PopTorch's detach then attach uploads the host copies (_on_device_attach): the state the runs left
-    is lost, the last written values come back, and the epoch tells the runtime to upload again."""
+def test_a_switch_keeps_the_state_and_changes_the_epoch(tmp_path, emulator, poptorch_engine, double):
+    """PopTorch's detach then attach uploads the host copies (_on_device_attach), so the worker downloads
+    the state before it detaches (copyWeightsToHost): the runs continue from what the last run left. The
+    epoch still changes (a reload), and a runtime that uploads again then gets the same answers."""
     counter_graph(tmp_path / "g.onnx", external=False)
     initial = kv_graph(tmp_path / "kv.onnx")
     executable = poptorch_engine.compile(tmp_path / "kv.onnx", CompileOptions(device="ipu"))
@@ -194,18 +195,18 @@ def test_a_switch_puts_the_host_copy_back_and_changes_the_epoch(tmp_path, emulat
     reference = emulator.compile(tmp_path / "kv.onnx", CompileOptions())
     written = initial + 1.0
     executable.write_state({"K": written})
+    reference.write_state({"K": written})
     epoch, switches = executable.state_epoch, executable.switches
-    executable.run(kv_feed(0))
-    executable.run(kv_feed(1))
+    for seed in (0, 1):
+        assert_same(executable.run(kv_feed(seed)), reference.run(kv_feed(seed)))
     assert executable.state_epoch == epoch
+    downloads = len(calls(double, "poptorch.copyWeightsToHost"))
     for other in others:
         other.run({"x": np.ones((2, 3), np.float32)})
-    got = executable.run(kv_feed(2))
+    assert len(calls(double, "poptorch.copyWeightsToHost")) == downloads + 1  # only the one with state
+    assert_same(executable.run(kv_feed(2)), reference.run(kv_feed(2)))
     assert executable.switches == switches + 1
     assert executable.state_epoch != epoch
-    reference.write_state({"K": written})  # the host copy, not what runs 0 and 1 left
-    assert_same(got, reference.run(kv_feed(2)))
-    # the runtime uploads again and the runs continue from there
     executable.write_state({"K": initial})
     reference.write_state({"K": initial})
     assert_same(executable.run(kv_feed(3)), reference.run(kv_feed(3)))
@@ -213,16 +214,23 @@ def test_a_switch_puts_the_host_copy_back_and_changes_the_epoch(tmp_path, emulat
         item.close()
 
 
-def test_a_reset_changes_the_epoch(tmp_path, poptorch_engine, double):
+def test_a_reset_is_not_retried_and_changes_the_epoch(tmp_path, emulator, poptorch_engine, double):
+    """A retry after a reset would read the state the reset put back (stale): the run fails instead, and
+    the next one runs on a rebuilt executable, in a new epoch."""
+    from optimum_ipu_backend.engines.worker import DeviceResetError
+
     counter_graph(tmp_path / "g.onnx", external=False)
     executable = poptorch_engine.compile(tmp_path / "g.onnx", CompileOptions(device="ipu"))
     ones = {"x": np.ones((2, 3), np.float32)}
     executable.run(ones)
     epoch = executable.state_epoch
     configure(double, ipus=IPUS, faults=[{"id": "reset", "at": "run", "error": "recoverable", "times": 1}])
+    with pytest.raises(DeviceResetError, match="not retried"):
+        executable.run(ones)
+    configure(double, ipus=IPUS)
     got = executable.run(ones)
     assert executable.state_epoch != epoch
-    np.testing.assert_array_equal(got["y"], 2.0)  # the reset uploaded the host copy (zeros) again
+    np.testing.assert_array_equal(got["y"], 2.0)  # rebuilt from the initializer (zeros)
     executable.close()
 
 
