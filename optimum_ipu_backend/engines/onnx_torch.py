@@ -13,6 +13,13 @@ PopTorch traces ``forward`` once on the IPU device, where a tensor's value canno
 Every operand PopART needs at compile time (``STATIC_OPERANDS``: shapes, bounds, pads, counts) is therefore
 resolved when the module is built, and a graph where one is not a constant is refused then, naming the
 node and the operand.
+
+Carried state (``engines.base.state_updates``): each initializer an ``ai.graphcore`` CopyVarUpdate
+overwrites is a buffer of its own (``state_buffers``), read by ``forward`` as it was before the call and
+overwritten in place (``copy_``) once every output is computed. That is the form PopTorch keeps on the
+device: it lowers an in-place update of a buffer to PopART's CopyVarUpdate (graphcore/poptorch
+sdk-release-3.4, poptorch/source/InplaceOps.cpp, ``InplaceInputsTracker::finalizeGraph``), and the
+buffer keeps the value from one call to the next.
 """
 
 from __future__ import annotations
@@ -25,7 +32,12 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from optimum_ipu_backend.engines.base import EngineContractError
+from optimum_ipu_backend.engines.base import (
+    STATE_UPDATE_DOMAIN,
+    STATE_UPDATE_OP,
+    EngineContractError,
+    state_updates,
+)
 
 if TYPE_CHECKING:  # annotations only: the worker runs on Python 3.8, where these are not subscriptable
     from collections.abc import Callable, Sequence
@@ -712,6 +724,33 @@ def _to_numpy(value: Any) -> np.ndarray:
 # Operators always computed when the module is built: a Constant, and a Shape (the graph is static).
 _FOLDED = ("Constant", "Shape")
 
+# The dtypes a CopyVarUpdate takes in both PopART checks: the ONNX schema (graphcore/popart sdk-release-3.4,
+# willow/src/defs.cpp) and CopyVarUpdateOp (willow/src/op/copyvarupdate.cpp).
+_STATE_DTYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT32)
+
+# Operators whose result is always a new tensor here. Any other operator may hand back its input or a view
+# of it (Identity, Reshape, Slice, a Cast to the same dtype, a reduction over no axis, ...): such a value,
+# computed from a state buffer, would change when the buffer is overwritten at the end of ``forward``.
+_FRESH_RESULTS = frozenset(
+    (
+        "Add", "And", "ArgMax", "ArgMin", "Concat", "Div", "Equal", "Erf", "Exp", "Gather", "Gemm",
+        "Greater", "Less", "Log", "LogSoftmax", "MatMul", "Mul", "Neg", "Not", "Or", "Pow", "Reciprocal",
+        "Relu", "Sigmoid", "Softmax", "Sqrt", "Sub", "Tanh", "Where",
+    )
+)  # fmt: skip
+
+
+def _state_aliases(graph: onnx.GraphProto, states: set[str]) -> set[str]:
+    """The values that may share memory with a state buffer: the states, and what operators outside
+    ``_FRESH_RESULTS`` compute from one (a CopyVarUpdate's output is its updater)."""
+    aliases = set(states)
+    for node in graph.node:
+        if node.op_type in _FRESH_RESULTS and node.domain in ("", "ai.onnx"):
+            continue
+        if any(name in aliases for name in node.input):
+            aliases.update(name for name in node.output if name)
+    return aliases
+
 
 class _Resolver:
     """Resolves, when the module is built, every value PopART needs at compile time.
@@ -807,7 +846,8 @@ class _Resolver:
 class OnnxGraphModule(torch.nn.Module):
     """Runs one static ONNX graph with torch operators, its static operands baked into the nodes as numpy
     arrays (``_Resolver``). Constant values that ``forward`` reads as tensors (initializers, folded values)
-    are buffers, uploaded like weights."""
+    are buffers, uploaded like weights. ``state_buffers`` names the buffer of each state tensor (see the
+    module's notes), by ONNX name."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         super().__init__()
@@ -816,8 +856,11 @@ class OnnxGraphModule(torch.nn.Module):
             {
                 node.op_type
                 for node in graph.node
-                if (node.op_type not in OPS and node.op_type not in _FOLDED)
-                or node.domain not in ("", "ai.onnx")
+                if not _is_state_update(node)
+                and (
+                    (node.op_type not in OPS and node.op_type not in _FOLDED)
+                    or node.domain not in ("", "ai.onnx")
+                )
             }
         )
         if unsupported:
@@ -829,9 +872,29 @@ class OnnxGraphModule(torch.nn.Module):
         self.input_names = [value.name for value in graph.input if value.name not in initializers]
         self.output_names = [value.name for value in graph.output]
         resolver = _Resolver(model)
+        updates = _checked_state_updates(graph)
+        # The state is not a constant: nothing may be folded from its initial value.
+        self.state_buffers: dict[str, str] = {}
+        initial_state = {}
+        for position, initializer in enumerate(graph.initializer):
+            if initializer.name in updates:
+                initial_state[initializer.name] = resolver.known.pop(initializer.name)
+                resolver.shapes[initializer.name] = tuple(initializer.dims)
+                self.state_buffers[initializer.name] = f"state_{position}"
+        # (buffer, updater): overwritten at the end of forward, after every reader read the old value
+        self._updates = [(self.state_buffers[name], updater) for name, updater in updates.items()]
+        aliases = _state_aliases(graph, set(updates))
+        # Outputs and updaters that may share memory with a state buffer are copied before the updates.
+        self._copied = {name for name in [*self.output_names, *updates.values()] if name in aliases}
         self._nodes: list[tuple[str, list[str], list[str], Attrs, dict[int, np.ndarray]]] = []
-        read_as_tensors = set(self.output_names)
+        read_as_tensors = set(self.output_names) | set(updates.values())
         for index, node in enumerate(graph.node):
+            if _is_state_update(node):
+                if node.output and node.output[0] in resolver.needed:
+                    raise resolver._refuse(node, node.input[0])
+                # its output is the updated variable: the updater's value
+                self._nodes.append(("Identity", [node.input[1]], list(node.output[:1]), {}, {}))
+                continue
             if resolver.folds(node):
                 resolver.fold(node)
                 continue
@@ -855,6 +918,12 @@ class OnnxGraphModule(torch.nn.Module):
                 buffer_name = f"initializer_{position}" if name in initializers else f"constant_{position}"
                 self.register_buffer(buffer_name, torch.from_numpy(resolver.known[name]), persistent=True)
                 self._tensor_names[name] = buffer_name
+        for name, buffer_name in self.state_buffers.items():
+            # a copy: the buffer is written in place, and numpy_helper's array may be read-only
+            self.register_buffer(buffer_name, torch.from_numpy(initial_state[name].copy()), persistent=True)
+            self._tensor_names[name] = buffer_name
+        if self._updates:
+            self._nodes = _in_dependency_order(self._nodes, {*self.input_names, *self._tensor_names})
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if len(inputs) != len(self.input_names):
@@ -870,7 +939,58 @@ class OnnxGraphModule(torch.nn.Module):
                 for index, name in enumerate(input_names)
             ]
             values.update(_run(op_type, args, attrs, output_names))
-        return tuple(values[name] for name in self.output_names)
+        for name in self._copied:
+            values[name] = values[name].clone()
+        results = tuple(values[name] for name in self.output_names)
+        for buffer_name, updater in self._updates:
+            getattr(self, buffer_name).copy_(values[updater])
+        return results
+
+
+def _in_dependency_order(nodes: list, available: set[str]) -> list:
+    """``nodes`` (forward's entries) so that each comes after the producers of what it reads: a graph with
+    carried state may put a CopyVarUpdate before its updater (only the update's timing is defined), and
+    its output is the updater's value. Stable: nodes keep their order where they can."""
+    pending, ordered, available = list(nodes), [], set(available)
+    while pending:
+        for position, (_, input_names, output_names, _, statics) in enumerate(pending):
+            reads = [name for index, name in enumerate(input_names) if name and index not in statics]
+            if all(name in available for name in reads):
+                ordered.append(pending.pop(position))
+                available.update(output_names)
+                break
+        else:
+            raise EngineContractError(
+                f"the graph reads {pending[0][1]} before anything computes it (a cycle or a missing value)"
+            )
+    return ordered
+
+
+def _is_state_update(node: onnx.NodeProto) -> bool:
+    return node.domain == STATE_UPDATE_DOMAIN and node.op_type == STATE_UPDATE_OP
+
+
+def _checked_state_updates(graph: onnx.GraphProto) -> dict[str, str]:
+    """``state_updates``, refused where PopART refuses it: a dtype CopyVarUpdate does not take, and (not
+    defined by PopART: two copies into one variable in one run) a variable updated twice."""
+    updates = state_updates(graph)
+    counts: dict[str, int] = {}
+    for node in graph.node:
+        if _is_state_update(node):
+            counts[node.input[0]] = counts.get(node.input[0], 0) + 1
+            if len(node.input) != 2:
+                raise EngineContractError(f"CopyVarUpdate {node.name!r} takes [variable, updater]")
+    twice = sorted(name for name, count in counts.items() if count > 1)
+    if twice:
+        raise EngineContractError(f"the state {twice[0]!r} is updated by more than one CopyVarUpdate")
+    for initializer in graph.initializer:
+        if initializer.name in updates and initializer.data_type not in _STATE_DTYPES:
+            dtype = helper.tensor_dtype_to_np_dtype(initializer.data_type)
+            raise EngineContractError(
+                f"the state {initializer.name!r} is {np.dtype(dtype).name}; PopART's CopyVarUpdate takes "
+                "float32, float16 and int32"
+            )
+    return updates
 
 
 class ScalarsWithLeadingAxis(torch.nn.Module):

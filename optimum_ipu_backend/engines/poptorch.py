@@ -24,6 +24,14 @@ dim 0: it travels as ``[steps]`` and the module hands the graph its scalar (``Sc
 Residency: a PopTorch executor attaches to its own IPUs. When executables outnumber the IPUs, the worker
 detaches the one loaded on a device before attaching another (``detachFromDevice`` /
 ``attachToDevice``), which is PopTorch's engine switch.
+
+Carried state (``engines.base.state_updates``): each state tensor is a buffer of the module, updated in
+place (``engines.onnx_torch``), which PopTorch keeps on the device between calls. Its buffers are named in
+``Options.updatableNamedBuffers``, so that ``write_state`` writes the host copies and uploads those alone
+(``copyNamedBuffersToDevice``; graphcore/poptorch sdk-release-3.4, python/_poplar_executor.py). An inference
+model never copies buffers back to the host, and every attach uploads the host copies
+(``_on_device_attach``): before a switch detaches an executable with state, the worker downloads its
+buffers (``copyWeightsToHost``), so the state survives the switch; a reset is not retried (the worker).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -74,6 +82,10 @@ class _Executor:
     outputs: list[dict[str, Any]]
     steps: int
     device_label: str
+    module: Any = None
+    # the state tensors' specs, and each one's buffer name in the module (PopTorch's name for it)
+    state: list[dict[str, Any]] = field(default_factory=list)
+    state_buffers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -174,12 +186,33 @@ class PopTorchBackend(Backend[_Executor]):
             {index for index, spec in enumerate(outputs) if not spec["shape"]},
         ).eval()
         opts = self._options(options, artifacts, device_name, offline, options.get("ipu_version") or "ipu2")
+        state, state_buffers = _state(model.graph, graph_module, module)
+        if state_buffers:
+            if options["replicas"] > 1:
+                # PopTorch refuses an in-place buffer update with replicas unless broadcastBuffers(False)
+                # (poptorch/source/InplaceOps.cpp), and then each replica keeps its own: not one state.
+                raise EngineContractError(
+                    "the PopTorch engine keeps state on the device for one replica; this graph carries state "
+                    f"and was compiled for {options['replicas']} replicas"
+                )
+            opts.updatableNamedBuffers(list(state_buffers.values()))
         executor = self.poptorch.inferenceModel(module, opts)
         for spec in inputs:  # the shape PopTorch takes, fixed from here on
             spec["host_shape"] = _leading_axis(spec["shape"], steps)
         examples = [torch.zeros(spec["host_shape"], dtype=getattr(torch, spec["dtype"])) for spec in inputs]
         executor.compile(*examples)
-        return _Executor(executor, inputs, outputs, steps, device.label)
+        return _Executor(executor, inputs, outputs, steps, device.label, module, state, state_buffers)
+
+    def write_state(self, built: _Executor, values: dict[str, np.ndarray]) -> None:
+        torch = self.torch
+        if not built.state_buffers:
+            raise EngineContractError("this executable keeps no state on the device")
+        # the host copies, which the executor's shallow copy of the module shares
+        buffers = dict(built.module.named_buffers())
+        with torch.no_grad():
+            for name, value in values.items():
+                buffers[built.state_buffers[name]].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+        built.executor.copyNamedBuffersToDevice()
 
     def run(self, built: _Executor, inputs: dict, outputs: dict) -> None:
         torch = self.torch
@@ -201,6 +234,11 @@ class PopTorchBackend(Backend[_Executor]):
 
     def unload(self, built: _Executor) -> None:
         if built.executor.isAttachedToDevice():
+            if built.state_buffers:
+                # An inference model's detach keeps nothing, and the next attach uploads the host copies
+                # (_poplar_executor.py, detachFromDevice, _on_device_attach): bring the state home first,
+                # so that it survives the switch. copyWeightsToHost is PopTorch's only download (all weights).
+                built.executor.copyWeightsToHost()
             built.executor.detachFromDevice()
 
     def reset(self, built: _Executor) -> None:
@@ -256,6 +294,24 @@ def _out_of_memory(kind: str, message: str) -> bool:
             return False
     lowered = message.lower()
     return any(text in lowered for text in _OOM_TEXT)
+
+
+def _state(graph: Any, graph_module: Any, module: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The state tensors' specs, and their buffers' names in ``module`` as ``named_buffers()`` gives them:
+    the names PopTorch gives their PopART tensors, which ``updatableNamedBuffers`` takes
+    (poptorch/source/LowerToPopart.cpp, getParameterName; python/_poplar_executor.py,
+    copyNamedBuffersToDevice)."""
+    if not graph_module.state_buffers:
+        return [], {}
+    names = {id(tensor): name for name, tensor in module.named_buffers()}
+    specs, buffers = [], {}
+    for initializer in graph.initializer:
+        if initializer.name in graph_module.state_buffers:
+            tensor = getattr(graph_module, graph_module.state_buffers[initializer.name])
+            buffers[initializer.name] = names[id(tensor)]
+            dtype = str(tensor.dtype).replace("torch.", "")
+            specs.append({"name": initializer.name, "shape": tuple(tensor.shape), "dtype": dtype})
+    return specs, buffers
 
 
 def _leading_axis(shape: tuple[int, ...], steps: int) -> tuple[int, ...]:

@@ -441,6 +441,13 @@ class Options(_OptionsDict):
         self.createOrSet(available_memory_proportion={int(k[3:]): v for k, v in proportions.items()})
         return self
 
+    def updatableNamedBuffers(self, buffers: list) -> Options:  # noqa: N802
+        """Options.updatableNamedBuffers (python/options.py): the list goes to the PopART options as it
+        is; popart_compiler/source/SessionOptions.cpp registers it as SessionOptions.updatableNamedBuffers.
+        Names are checked only when the graph is lowered (PoplarExecutor._compile here)."""
+        self._Popart.set("updatableNamedBuffers", buffers)
+        return self
+
     def clone(self) -> Options:
         return copy.deepcopy(self)
 
@@ -797,6 +804,26 @@ class PoplarExecutor:
                 "poptorch/source/ErrorOnUnsupportedAten.cpp", 30)  # fmt: skip
         # Replicas differ only when forward writes a weight; otherwise one copy stands for all.
         self._replicas_diverge = updates_weights and opts.replication_factor > 1
+        self._check_updatable_buffers()
+
+    def _check_updatable_buffers(self) -> None:
+        """graphcore/popart willow/src/popx/irlowering.cpp, IrLowering::prepareGraph: each name in
+        updatableNamedBuffers must be a tensor of the IR ("Fail early if incorrect buffer names are set"),
+        else Ir::getTensor's error (willow/src/ir.cpp) is rethrown with this prefix; PopTorch passes it on
+        as a poptorch.Error (tests/buffers_test.py, test_copy_named_buffer_to_device_invalid_opt).
+        PopTorch names a parameter's or buffer's PopART tensor by its name in the model
+        (poptorch/source/LowerToPopart.cpp: getParameterName, then addInitializedInputTensor).
+        Assumed: every named parameter and buffer is used by the graph (PopTorch drops unused ones, which
+        would then be unknown names too), and no other IR tensor has such a name."""
+        names = self._options._Popart.options.get("updatableNamedBuffers")
+        if not names:
+            return
+        known = self._weights()
+        for name in names:
+            if name not in known:
+                raise _cpp_error("popart_exception", (
+                    f"Invalid named buffer in updatableNamedBuffers!\nNo Ir::Tensor with TensorId '{name}' in "
+                    "Ir::getTensor(..) "))  # fmt: skip
 
     def _ipus(self) -> int:
         return self._options.replication_factor
@@ -941,6 +968,27 @@ class PoplarExecutor:
         replicas = self._options.replication_factor if self._replicas_diverge else 1
         self._device = [{name: _device_copy(t) for name, t in weights.items()} for _ in range(replicas)]
         _log("copyWeightsToDevice", weights=len(weights))
+
+    def copyNamedBuffersToDevice(self) -> None:  # noqa: N802
+        """PoplarExecutor.copyNamedBuffersToDevice (python/_poplar_executor.py): compiled, else
+        NO_EXECUTABLE_ERR; the option updatableNamedBuffers set, else a PoptorchError; then the host
+        tensors of those buffers (the model's named_buffers(), so a parameter's name is a KeyError) go
+        to the device, and nothing else: popart_compiler/source/Compiler.cpp,
+        Compiler::copyNamedBuffersToDevice (writeWeights of those, then Session::buffersFromHost, the
+        copyNamedBuffers program of irlowering.cpp). Each replica gets the host value, as with
+        copyWeightsToDevice."""
+        if self._compiled_args is None:
+            raise _python_error(_NO_EXECUTABLE)
+        popart = self._options._Popart.options
+        if "updatableNamedBuffers" not in popart:
+            raise _python_error("No named buffers marked as updatable via updatableNamedBuffers option")
+        buffers = dict(self._model.named_buffers())
+        host = {name: buffers[name] for name in popart["updatableNamedBuffers"]}
+        self._on_device()
+        for state in self._device:
+            for name, tensor in host.items():
+                state[name] = _device_copy(tensor)
+        _log("copyNamedBuffersToDevice", buffers=sorted(host))
 
     def copyWeightsToHost(self) -> None:  # noqa: N802
         """PoplarExecutor.copyWeightsToHost: every named parameter and buffer, written into the host
