@@ -492,8 +492,8 @@ def row_figures(row: Mapping[str, Any]) -> dict[str, Any]:
 def print_table(figures: Sequence[Mapping[str, Any]]) -> None:
     print(
         "| model | mode | kv_cache | context | new | state in KiB/tok | state out KiB/tok | "
-        "rest in KiB/tok | rest out KiB/tok | needed KiB/tok | measured / needed | last step KiB | device steps | uploads | "
-        "executables (decode) | wall s |"
+        "rest in KiB/tok | rest out KiB/tok | needed KiB/tok | measured / needed | last step KiB | "
+        "device steps | uploads | executables (decode) | wall s |"
     )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in figures:

@@ -40,6 +40,7 @@ from optimum_ipu_backend.compiler.carried_state import (
     CarriedStateRefused,
     StateSpec,
 )
+from optimum_ipu_backend.errors import DeviceError
 from optimum_ipu_backend.runtime.boundary import to_device_dtype, to_host_dtype
 from optimum_ipu_backend.runtime.dim_expressions import DimExpression
 from optimum_ipu_backend.runtime.padding import SymbolicShape, cut_output, generated_mask, pad_feed
@@ -264,9 +265,21 @@ class CarriedState:
         step_feed[ROWS_INPUT] = rows
         if LENGTH_INPUT in device_dtypes:
             step_feed[LENGTH_INPUT] = np.array(length, dtype=np.int32)
-        result = self._runner.executables.run_step(
-            signature, branches, {name: np.asarray(array)[None, None] for name, array in step_feed.items()}
-        )
+        device_feed = {name: np.asarray(array)[None, None] for name, array in step_feed.items()}
+        result = self._runner.executables.run_step(signature, branches, device_feed)
+        if executable.state_epoch != resident.epoch:
+            # The run itself reloaded the executable (an engine switch, a reset): the state it read may not
+            # be the one uploaded. Upload and run again; a second loss is an error, never a guess.
+            resident = self._upload(entry, plan, feed, {**padded, **padded_past()}, length)
+            device_feed[ROWS_INPUT] = np.arange(batch, dtype=np.int32)[None, None]
+            rows = device_feed[ROWS_INPUT][0, 0]
+            result = self._runner.executables.run_step(signature, branches, device_feed)
+            if executable.state_epoch != resident.epoch:
+                raise DeviceError(
+                    "the device lost the key/value cache of a decoding step twice in a row (the executable "
+                    "was reloaded during both runs); run the session alone on its IPUs, or serve it with "
+                    "provider_options={'kv_cache': 'host'}"
+                )
         device_outputs = {name: array[0, 0] for name, array in result.items()}
         return self._advance(plan, resident, rows, device_outputs, feed, length)
 
