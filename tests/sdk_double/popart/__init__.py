@@ -1401,7 +1401,8 @@ class InferenceSession:
         return arrays
 
     def getInfo(self, tensorId: str) -> TensorInfo:  # noqa: N802, N803
-        return {**self._inputs, **self._outputs}[tensorId]
+        """willow/src/session.cpp, Session::getInfo: any tensor of the executable, Variables included."""
+        return {**self._variables, **self._inputs, **self._outputs}[tensorId]
 
     def getAllTensorIds(self) -> list[str]:  # noqa: N802
         return [*self._inputs, *self._outputs]
