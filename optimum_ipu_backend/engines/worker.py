@@ -493,7 +493,12 @@ def _unmap(mappings: list[mmap.mmap]) -> None:
 class RemoteExecutable(Executable):
     """An executable living in the worker. Runs copy the step's inputs into shared memory, send one small
     request, and copy the outputs out. After the worker restarted or the device was lost, the next run
-    builds it again (from the cache entry when there is one) before running."""
+    builds it again (from the cache entry when there is one) before running.
+
+    Carried state: ``write_state`` copies the values into shared memory and sends one request.
+    ``state_epoch`` counts the rebuilds here and the loads and resets the worker reports (worker_server);
+    a run that loaded the executable onto its device reports it in its reply, so that run already read the
+    state the load left (``state_epoch`` then differs from what it was before the run)."""
 
     def __init__(
         self, engine: WorkerEngine, request: dict[str, Any], options: CompileOptions, what: str
@@ -504,6 +509,7 @@ class RemoteExecutable(Executable):
         self._options = options
         self._what = what
         self._mappings: list[mmap.mmap] = []
+        self._state_epoch = -1  # the first build makes it 0
         self._build()
 
     # -- building ------------------------------------------------------------------------------------
@@ -520,6 +526,10 @@ class RemoteExecutable(Executable):
         self._id, self._generation = reply["executable"], self._worker.generation
         self.inputs = tuple(_spec(entry) for entry in reply["inputs"])
         self.outputs = tuple(_spec(entry) for entry in reply["outputs"])
+        self.state = tuple(_spec(entry) for entry in reply.get("state", ()))
+        # a rebuild starts from the initializers' values: whatever state the runtime wrote is gone
+        self._state_epoch += 1
+        self._worker_epoch = reply.get("epoch", 0)
         self.device_label = reply.get("device")
         self._offline = reply.get("offline", False)
         shapes = ", ".join(f"{spec.name}{list(spec.shape)}" for spec in self.inputs)
@@ -527,11 +537,13 @@ class RemoteExecutable(Executable):
         mappings = []
         self._input_buffers: dict[str, np.ndarray] = {}
         self._output_buffers: dict[str, np.ndarray] = {}
+        self._state_buffers: dict[str, np.ndarray] = {}
         for kind, target in (
             ("input_buffers", self._input_buffers),
             ("output_buffers", self._output_buffers),
+            ("state_buffers", self._state_buffers),
         ):
-            for entry in reply[kind]:
+            for entry in reply.get(kind, ()):
                 mapping, array = map_buffer(entry["path"], tuple(entry["shape"]), np.dtype(entry["dtype"]))
                 os.unlink(entry["path"])  # both sides have it mapped: nothing is left behind if one dies
                 mappings.append(mapping)
@@ -564,10 +576,53 @@ class RemoteExecutable(Executable):
         outputs = self.run_step({name: array[None, None] for name, array in feed.items()}, 1, 1)
         return {name: array[0, 0] for name, array in outputs.items()}
 
+    @property
+    def state_epoch(self) -> int:
+        return self._state_epoch
+
     def run_step(
         self, feed: Mapping[str, np.ndarray], device_iterations: int, replicas: int
     ) -> dict[str, np.ndarray]:
         self._check_open()
+
+        def fill() -> None:
+            for name, buffer in self._input_buffers.items():
+                array = feed[name]
+                if array.shape != buffer.shape or array.dtype != buffer.dtype:
+                    raise EngineContractError(
+                        f"executable input {name!r} takes {buffer.dtype}{list(buffer.shape)} per step "
+                        f"and got "
+                        f"{array.dtype}{list(array.shape)}; the runtime must pad or split to compiled shapes"
+                    )
+                np.copyto(buffer, array)
+
+        reply = self._on_device("run", fill, f"running {self._what}")
+        self.last_run_seconds = reply["seconds"]
+        return {name: buffer.copy() for name, buffer in self._output_buffers.items()}
+
+    def write_state(self, values: Mapping[str, np.ndarray]) -> None:
+        self._check_open()
+        if not self.state:
+            super().write_state(values)
+        specs = {spec.name: spec for spec in self.state}
+        for name, value in values.items():
+            spec = specs.get(name)
+            if spec is None:
+                raise EngineContractError(f"{name!r} is not state this executable keeps")
+            if value.shape != spec.shape or value.dtype != spec.dtype:
+                raise EngineContractError(
+                    f"state {name!r} is {spec.dtype}{list(spec.shape)}, not {value.dtype}{list(value.shape)}"
+                )
+
+        def fill() -> None:  # after a rebuild too: the new buffers
+            for name, value in values.items():
+                np.copyto(self._state_buffers[name], value)
+
+        self._on_device("write_state", fill, f"writing the state of {self._what}", names=list(values))
+
+    def _on_device(self, op: str, fill: Any, what: str, **args: Any) -> dict[str, Any]:
+        """``fill`` the shared buffers and send ``op``; builds the executable again first when its worker
+        restarted or its device was released, and once more when the worker lost it meanwhile."""
         if self._offline:
             raise EngineContractError(
                 f"{self._what} was compiled for an offline IPU target; it fills the cache and cannot run"
@@ -580,17 +635,9 @@ class RemoteExecutable(Executable):
                     self._worker.sdk,
                 )
                 self._build()
-            for name, buffer in self._input_buffers.items():
-                array = feed[name]
-                if array.shape != buffer.shape or array.dtype != buffer.dtype:
-                    raise EngineContractError(
-                        f"executable input {name!r} takes {buffer.dtype}{list(buffer.shape)} per step "
-                        f"and got "
-                        f"{array.dtype}{list(array.shape)}; the runtime must pad or split to compiled shapes"
-                    )
-                np.copyto(buffer, array)
+            fill()
             try:
-                reply = self._worker.call("run", executable=self._id, what=f"running {self._what}")
+                reply = self._worker.call(op, executable=self._id, what=what, **args)
             except _RemoteFault as fault:
                 if fault.error.get("kind") == "lost" and attempt == 1:
                     self._generation = -1  # unloaded with a lost device: build again and run once more
@@ -598,15 +645,18 @@ class RemoteExecutable(Executable):
                 error = device_fault(fault.error, self._what, self._options.ipus)
                 raise error from error.__cause__
             break
+        if reply.get("epoch", self._worker_epoch) != self._worker_epoch:
+            self._state_epoch += 1
+            self._worker_epoch = reply["epoch"]
         self.switches += int(reply["switched"])
-        self.last_run_seconds = reply["seconds"]
         if reply.get("recovered"):
             _logger.warning(
-                "%s: the IPU reported a recoverable error (%s); it was reset and the step ran again",
+                "%s: the IPU reported a recoverable error (%s); it was reset and the %s ran again",
                 self._what,
+                "step" if op == "run" else op,
                 reply["recovered"],
             )
-        return {name: buffer.copy() for name, buffer in self._output_buffers.items()}
+        return reply
 
     def residency(self) -> dict[str, object]:
         return {

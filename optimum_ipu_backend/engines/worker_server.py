@@ -12,6 +12,14 @@ that is not the one loaded on its device reloads it there: a *switch*, counted a
 The runtime runs a call's device steps executable by executable, so one call switches at most once per
 executable it uses.
 
+Carried state (``engines.base.state_updates``). An executable whose graph keeps tensors on the device
+reports them as ``state``; ``write_state`` uploads new values through shared-memory buffers made at build,
+like the inputs. Each executable counts the events after which its device state may no longer be what its
+runs left: a load onto its device (a switch), a reset. The count (``epoch``) comes back with every run and
+write, and the host adds the rebuilds it does itself; PopTorch's detach and attach put the host copy of
+every buffer back on the device, and PopART's engine reload leaves variables to the next
+``weightsFromHost``.
+
 Faults. A recoverable runtime error whose recovery is an IPU or link reset is retried once after the
 reset; any other device fault releases the device, unloading every executable on it; their next run
 builds them again. The process keeps serving.
@@ -43,7 +51,8 @@ RESETTABLE = ("IPU_RESET", "LINK_RESET")
 
 class Built(Protocol):
     """A backend's executable: its tensors as plain specs (``{"name", "shape", "dtype"}``, the dtype a numpy
-    name) and the device it went to, in words."""
+    name) and the device it went to, in words. ``state``, the tensors it keeps on the device between runs
+    (``engines.base.state_updates``), may be absent: read with ``state_specs``."""
 
     inputs: list[dict[str, Any]]
     outputs: list[dict[str, Any]]
@@ -59,6 +68,8 @@ class Backend(Protocol[BuiltT]):
     ``hello`` reports ``sdk_version``, ``ipus`` and ``ipu_version``; ``open_device`` gives a device handle,
     or None when not ``required`` and none is free; ``build`` compiles a graph for a handle (loading it
     unless offline, artifacts into ``artifacts``); ``run`` reads ``inputs`` and writes ``outputs`` in place;
+    ``write_state`` uploads new values of some of the executable's ``state`` (arrays shaped as its specs
+    say) to the device it is loaded on, for the next run to read;
     ``load``/``unload`` move an executable on or off its device; ``reset`` is the documented recovery of
     a recoverable error; ``classify`` gives ``{"kind": ...}`` for an SDK exception, None for others."""
 
@@ -76,6 +87,10 @@ class Backend(Protocol[BuiltT]):
 
     def run(self, built: BuiltT, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None: ...
 
+    def write_state(self, built: BuiltT, values: dict[str, np.ndarray]) -> None:
+        # backends subclass this protocol, so this body is what one without carried state inherits
+        raise EngineContractError(f"the {type(self).__name__} keeps no state on the device")
+
     def load(self, built: BuiltT) -> None: ...
 
     def unload(self, built: BuiltT) -> None: ...
@@ -85,6 +100,11 @@ class Backend(Protocol[BuiltT]):
     def release(self, built: BuiltT) -> None: ...
 
     def classify(self, exc: BaseException) -> dict[str, Any] | None: ...
+
+
+def state_specs(built: Built) -> list[dict[str, Any]]:
+    """The state a backend's executable keeps on the device (none for a backend that models none)."""
+    return list(getattr(built, "state", None) or [])
 
 
 def recovery_action_name(action: Any) -> str:
@@ -123,6 +143,9 @@ class _Executable:
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
     mappings: list = field(default_factory=list)
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+    # Loads and resets since the build: each may have replaced the device state (see the module's notes).
+    epoch: int = 0
 
 
 class Server:
@@ -174,6 +197,7 @@ class Server:
         if slot.resident is not None and slot.resident in self.executables:
             self.backend.unload(self.executables[slot.resident].built)
         slot.resident = None
+        executable.epoch += 1  # counted before the load: a load that fails half way lost the state too
         self.backend.load(executable.built)
         slot.resident = executable_id
         return True
@@ -218,14 +242,26 @@ class Server:
             "outputs": built.outputs,
             "offline": offline,
             "device": built.device_label,
+            "state": state_specs(built),
+            "epoch": 0,
             "input_buffers": [],
             "output_buffers": [],
+            "state_buffers": [],
         }
-        arrays: dict[str, dict[str, np.ndarray]] = {"input_buffers": {}, "output_buffers": {}}
+        arrays: dict[str, dict[str, np.ndarray]] = {
+            "input_buffers": {},
+            "output_buffers": {},
+            "state_buffers": {},
+        }
         mappings = []
-        for kind, specs in (("input_buffers", built.inputs), ("output_buffers", built.outputs)):
+        for kind, specs in (
+            ("input_buffers", built.inputs),
+            ("output_buffers", built.outputs),
+            ("state_buffers", reply["state"]),
+        ):
             for spec in specs:
-                shape = (*steps, *spec["shape"])
+                # one step's buffers for inputs and outputs; the state is one copy per executable
+                shape = tuple(spec["shape"]) if kind == "state_buffers" else (*steps, *spec["shape"])
                 path = create_buffer(shape, np.dtype(spec["dtype"]))
                 mapping, array = map_buffer(path, shape, np.dtype(spec["dtype"]))
                 mappings.append(mapping)
@@ -234,11 +270,30 @@ class Server:
                     {"name": spec["name"], "path": path, "shape": shape, "dtype": spec["dtype"]}
                 )
         self.executables[executable_id] = _Executable(
-            built, slot, arrays["input_buffers"], arrays["output_buffers"], mappings
+            built, slot, arrays["input_buffers"], arrays["output_buffers"], mappings, arrays["state_buffers"]
         )
         return reply
 
     def op_run(self, executable: int) -> dict[str, Any]:
+        def run(entry: _Executable) -> None:
+            self.backend.run(entry.built, entry.inputs, entry.outputs)
+
+        return self._on_device(executable, run)
+
+    def op_write_state(self, executable: int, names: list[str]) -> dict[str, Any]:
+        """Upload the values the host put in the state buffers named ``names``."""
+
+        def write(entry: _Executable) -> None:
+            unknown = [name for name in names if name not in entry.state]
+            if unknown:
+                raise EngineContractError(f"{unknown[0]!r} is not state this executable keeps")
+            self.backend.write_state(entry.built, {name: entry.state[name] for name in names})
+
+        return self._on_device(executable, write)
+
+    def _on_device(self, executable: int, action: Any) -> dict[str, Any]:
+        """Load the executable if another is loaded on its device, then ``action(entry)``; a recoverable
+        error whose recovery is a reset is retried once after the reset."""
         entry = self.executables.get(executable)
         if entry is None:
             raise _Fault("lost", RuntimeError("the executable was unloaded with its device"))
@@ -249,24 +304,30 @@ class Server:
         started = time.perf_counter()
         recovered = None
         try:
-            self.backend.run(entry.built, entry.inputs, entry.outputs)
+            action(entry)
         except Exception as exc:
             fault = self._classified(exc)
-            action = fault.extra.get("recovery_action")
-            if fault.kind != "recoverable" or action not in RESETTABLE:
+            recovery = fault.extra.get("recovery_action")
+            if fault.kind != "recoverable" or recovery not in RESETTABLE:
                 raise self._fault_on_device(entry, exc, fault) from exc
             try:  # the documented recovery: reset, reload, run once more
+                entry.epoch += 1
                 self.backend.reset(entry.built)
                 entry.slot.resident = executable
                 started = time.perf_counter()
-                self.backend.run(entry.built, entry.inputs, entry.outputs)
-                recovered = action
+                action(entry)
+                recovered = recovery
             except Exception as again:
                 fault = self._classified(again)
                 fault.kind = "recoverable"
-                fault.extra.update(recovery_action=action, outcome="a reset and one retry did not clear")
+                fault.extra.update(recovery_action=recovery, outcome="a reset and one retry did not clear")
                 raise self._fault_on_device(entry, again, fault) from again
-        return {"switched": switched, "seconds": time.perf_counter() - started, "recovered": recovered}
+        return {
+            "switched": switched,
+            "seconds": time.perf_counter() - started,
+            "recovered": recovered,
+            "epoch": entry.epoch,
+        }
 
     def _fault_on_device(self, entry: _Executable, exc: BaseException, fault: _Fault | None = None) -> _Fault:
         """A device fault during a run: anything but a cleared reset releases the device."""
