@@ -90,8 +90,9 @@ def _assert_same(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) ->
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6, err_msg=name)
 
 
-def _popart(double, device: str = "ipu") -> PopARTEngine:
-    return PopARTEngine(device)
+def _popart(double) -> PopARTEngine:
+    """The PopART engine on the doubled IPUs (``double`` makes the worker see the double)."""
+    return PopARTEngine("ipu")
 
 
 def test_counter_persists_and_write_state_uploads_like_the_emulator(double, tmp_path):
@@ -279,7 +280,7 @@ print(json.dumps(result))
 """
 
 
-def _typed_counter(path: Path, dtype: type, data_type: int) -> None:
+def _typed_counter(path: Path, dtype: type) -> None:
     state = numpy_helper.from_array(np.zeros((2, 3), dtype), "S")
     nodes = [
         helper.make_node("CopyVarUpdate", ["S", "s2"], ["S_updated"], domain="ai.graphcore"),
@@ -317,9 +318,9 @@ def test_the_double_models_variables_as_popart_does(double, tmp_path):
         opset_imports=[helper.make_opsetid("", 11)],
     )
     onnx.save(plain, tmp_path / "plain.onnx")
-    for kind, dtype, data_type in (("int64", np.int64, TensorProto.INT64), ("float64", np.float64, 11)):
+    for kind, dtype in (("int64", np.int64), ("float64", np.float64)):
         graphs[kind] = str(tmp_path / f"{kind}.onnx")
-        _typed_counter(tmp_path / f"{kind}.onnx", dtype, data_type)
+        _typed_counter(tmp_path / f"{kind}.onnx", dtype)
     result = python_json(_DOUBLE_CHECKS.replace("{GRAPHS}", repr(json.dumps(graphs))), env=double)
     # a Const cannot be updated (assumed: PopART has no check)
     assert "constant because constantWeights is set" in result["constant_update"]
