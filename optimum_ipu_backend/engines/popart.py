@@ -28,15 +28,42 @@ after ``import popart``, and follows the documented call order (the SDK's docume
 
 Weights stay constants (``constantWeights`` True, the inference default), so an engine switch on a
 shared device reloads them with the executable and needs no ``weightsFromHost``.
+
+Carried state (``engines.base.state_updates``: an initializer an ``ai.graphcore`` ``CopyVarUpdate``
+overwrites). Citations are graphcore/popart at branch sdk-release-3.4.
+
+* The session is built with ``constantWeights = False``: in Inference with constantWeights every
+  initializer is a Const (``Ir::registerInputTensors``, willow/src/ir.cpp), and only a Variable keeps a
+  value written on the device. The option is per session, so **every** weight of such a graph becomes a
+  Variable, not only the state. A graph without state keeps constant weights.
+* Variables are undefined on the device until ``weightsFromHost`` (assumed: Poplar is closed source, and
+  ``Session::run``, willow/src/session.cpp, asks for it only in training). So ``build`` and ``reset``
+  call it, and so does ``load``: ``Devicex::loadEngineAndConnectStreams`` (willow/src/popx/devicex.cpp)
+  writes no variable when an engine is loaded again after another session's (assumed lost).
+* ``write_state`` is ``writeWeights`` (host copies only: ``Devicex::writeWeights``) then
+  ``weightsFromHost``, which runs the WeightsFromHost program and streams **every** Variable, all weights
+  included (``Devicex::weightsFromHost``). Python has no per-tensor upload: ``Session::buffersFromHost``
+  exists in C++ (session.cpp) but python/popart/popart_core/popart.cpp binds only ``weightsToHost``,
+  ``weightsFromHost``, ``readWeights`` and ``writeWeights``. Writing only some of the state would put the
+  other state tensors back to their host copies, so their device values are first read back with
+  ``weightsToHost`` (again every Variable) and ``readWeights``. Each upload therefore costs a transfer of
+  all weights over the host link; an engine switch costs one too, and it puts the state back to the last
+  values written (``Executable.state_epoch`` changes with every load, so the runtime writes it again).
+* Only float32, float16 and int32 state: the types both the CopyVarUpdate schema (willow/src/defs.cpp)
+  and its op definition (willow/src/op/copyvarupdate.cpp) allow.
+* Not with replication or pipelining: replicas would each keep their own copy (assumed), where the
+  contract has one state per executable.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from optimum_ipu_backend.engines.base import CompileOptions, EngineContractError
+import numpy as np
+
+from optimum_ipu_backend.engines.base import CompileOptions, EngineContractError, state_updates
 from optimum_ipu_backend.engines.probe import DEVICE_KINDS
 from optimum_ipu_backend.engines.worker import WorkerEngine
 from optimum_ipu_backend.engines.worker_server import Backend, recovery_action_name
@@ -47,6 +74,9 @@ TILES_PER_IPU = 1472
 # ``TensorInfo.data_type_lcase()`` names (the lower-case column of PopART's DataTypeInfo table: FLOAT is
 # "float32", FLOAT16 "float16") of the types Poplar streams to and from the host, which numpy names alike.
 _STREAMED_TYPES = ("float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8", "bool")
+# The state types CopyVarUpdate takes: those both its ONNX schema (willow/src/defs.cpp) and its op definition
+# (willow/src/op/copyvarupdate.cpp) allow, as data_type_lcase() names them.
+_STATE_TYPES = ("float32", "float16", "int32")
 
 
 class PopARTEngine(WorkerEngine):
@@ -74,6 +104,8 @@ class _Session:
     inputs: list[dict[str, Any]]
     outputs: list[dict[str, Any]]
     device_label: str
+    # The variables CopyVarUpdate overwrites (engines.base.state_updates), as specs; read by the worker.
+    state: list[dict[str, Any]] = field(default_factory=list)
 
 
 # The INT node attribute PopART reads a node's pipeline stage from (as the SDK documents); the compiler's
@@ -81,8 +113,8 @@ class _Session:
 PIPELINE_STAGE_ATTRIBUTE = "__pipeline_stage"
 
 
-def _graph_facts(graph: str) -> tuple[list[str], list[str], int]:
-    """The graph's inputs, outputs and number of pipeline stages (0: not sharded)."""
+def _graph_facts(graph: str) -> tuple[list[str], list[str], int, list[str]]:
+    """The graph's inputs, outputs, number of pipeline stages (0: not sharded) and carried state."""
     import onnx  # after popart, in the worker: allowed
 
     model = onnx.load(graph, load_external_data=False)
@@ -94,7 +126,8 @@ def _graph_facts(graph: str) -> tuple[list[str], list[str], int]:
         for attribute in node.attribute
         if attribute.name == PIPELINE_STAGE_ATTRIBUTE
     }
-    return inputs, [value.name for value in model.graph.output], len(stages)
+    state = list(state_updates(model.graph))
+    return inputs, [value.name for value in model.graph.output], len(stages), state
 
 
 def _numpy_type(lcase: str, tensor: str) -> str:
@@ -105,6 +138,16 @@ def _numpy_type(lcase: str, tensor: str) -> str:
             f"stream to or from the IPU (it streams {', '.join(_STREAMED_TYPES)})"
         )
     return lcase
+
+
+def _state_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A state tensor's spec, refused when CopyVarUpdate cannot take its type."""
+    if spec["dtype"] not in _STATE_TYPES:
+        raise EngineContractError(
+            f"state {spec['name']!r} is {spec['dtype']}; "
+            f"PopART's CopyVarUpdate takes {', '.join(_STATE_TYPES)}"
+        )
+    return spec
 
 
 def _popdist_popart() -> Any:
@@ -163,9 +206,19 @@ class PopARTBackend(Backend[_Session]):
         if device.isAttached:
             device.detach()
 
-    def _session_options(self, options: dict, artifacts: str | None, hardware: bool, stages: int) -> Any:
+    def _session_options(
+        self, options: dict, artifacts: str | None, hardware: bool, stages: int, state: bool
+    ) -> Any:
         popart = self.popart
         session_options = popart.SessionOptions()  # new every time, never the default argument object
+        if state:
+            if options["replicas"] > 1 or stages > 1:
+                raise EngineContractError(
+                    "a graph with carried state (CopyVarUpdate) runs on the PopART engine without "
+                    "replication or pipelining: each replica would keep its own copy of the state"
+                )
+            # Only a Variable can be overwritten on the device; this makes every weight a Variable.
+            session_options.constantWeights = False
         if int(options.get("ipus_per_replica", 1)) > 1:
             # Every node carries its IPU (``__ipu_number``) and stage: manual virtual graphs, pipelined when
             # there is more than one stage; inference needs batchesPerStep >= stages (as the SDK documents).
@@ -198,7 +251,7 @@ class PopARTBackend(Backend[_Session]):
         self, graph: str, artifacts: str | None, options: dict, device: Any, device_name: str, offline: bool
     ) -> _Session:
         popart = self.popart
-        input_names, output_names, stages = _graph_facts(graph)
+        input_names, output_names, stages, state_names = _graph_facts(graph)
         # PopART looks cachePath up when the session is built (inside the chdir below) and writes the
         # executable there in prepareDevice (after it): a relative path would name two directories.
         artifacts = None if artifacts is None else os.path.abspath(artifacts)
@@ -216,14 +269,18 @@ class PopARTBackend(Backend[_Session]):
                 dataFlow=data_flow,
                 deviceInfo=device,
                 userOptions=self._session_options(
-                    options, artifacts, offline or DEVICE_KINDS[device_name].needs_hardware, stages
+                    options,
+                    artifacts,
+                    offline or DEVICE_KINDS[device_name].needs_hardware,
+                    stages,
+                    bool(state_names),
                 ),
             )
         finally:
             os.chdir(here)
         session.prepareDevice(loadEngine=not offline)
         if not offline:
-            session.weightsFromHost()
+            session.weightsFromHost()  # Variables (state graphs) are undefined until it runs
         anchors = session.initAnchorArrays()
 
         def spec(name: str) -> dict[str, Any]:
@@ -241,14 +298,46 @@ class PopARTBackend(Backend[_Session]):
             inputs=[spec(name) for name in input_names],
             outputs=[spec(name) for name in output_names],
             device_label=f"{getattr(device.type, 'name', device.type)} {device.id} ({device.numIpus} IPU)",
+            state=[_state_spec(spec(name)) for name in state_names],
         )
 
     def run(self, built: _Session, inputs: dict, outputs: dict) -> None:
         anchors = {name: outputs[name].reshape(shape) for name, shape in built.anchor_shapes.items()}
         built.session.run(self.popart.PyStepIO(inputs, anchors))
 
+    def write_state(self, built: _Session, values: dict[str, np.ndarray]) -> None:
+        """``writeWeights`` then ``weightsFromHost``, which uploads every Variable (see the module's notes):
+        state not in ``values`` is read back from the device first, or the upload would put back its host
+        copy."""
+        specs = {spec["name"]: spec for spec in built.state}
+        for name, value in values.items():
+            spec = specs.get(name)
+            if spec is None:
+                raise EngineContractError(f"{name!r} is not state this executable keeps")
+            if tuple(value.shape) != tuple(spec["shape"]) or value.dtype != np.dtype(spec["dtype"]):
+                # PopART checks only the shape and the byte count (Tensor::verifyMutableVoidInfo,
+                # TensorData::resetData) and would take another dtype's bytes as they are
+                raise EngineContractError(
+                    f"state {name!r} is {spec['dtype']}{list(spec['shape'])}, "
+                    f"not {value.dtype}{list(value.shape)}"
+                )
+        popart = self.popart
+        arrays = {name: np.ascontiguousarray(value) for name, value in values.items()}
+        kept = [spec for name, spec in specs.items() if name not in arrays]
+        if kept:
+            built.session.weightsToHost()
+            current = {spec["name"]: np.empty(spec["shape"], spec["dtype"]) for spec in kept}
+            built.session.readWeights(popart.PyWeightsIO(current))
+            arrays.update(current)
+        built.session.writeWeights(popart.PyWeightsIO(arrays))
+        built.session.weightsFromHost()
+
     def load(self, built: _Session) -> None:
         built.session.loadEngineAndConnectStreams()  # constant weights come back with the engine
+        if built.state:
+            # Variables do not (assumed): every weight of a state graph is one, so all go up again; the
+            # state becomes its last written values, and the worker's epoch for this load tells the host.
+            built.session.weightsFromHost()
 
     def unload(self, built: _Session) -> None:
         """Loading another session's engine replaces this one on a shared device; nothing to do."""

@@ -860,6 +860,87 @@ def _executable_by_onnxruntime(model):
     return model
 
 
+# -- Variables and CopyVarUpdate (carried state) -----------------------------------------------------------
+
+# graphcore/popart willow/src/defs.cpp, the ai.graphcore CopyVarUpdate v1 schema (float, int32, float16,
+# bool) and willow/src/op/copyvarupdate.cpp, copyVarUpdateOpDef (UINT32, INT32, FLOAT16, FLOAT): the types
+# both allow (sdk-release-3.4).
+_COPY_VAR_UPDATE_TYPES = ("FLOAT", "FLOAT16", "INT32")
+# The output the executed copy of a graph gives for a variable's value after a run (the double's own).
+_NEXT_VALUE = "popart_double_next_value::"
+
+
+def _copy_var_updates(graph) -> list:
+    return [node for node in graph.node if node.domain == "ai.graphcore" and node.op_type == "CopyVarUpdate"]
+
+
+def _poisoned(info: TensorInfo) -> np.ndarray:
+    """What a variable holds on the device before any weightsFromHost and after another engine was
+    loaded: undefined. Assumed (Poplar, closed source: nothing in PopART's Devicex writes variables on a
+    load); the double makes it NaN (the lowest integer for integer types) so that a run that relies on it
+    fails a comparison."""
+    dtype = info._numpy_dtype()
+    if dtype.kind == "f":
+        return np.full(info.shape(), np.nan, dtype)
+    if dtype.kind == "b":
+        return np.ones(info.shape(), dtype)
+    return np.full(info.shape(), np.iinfo(dtype).min, dtype)
+
+
+def _shape_operands(graph) -> set:
+    """Initializers an op reads when it is created (a Reshape's shape, ...): OpCreatorInfo::
+    getInputTensorData (willow/src/opmanager.cpp) reads the tensor's data then, Variables included, so
+    their values are fixed at compile time whatever is written later."""
+    names = set()
+    for node in graph.node:
+        for position in _INT64_INPUTS.get(node.op_type, ()):
+            if position < len(node.input) and node.input[position]:
+                names.add(node.input[position])
+    return names
+
+
+def _variables_as_inputs(model, variables: dict, baked: set):
+    """The graph as the double executes it with Variables: each variable (but those fixed at compile time)
+    is an input fed from the device's copy, CopyVarUpdate returns its updater (its alias of the updated
+    variable, CopyVarUpdateOpx::grow), and each updated variable's new value is the extra output
+    ``_NEXT_VALUE + name``. Feeding the old values to every reader is what Graph::setVarUpdateConstraints
+    (willow/src/graph.cpp) guarantees: readers of a variable run before its update."""
+    from onnx import helper
+
+    model = type(model).FromString(model.SerializeToString())
+    graph = model.graph
+    updates = {node.input[0]: node.input[1] for node in _copy_var_updates(graph)}
+    nodes = [
+        helper.make_node("Identity", [node.input[1]], [node.output[0]])
+        if node.domain == "ai.graphcore" and node.op_type == "CopyVarUpdate"
+        else node
+        for node in graph.node
+    ]
+    fed = [tensor for tensor in graph.initializer if tensor.name in variables and tensor.name not in baked]
+    fed_names = {tensor.name for tensor in fed}
+    kept = [tensor for tensor in graph.initializer if tensor.name not in fed_names]
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+    graph.ClearField("initializer")
+    graph.initializer.extend(kept)
+    listed = {value.name for value in graph.input}
+    for tensor in fed:
+        if tensor.name not in listed:
+            graph.input.append(
+                helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
+            )
+    for variable, updater in updates.items():
+        graph.node.append(helper.make_node("Identity", [updater], [_NEXT_VALUE + variable]))
+        info = variables[variable]
+        graph.output.append(helper.make_tensor_value_info(
+            _NEXT_VALUE + variable, next(k for k, v in _ONNX_TO_POPART.items() if v == info.data_type()),
+            info.shape()))  # fmt: skip
+    imports = [entry for entry in model.opset_import if entry.domain != "ai.graphcore"]
+    model.ClearField("opset_import")
+    model.opset_import.extend(imports)
+    return model
+
+
 def _load_model(fnModel):  # noqa: N803
     import onnx
 
@@ -980,6 +1061,26 @@ class PyStepIO:
         self.runtime_asserts = enabled
 
 
+class PyWeightsIO:
+    """graphcore/popart python/popart/popart_core/popart.cpp, class PyWeightsIO and its binding
+    ``PyWeightsIO(weights)`` (sdk-release-3.4): a map of tensor ids to numpy arrays, each C-contiguous."""
+
+    def __init__(self, weights: dict) -> None:
+        for name, array in weights.items():
+            if not isinstance(array, np.ndarray):
+                raise TypeError(f"PyWeightsIO(): {name!r} is not a numpy array")
+            if not array.flags["C_CONTIGUOUS"]:
+                raise popart_exception(
+                    "PyWeightsIO is unable to use the provided numpy output array for tensor "
+                    f"'{name}' as it is not c-contiguous. Please use a function like "
+                    "`numpy.ascontiguousarray()` to make contiguous before passing to PyWeightsIO"
+                )
+        self.weights = weights
+
+    def contains(self, id: str) -> bool:  # noqa: A002
+        return id in self.weights
+
+
 _popdist_registered = False
 
 
@@ -1030,7 +1131,6 @@ class InferenceSession:
         if deviceInfo is None:
             raise popart_exception("Must pass a valid deviceInfo to InferenceSession::createFromOnnxModel")
         self._model = _load_model(fnModel)
-        self._raw = _executable_by_onnxruntime(self._model).SerializeToString()
         self.dataFlow, self._device, self._options = dataFlow, deviceInfo, userOptions
         self._shape_info = inputShapeInfo or InputShapeInfo()
         self._check_graph()
@@ -1078,6 +1178,7 @@ class InferenceSession:
                                    f"({deviceInfo.numIpus})")  # fmt: skip
         self.replicationFactor = local
         self.accumulationFactor = 1
+        self._setup_variables()
         self._executable = None
         self._prepared = False
         # willow/src/session.cpp, Session::configureFromOnnx: with engine caching on, the cache
@@ -1170,9 +1271,17 @@ class InferenceSession:
     def prepareDevice(self, loadEngine: bool = True) -> None:  # noqa: N802, N803
         _log("InferenceSession.prepareDevice", loadEngine=loadEngine, cwd=os.getcwd())
         # willow/src/popx/irlowering.cpp, popType
-        for info in {**self._inputs, **self._outputs}.values():
+        for info in {**self._inputs, **self._outputs, **self._variables}.values():
             if info.data_type() not in _DEVICE_TYPES:
                 raise popart_exception(f"The data type {info.data_type()} is not supported in Poplar")
+        for variable in self._updated:
+            if self._variables[variable].data_type() not in _COPY_VAR_UPDATE_TYPES:
+                # Assumed where PopART checks it (no check of an OpDefinition's types was found): a type
+                # outside both CopyVarUpdate definitions (see _COPY_VAR_UPDATE_TYPES) is refused.
+                raise popart_exception(
+                    f"CopyVarUpdate of '{variable}': type {self._variables[variable].data_type()} is not "
+                    f"one of {', '.join(_COPY_VAR_UPDATE_TYPES)} (double: assumed)"
+                )
         _fault("prepareDevice")
         model_bytes = self._raw
         if self._cache_hit is not None:  # session.cpp, Session::tryLoadExecutable
@@ -1203,6 +1312,7 @@ class InferenceSession:
             self._executable = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
         self._prepared = True
         self._device._loaded = None  # prepare resets the marker
+        self._poison_variables()
         # willow/src/session.cpp, Session::prepareDevice: loads when compileEngine and loadEngine
         if loadEngine and self._options.compileEngine:
             self.loadEngineAndConnectStreams()
@@ -1238,6 +1348,10 @@ class InferenceSession:
             raise poplar_exception("Cannot load an engine on a device that is not attached")
         _log("InferenceSession.loadEngineAndConnectStreams", device=self._device.id)
         self._device._loaded = self
+        # Assumed (Poplar, closed source): a (re)loaded engine's variables are undefined until the next
+        # weightsFromHost; nothing in Devicex::loadEngineAndConnectStreams (devicex.cpp) writes them, and
+        # Devicex::run reloads without one. Constants come back with the engine.
+        self._poison_variables()
 
     def weightsFromHost(self) -> None:  # noqa: N802
         _log("InferenceSession.weightsFromHost")
@@ -1246,11 +1360,21 @@ class InferenceSession:
             raise popart_runtime_error(
                 "Devicex::prepare() must be called before Devicex::weightsFromHost() is called."
             )
+        # Devicex::weightsFromHost runs the WeightsFromHost program (Devicex::run reloads the engine first
+        # when another was loaded), which streams every Variable's host copy to the device.
         if self._device._loaded is not self:
             self.loadEngineAndConnectStreams()
+        for replica in self._device_weights:
+            for name in self._variables:
+                replica[name] = self._host_weights[name].copy()
 
     def weightsToHost(self) -> None:  # noqa: N802
-        pass
+        """willow/src/popx/devicex.cpp, Devicex::weightsToHost: the WeightsToHost program copies every
+        Variable (one replica's copy) into the device-to-host stream buffers; readWeights reads those."""
+        _log("InferenceSession.weightsToHost")
+        if self._device._loaded is not self:
+            self.loadEngineAndConnectStreams()
+        self._to_host = {name: value.copy() for name, value in self._device_weights[0].items()}
 
     def _prefix(self) -> list[int]:
         bps, replicas = self.dataFlow.batchesPerStep(), self.replicationFactor
@@ -1277,7 +1401,8 @@ class InferenceSession:
         return arrays
 
     def getInfo(self, tensorId: str) -> TensorInfo:  # noqa: N802, N803
-        return {**self._inputs, **self._outputs}[tensorId]
+        """willow/src/session.cpp, Session::getInfo: any tensor of the executable, Variables included."""
+        return {**self._variables, **self._inputs, **self._outputs}[tensorId]
 
     def getAllTensorIds(self) -> list[str]:  # noqa: N802
         return [*self._inputs, *self._outputs]
@@ -1294,6 +1419,105 @@ class InferenceSession:
         path = os.path.join(filename, "executable.popef") if os.path.isdir(filename) else filename
         with open(path, "wb") as stream:
             stream.write(b"POPEF-DOUBLE " + versionString().encode() + b"\n" + self._raw)
+
+    # -- variables (carried state) -------------------------------------------------------------------------
+
+    def _setup_variables(self) -> None:
+        """willow/src/ir.cpp, Ir::registerInputTensors (sdk-release-3.4): an initializer no node consumes
+        is not created; in Inference with ``constantWeights`` the others are Const tensors, otherwise
+        Variables (with a host copy, TensorData, that weightsFromHost streams to the device)."""
+        from onnx import numpy_helper
+
+        graph = self._model.graph
+        initializers = {tensor.name: tensor for tensor in graph.initializer}
+        consumed = {name for sub in _graphs(graph) for node in sub.node for name in node.input}
+        constant = self._options.constantWeights
+        for node in _copy_var_updates(graph):
+            variable = node.input[0] if node.input else ""
+            if variable not in initializers:
+                # willow/src/builder.cpp, AiGraphcoreOpset1::copyvarupdate refuses it; a ModelProto does not go
+                # through the builder (the IR itself does not check; assumed refused all the same).
+                raise popart_exception("The first arg of copyvarupdate should be an initalised tensor.")
+            if constant:
+                # Assumed (Poplar, closed source): with constantWeights the variable is a Const (ir.cpp above),
+                # lowered with setInitialValue and not made writable (irlowering.cpp, prepareGraph); nothing in
+                # PopART checks an update of a Const, so the double refuses it rather than guess.
+                raise popart_exception(
+                    f"CopyVarUpdate '{node.name}' updates '{variable}', which is a constant because "
+                    "constantWeights is set (double: assumed refused, PopART has no check)"
+                )
+        self._variables: dict[str, TensorInfo] = {}
+        self._host_weights: dict[str, np.ndarray] = {}
+        if not constant:
+            for name, tensor in initializers.items():
+                if name in consumed:
+                    array = numpy_helper.to_array(tensor)
+                    self._variables[name] = TensorInfo(_ONNX_TO_POPART[tensor.data_type], list(array.shape))
+                    self._host_weights[name] = np.array(array, copy=True)
+        self._updated = {node.input[0]: node.input[1] for node in _copy_var_updates(graph)}
+        self._baked = _shape_operands(graph) & set(self._variables)
+        executed = (
+            self._model
+            if not self._variables
+            else _variables_as_inputs(self._model, self._variables, self._baked)
+        )
+        self._raw = _executable_by_onnxruntime(executed).SerializeToString()
+        # Each replica's copy on the device (assumed, Poplar: replicas keep their own copy of a variable in
+        # inference, VariableSettings CommGroup All returns one), and the device-to-host stream buffers
+        # weightsToHost fills (undefined before it: assumed).
+        self._device_weights: list[dict[str, np.ndarray]] = [{} for _ in range(self.replicationFactor)]
+        self._to_host: dict[str, np.ndarray] = {}
+        self._poison_variables()
+
+    def _poison_variables(self) -> None:
+        for replica in self._device_weights:
+            for name, info in self._variables.items():
+                replica[name] = _poisoned(info)
+        self._to_host = {name: _poisoned(info) for name, info in self._variables.items()}
+
+    def writeWeights(self, weightsIo: PyWeightsIO) -> None:  # noqa: N802, N803
+        """willow/src/session.cpp, Session::writeWeights, then willow/src/popx/devicex.cpp,
+        Devicex::writeWeights (sdk-release-3.4): only the host copy (TensorData::resetData) of each weight
+        tensor the IO contains changes; other names are ignored; the device sees it after weightsFromHost."""
+        _log("InferenceSession.writeWeights", names=sorted(getattr(weightsIo, "weights", {})))
+        if not isinstance(weightsIo, PyWeightsIO):
+            raise TypeError("writeWeights(): incompatible function arguments: expected a PyWeightsIO")
+        if self._options.constantWeights:  # an InferenceSession is always in Inference mode
+            raise popart_runtime_error(
+                "Cannot call writeWeights when constantWeights is set. Set `constantWeights` to False in the "
+                "`SessionOption`s when initialising the session to enable this behaviour."
+            )
+        for name, info in self._variables.items():
+            if not weightsIo.contains(name):
+                continue
+            array = weightsIo.weights[name]
+            if list(array.shape) != info.shape():
+                # willow/src/tensor.cpp, Tensor::verifyMutableVoidInfo (an internal_error)
+                raise popart_internal_exception(
+                    "The shape of the MutableVoidData for IO does not not match the expected write region of "
+                    f"this tensor. Tensor Write ({len(info.shape())}): {info.shape()} != MutableVoidData "
+                    f"({array.ndim}): {list(array.shape)}"
+                )
+            nbytes = info.nelms() * info._numpy_dtype().itemsize
+            if array.nbytes != nbytes:
+                # willow/src/tensordata.cpp, TensorData::resetData
+                raise popart_exception(
+                    f"cannot reset tensor data with data of non-matching size {nbytes} vs {array.nbytes}"
+                )
+            # a memcpy of the bytes: an array of another dtype and the same size is reinterpreted
+            self._host_weights[name] = array.view(info._numpy_dtype()).reshape(info.shape()).copy()
+
+    def readWeights(self, weightsIo: PyWeightsIO) -> None:  # noqa: N802, N803
+        """willow/src/popx/devicex.cpp, Devicex::readWeights: the device-to-host stream buffers (as the
+        last weightsToHost left them) are copied into the IO's arrays, for each weight tensor it contains."""
+        _log("InferenceSession.readWeights")
+        for name in self._variables:
+            if weightsIo.contains(name):
+                target = weightsIo.weights[name]
+                source = np.ascontiguousarray(self._to_host[name])
+                if target.nbytes != source.nbytes:  # a memcpy past the end on the SDK
+                    raise popart_exception(f"double: readWeights array for {name} has the wrong size")
+                target.reshape(-1).view(np.uint8)[:] = source.reshape(-1).view(np.uint8)
 
     # -- running -------------------------------------------------------------------------------------------
 
@@ -1358,12 +1582,21 @@ class InferenceSession:
                 )
             outputs[name] = array.reshape(bps, replicas, *info.shape())
         names = list(outputs)
+        updated = list(self._updated)
+        fetched = [*names, *(_NEXT_VALUE + name for name in updated)]
+        fed = [name for name in self._variables if name not in self._baked]
         for step in range(bps):
             for replica in range(replicas):
                 # [step, replica, ...] keeps a scalar tensor a 0-d array
-                results = self._executable.run(names, {k: v[step, replica, ...] for k, v in feeds.items()})
-                for name, value in zip(names, results, strict=True):
+                feed = {k: v[step, replica, ...] for k, v in feeds.items()}
+                device = self._device_weights[replica]
+                feed.update({name: device[name] for name in fed})
+                results = self._executable.run(fetched, feed)
+                for name, value in zip(names, results[: len(names)], strict=True):
                     outputs[name][step, replica] = value
+                # CopyVarUpdateOpx::grow copies the updater into the variable: the next micro-batch reads it
+                for name, value in zip(updated, results[len(names) :], strict=True):
+                    device[name] = np.array(value, dtype=self._variables[name]._numpy_dtype())
 
 
 __all__ = [name for name in dir() if not name.startswith("_")]
