@@ -253,6 +253,30 @@ class PaddingAnalyzer:
             cached = self._cones[key] = frozenset(reached)
         return cached
 
+    def _reached_avoiding_trigonometry(self, source: str) -> frozenset[str]:
+        """Tensors whose values depend on ``source`` along a path through no Cos or Sin node.
+
+        An input that reaches a softmax only through Cos or Sin (Llama's ``position_ids``, through its
+        rotary embedding) does not decide which positions it hides: a cosine or sine of any finite value is
+        finite, bounded data, as a table row an index input selects is, and masking comes only from the
+        very negative values a mask path puts in. So it is no mask input of that softmax."""
+        key = ("reach-avoiding-trigonometry", source)
+        cached = self._cones.get(key)
+        if cached is None:
+            reached = {source}
+            for node in iter_nodes(self.model.graph):
+                if node.op_type not in ("Cos", "Sin") and any(i in reached for i in node.input):
+                    reached.update(o for o in node.output if o)
+            cached = self._cones[key] = frozenset(reached)
+        return cached
+
+    def _softmax_input(self, output: str) -> str:
+        """The input of the softmax node that writes ``output``."""
+        for node in iter_nodes(self.model.graph):
+            if output in node.output:
+                return node.input[0]
+        raise KeyError(output)
+
     def _static_nodes(self) -> set[int]:
         """Top-level nodes whose every input is a weight, a constant or another such node's output:
         their results are the same in every run, so each is computed once per analyzer."""
@@ -424,7 +448,11 @@ class PaddingAnalyzer:
         candidates = self._mask_candidates(inputs)
         sites = {}
         for site in ctx.softmax_sites:
-            masks = site.sources & candidates
+            masks = {
+                mask
+                for mask in site.sources & candidates
+                if self._softmax_input(site.output) in self._reached_avoiding_trigonometry(mask)
+            }
             if len(masks) != 1:
                 return PaddingProof(
                     False,
