@@ -215,6 +215,9 @@ def carry_state(
 
     if not states:
         raise CarriedStateRefused("the decode graph has no past inputs to keep on the device")
+    returned = sorted(name for name in outputs if name in past_inputs)
+    if returned:  # a variable cannot also be a graph output: the past would be streamed back whole
+        raise CarriedStateRefused(f"the decode graph returns its past input(s) {returned} unchanged")
     if len(set(rows.values())) > 1:
         raise CarriedStateRefused(f"the state has different row counts: {rows}")
     for name in past_inputs:  # the past inputs become variables of the same shape and type

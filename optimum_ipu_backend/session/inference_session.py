@@ -330,6 +330,11 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
         """Per dimension tried so far: ``"padded (proven)"``, or ``"exact sizes: <node and reason>"``."""
         return self._runner.padding_verdicts()
 
+    def kv_cache_verdict(self) -> str | None:
+        """For a decoder with a key/value cache: whether its decoding steps keep the cache on the device
+        (one decode executable) or stream it, and why; None for other graphs."""
+        return self._runner.kv_cache_verdict()
+
     def precompile(
         self,
         fixed_dims: Mapping[str, int] | None = None,

@@ -1,0 +1,92 @@
+"""Generation with the key/value cache kept on the device (issue 25), on the host emulator: tokens
+identical to CPUExecutionProvider for greedy, 4-beam and seeded sampling; one decode executable per
+generation besides the prefill; one upload of the cache per generation (beam reorders are an index on the
+device, not an upload); two generations interleaved from two threads; a cache edited by the caller; and
+the same at the sizes users feed (512 tokens of context, 256 generated)."""
+
+from __future__ import annotations
+
+import pytest
+
+from integration import kv_cache_checks as checks
+from optimum_ipu_backend.compiler import carried_state
+from optimum_ipu_backend.runtime import executables
+
+
+@pytest.fixture(scope="module")
+def options(tmp_path_factory):
+    return {"device": "emulator", "executable_cache_dir": str(tmp_path_factory.mktemp("kv-cache"))}
+
+
+def _onnx(zoo, case: str) -> str:
+    _, model, task = checks.CASES[case]
+    return str(zoo.onnx(model, task))
+
+
+@pytest.mark.parametrize("case", ["gpt2", "llama", "t5", "whisper"])
+def test_tokens_match_cpu_with_one_decode_executable_and_one_upload(zoo, options, case):
+    new_tokens = 24
+    report = checks.check_modes(case, _onnx(zoo, case), options, context=20, new_tokens=new_tokens)
+    for mode, result in report.items():
+        assert result["tokens_equal"], f"{case} {mode}: tokens differ from CPU"
+        assert result["distinct_tokens"] >= 3, f"{case} {mode}: degenerate generation"
+        # every token after the first comes from the one decode executable; the prefill runs once
+        assert result["decode_executables"] == [new_tokens - 1], (mode, result)
+        assert result["streaming_executables"] == [1], (mode, result)
+        assert result["uploads"] == 1, (mode, result)
+
+
+def test_at_the_sizes_users_feed(zoo, options):
+    """512 tokens of context and 256 new ones (GPT-2 with its real 1,024 positions), greedy and 4 beams."""
+    onnx_dir = _onnx(zoo, "gpt2-long")
+    cpu = checks.load("gpt2-long", onnx_dir, None)
+    ipu = checks.load("gpt2-long", onnx_dir, options)
+    inputs = checks.inputs_for("gpt2-long", onnx_dir, 512)
+    for mode in ("greedy", "beam 4"):
+        expected = checks.generate(cpu, inputs, mode, 256)
+        with checks.counted_uploads() as uploads:
+            got = checks.generate(ipu, inputs, mode, 256)
+        assert (expected == got).all(), mode
+        assert len(uploads) == 1, mode
+    decode = [e for e in ipu.model.compiled_executables() if e.get("kv_cache") == "device"]
+    assert [e["calls"] for e in decode] == [255, 255]  # one per batch size: 1 row, 4 beams
+    assert all(e["shapes"]["past_key_values.0.key"][2] == 1024 for e in decode)
+
+
+def test_two_threads_interleaving_generations_keep_their_own_cache(zoo, options):
+    new_tokens = 16
+    report = checks.check_interleaved("gpt2", _onnx(zoo, "gpt2"), options, new_tokens)
+    assert report["tokens_equal"] == [True, True]
+    # in lock step each decoding step finds the other generation's cache on the device and uploads its own
+    assert report["uploads"] >= new_tokens
+
+
+@pytest.mark.parametrize("case", ["gpt2", "llama"])
+def test_a_cache_edited_by_the_caller_is_uploaded_and_used(zoo, options, case):
+    report = checks.check_edited_past(case, _onnx(zoo, case), options)
+    assert report["edit_changes_logits"] > 1e-3  # the edit matters, so using the stale cache would show
+    assert report["max_abs_diff"] <= checks.LOGITS_ATOL
+    assert report["uploads"] == 1
+
+
+def test_kv_cache_host_streams_the_cache(zoo, options):
+    report = checks.check_modes("gpt2", _onnx(zoo, "gpt2"), {**options, "kv_cache": "host"}, 20, 12)
+    for mode, result in report.items():
+        assert result["tokens_equal"], mode
+        assert result["decode_executables"] == [] and result["uploads"] == 0, (mode, result)
+
+
+def test_a_graph_the_rewrite_refuses_is_streamed_with_its_verdict(zoo, tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise carried_state.CarriedStateRefused("output 'present.0.key' is not a Concat of the past")
+
+    monkeypatch.setattr(carried_state, "carry_state", refuse)
+    monkeypatch.setattr(executables, "_legalized_files", {})  # no graph legalized by an earlier test
+    onnx_dir = _onnx(zoo, "gpt2")
+    ipu = checks.load("gpt2", onnx_dir, {"device": "emulator", "executable_cache_dir": str(tmp_path)})
+    cpu = checks.load("gpt2", onnx_dir, None)
+    inputs = checks.inputs_for("gpt2", onnx_dir, 20)
+    assert (checks.generate(cpu, inputs, "greedy", 12) == checks.generate(ipu, inputs, "greedy", 12)).all()
+    verdict = ipu.model.kv_cache_verdict()
+    assert verdict.startswith("the key/value cache is streamed: output 'present.0.key'"), verdict
+    assert not any(e.get("kv_cache") for e in ipu.model.compiled_executables())
