@@ -257,8 +257,13 @@ def _growing_output(
     position and otherwise ``read``'s shape; None when no output extends it."""
     for name, value in outputs.items():
         node = producers.get(name)
-        if node is None or node.op_type != "Concat" or len(node.input) != 2 or node.input[0] != read:
+        if node is None or node.op_type != "Concat" or read not in node.input:
             continue
+        if len(node.input) != 2 or node.input[0] != read:
+            raise CarriedStateRefused(
+                f"output {name!r} concatenates the past with {len(node.input) - 1} other tensor(s), not "
+                "the past first and then the new positions"
+            )
         axis = next(a.i for a in node.attribute if a.name == "axis")
         axis = axis + len(dims) if axis < 0 else axis
         out_dims = [dim.dim_value for dim in value.type.tensor_type.shape.dim]
