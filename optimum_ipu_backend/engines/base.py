@@ -204,7 +204,23 @@ class Executable(_Closable, ABC):
     def write_state(self, values: Mapping[str, np.ndarray]) -> None:
         """Upload new values of some of ``state`` (shapes and dtypes as ``state`` says); the next run reads
         them."""
-        raise EngineContractError(f"{type(self).__name__} keeps no state on the device")
+        self._check_state(values)
+        raise NotImplementedError(f"{type(self).__name__} does not upload state")
+
+    def _check_state(self, values: Mapping[str, np.ndarray]) -> None:
+        """``EngineContractError`` unless every value is state this executable keeps, at its shape and
+        dtype."""
+        if not self.state:
+            raise EngineContractError(f"{type(self).__name__} keeps no state on the device")
+        specs = {spec.name: spec for spec in self.state}
+        for name, value in values.items():
+            spec = specs.get(name)
+            if spec is None:
+                raise EngineContractError(f"{name!r} is not state this executable keeps")
+            if value.shape != spec.shape or value.dtype != spec.dtype:
+                raise EngineContractError(
+                    f"state {name!r} is {spec.dtype}{list(spec.shape)}, not {value.dtype}{list(value.shape)}"
+                )
 
     @abstractmethod
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

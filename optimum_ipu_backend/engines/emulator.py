@@ -189,19 +189,9 @@ class HostEmulatorExecutable(Executable):
 
     def write_state(self, values: Mapping[str, np.ndarray]) -> None:
         self._check_open()
-        if not self.state:
-            super().write_state(values)
-        specs = {spec.name: spec for spec in self.state}
+        self._check_state(values)
         with self._state_lock:
             for name, value in values.items():
-                spec = specs.get(name)
-                if spec is None:
-                    raise EngineContractError(f"{name!r} is not state this executable keeps")
-                if value.shape != spec.shape or value.dtype != spec.dtype:
-                    raise EngineContractError(
-                        f"state {name!r} is {spec.dtype}{list(spec.shape)}, "
-                        f"not {value.dtype}{list(value.shape)}"
-                    )
                 self._state_values[name] = np.array(value, copy=True)
 
 

@@ -602,17 +602,7 @@ class RemoteExecutable(Executable):
 
     def write_state(self, values: Mapping[str, np.ndarray]) -> None:
         self._check_open()
-        if not self.state:
-            super().write_state(values)
-        specs = {spec.name: spec for spec in self.state}
-        for name, value in values.items():
-            spec = specs.get(name)
-            if spec is None:
-                raise EngineContractError(f"{name!r} is not state this executable keeps")
-            if value.shape != spec.shape or value.dtype != spec.dtype:
-                raise EngineContractError(
-                    f"state {name!r} is {spec.dtype}{list(spec.shape)}, not {value.dtype}{list(value.shape)}"
-                )
+        self._check_state(values)
 
         def fill() -> None:  # after a rebuild too: the new buffers
             for name, value in values.items():

@@ -43,7 +43,7 @@ from optimum_ipu_backend.compiler.carried_state import (
 from optimum_ipu_backend.errors import DeviceError
 from optimum_ipu_backend.runtime.boundary import to_device_dtype, to_host_dtype
 from optimum_ipu_backend.runtime.dim_expressions import DimExpression
-from optimum_ipu_backend.runtime.padding import SymbolicShape, cut_output, generated_mask, pad_feed
+from optimum_ipu_backend.runtime.padding import SymbolicShape, cut_output
 from optimum_ipu_backend.runtime.roles import (
     InputRole,
     generation_step_dims,
@@ -186,24 +186,14 @@ class CarriedState:
         if call.dims.get(self._past_dim) != capacity:
             return None  # padding the past is not proven invisible for this call: compiled per length
         targets = {dim: size for dim, size in call.dims.items() if not is_batch_dim(dim)}
-        config = runner.config
 
         def padded(names: Sequence[str]) -> dict[str, np.ndarray]:
             """The inputs ``names`` of this call padded as a streamed step pads them."""
-            return pad_feed(
-                {name: feed[name] for name in names},
-                shapes,
-                targets,
-                actual_dims=actual,
-                fill_values=config.fills,
-                left_padded_dims=config.left_padded_dims,
-                max_position_id=config.max_position_id,
-            ).feed
+            return runner.padded({name: feed[name] for name in names}, shapes, targets, actual)
 
         past = self.request.past_inputs
         step_feed = padded([name for name in feed if name not in past])
-        for name, _ in config.generated_masks:
-            step_feed[name] = generated_mask(shapes[name], actual, targets, config.left_padded_dims)
+        step_feed.update(runner.generated_masks(shapes, actual, targets))
         sizes = {**actual, **call.dims}
         signature = {name: _evaluated(shapes[name], sizes) for name in past}
         signature.update({name: tuple(array.shape) for name, array in step_feed.items()})

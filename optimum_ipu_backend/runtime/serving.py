@@ -179,8 +179,7 @@ class StaticShapeRunner:
         output_names: Sequence[str],
         dims: tuple[dict[str, SymbolicShape], dict[str, int]] | None = None,
     ) -> list[np.ndarray]:
-        """``dims``: the call's shapes and dimension sizes (``_call_dims``) when the caller found them."""
-        config = self._config
+        """``dims``: the call's shapes and dimension sizes (``call_dims``) when the caller found them."""
         branches = {name: bool(np.asarray(feed[name]).reshape(-1)[0]) for name in self._table.branch_inputs}
         feed = {name: array for name, array in feed.items() if name not in branches}
         if branches and not all(branches.values()):
@@ -200,16 +199,10 @@ class StaticShapeRunner:
         if samples is not None and not call.batch_paddable:
             micro = samples  # the graph mixes samples: run them all in one micro-batch, no repeats
         targets = {dim: size for dim, size in call.dims.items() if not is_batch_dim(dim)}
-        padded = pad_feed(
-            feed,
-            shapes,
-            targets,
-            actual_dims=actual,
-            fill_values=config.fills,
-            left_padded_dims=config.left_padded_dims,
-            max_position_id=config.max_position_id,
-        )
-        padded_feed = {**padded.feed, **self._generated_masks(shapes, actual, targets)}
+        padded_feed = {
+            **self.padded(feed, shapes, targets, actual),
+            **self.generated_masks(shapes, actual, targets),
+        }
         outputs = self._run_batched(padded_feed, samples, micro, branches, proof_actual, call.batch_paddable)
         return [
             to_host_dtype(
@@ -218,6 +211,37 @@ class StaticShapeRunner:
             )
             for name in output_names
         ]
+
+    def padded(
+        self,
+        feed: Mapping[str, np.ndarray],
+        shapes: Mapping[str, SymbolicShape],
+        targets: Mapping[str, int],
+        actual: Mapping[str, int],
+    ) -> dict[str, np.ndarray]:
+        """``feed`` padded to the ``targets`` sizes of its dimensions, each input with the fill its role
+        gives (``ServingConfig.fills``), on the side its dimension is padded."""
+        config = self._config
+        return pad_feed(
+            feed,
+            shapes,
+            targets,
+            actual_dims=actual,
+            fill_values=config.fills,
+            left_padded_dims=config.left_padded_dims,
+            max_position_id=config.max_position_id,
+        ).feed
+
+    def generated_masks(
+        self, shapes: Mapping[str, SymbolicShape], actual: Mapping[str, int], targets: Mapping[str, int]
+    ) -> dict[str, np.ndarray]:
+        """The masks the runtime makes itself, made at once at the sizes this call runs at (the batch
+        unpadded: device steps fill it up)."""
+        left = self._config.left_padded_dims
+        return {
+            name: generated_mask(shapes[name], actual, targets, left)
+            for name, _ in self._config.generated_masks
+        }
 
     def call_dims(self, feed: Mapping[str, np.ndarray]) -> tuple[dict[str, SymbolicShape], dict[str, int]]:
         """The inputs' shapes for this call and the size of every dimension. Inputs that share a
@@ -326,17 +350,6 @@ class StaticShapeRunner:
                 ]
                 others[name] = np.zeros(shape, dtype=feed[name].dtype)
         return others
-
-    def _generated_masks(
-        self, shapes: Mapping[str, SymbolicShape], actual: Mapping[str, int], targets: Mapping[str, int]
-    ) -> dict[str, np.ndarray]:
-        """The masks the runtime makes itself, made at once at the sizes this call runs at (the batch
-        unpadded: device steps fill it up)."""
-        left = self._config.left_padded_dims
-        return {
-            name: generated_mask(shapes[name], actual, targets, left)
-            for name, _ in self._config.generated_masks
-        }
 
     # -- trim_padding ------------------------------------------------------------------------------
 
