@@ -55,6 +55,17 @@ class CarriedStateRefused(LegalizationError):
 
 
 @dataclass(frozen=True)
+class CarryRequest:
+    """What the rewrite is told of the served graph (the runtime finds it from the inputs' roles and
+    shapes): each past input with its batch axis, each mask over the past with its batch and positions
+    axes, and the side the runtime pads the past on ("left" or "right")."""
+
+    past_inputs: dict[str, int]
+    appended_inputs: dict[str, tuple[int, int]]
+    padding_side: str
+
+
+@dataclass(frozen=True)
 class StateSpec:
     """One tensor kept on the device. ``kind``: ``"grows"`` (a past the present extends by one position),
     ``"constant"`` (a past nothing extends) or ``"appended"`` (a mask input the caller extends).
@@ -94,16 +105,11 @@ def carried_state_plan(model: onnx.ModelProto) -> CarriedStatePlan | None:
     return None
 
 
-def carry_state(
-    model: onnx.ModelProto,
-    past_inputs: Mapping[str, int],
-    appended_inputs: Mapping[str, tuple[int, int]],
-    padding_side: str,
-) -> tuple[onnx.ModelProto, CarriedStatePlan]:
+def carry_state(model: onnx.ModelProto, request: CarryRequest) -> tuple[onnx.ModelProto, CarriedStatePlan]:
     """Rewrite the legalized decode graph ``model`` (changed in place and returned) so that its cache stays
-    on the device. ``past_inputs``: each past input and its batch axis; ``appended_inputs``: each mask input
-    the caller extends by one position per step, with its batch axis and positions axis; ``padding_side``:
-    where the runtime pads the past ("left" or "right")."""
+    on the device, as ``request`` says."""
+    past_inputs, appended_inputs = request.past_inputs, request.appended_inputs
+    padding_side = request.padding_side
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side is 'left' or 'right', not {padding_side!r}")
     graph = model.graph

@@ -28,7 +28,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import xxhash
@@ -38,6 +38,7 @@ from optimum_ipu_backend.compiler.carried_state import (
     ROWS_INPUT,
     CarriedStatePlan,
     CarriedStateRefused,
+    CarryRequest,
     StateSpec,
 )
 from optimum_ipu_backend.errors import DeviceError
@@ -53,21 +54,42 @@ from optimum_ipu_backend.runtime.roles import (
 )
 
 if TYPE_CHECKING:
-    from optimum_ipu_backend.runtime.executables import CompiledEntry
-    from optimum_ipu_backend.runtime.serving import StaticShapeRunner
+    from optimum_ipu_backend.runtime.buckets import BucketPlan
+    from optimum_ipu_backend.runtime.executables import CompiledEntry, ExecutableTable
+    from optimum_ipu_backend.runtime.padding import PaddingDecisions
+
+
+class StepRunner(Protocol):
+    """What carried steps use of the runner that serves every other call (``serving.StaticShapeRunner``):
+    its shapes, plan, padding decisions and executables, and the way it pads a feed."""
+
+    input_shapes: Mapping[str, SymbolicShape]
+    output_dtypes: Mapping[str, np.dtype]
+    config: Any  # serving.ServingConfig
+    plan: BucketPlan
+    decisions: PaddingDecisions
+    executables: ExecutableTable
+
+    def call_dims(
+        self, feed: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, SymbolicShape], dict[str, int]]: ...
+
+    def compiled_sizes(self, actual: Mapping[str, int], branches: Mapping[str, bool]) -> dict[str, int]: ...
+
+    def padded(
+        self,
+        feed: Mapping[str, np.ndarray],
+        shapes: Mapping[str, SymbolicShape],
+        targets: Mapping[str, int],
+        actual: Mapping[str, int],
+    ) -> dict[str, np.ndarray]: ...
+
+    def generated_masks(
+        self, shapes: Mapping[str, SymbolicShape], actual: Mapping[str, int], targets: Mapping[str, int]
+    ) -> dict[str, np.ndarray]: ...
+
 
 _logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CarryRequest:
-    """What the rewrite needs to know of the served graph (from the inputs' roles and shapes): each past
-    input with its batch axis, each mask over the past with its batch and positions axes, and the side the
-    runtime pads the past on."""
-
-    past_inputs: dict[str, int]
-    appended_inputs: dict[str, tuple[int, int]]
-    padding_side: str
 
 
 @dataclass
@@ -99,7 +121,7 @@ def _positions(axis: int, start: int, stop: int, rank: int) -> tuple[slice, ...]
 class CarriedState:
     """Decides which calls a decode executable with device state serves, and serves them."""
 
-    def __init__(self, runner: StaticShapeRunner, request: CarryRequest, past_dim: str) -> None:
+    def __init__(self, runner: StepRunner, request: CarryRequest, past_dim: str) -> None:
         self._runner = runner
         self.request = request
         runner.executables.carry_request = request  # a signature with ROWS_INPUT compiles with it
@@ -110,7 +132,7 @@ class CarriedState:
         self._resident: dict[int, _Resident] = {}  # id(entry) -> what its device holds
 
     @classmethod
-    def for_runner(cls, runner: StaticShapeRunner) -> CarriedState | None:
+    def for_runner(cls, runner: StepRunner) -> CarriedState | None:
         """The carried state of a decoder with a bucketed past, or None for other graphs."""
         shapes = runner.input_shapes
         config = runner.config

@@ -39,8 +39,7 @@ from optimum_ipu_backend.runtime.executable_cache import CacheKey, ExecutableCac
 from optimum_ipu_backend.runtime.progress import step_progress
 
 if TYPE_CHECKING:
-    from optimum_ipu_backend.compiler.carried_state import CarriedStatePlan
-    from optimum_ipu_backend.runtime.carried_state import CarryRequest
+    from optimum_ipu_backend.compiler.carried_state import CarriedStatePlan, CarryRequest
 
 _logger = logging.getLogger(__name__)
 
@@ -133,9 +132,7 @@ class ExecutableTable:
             request = self.carry_request
             if request is None:
                 raise ValueError(f"a signature with {ROWS_INPUT!r} needs the table's carry_request")
-            _, plan = carry_state(
-                legalized.model, request.past_inputs, request.appended_inputs, request.padding_side
-            )
+            _, plan = carry_state(legalized.model, request)
             weight_names = weight_names | {spec.state for spec in plan.states}
         path = save_graph(
             legalized.model, directory / LEGALIZED_GRAPH_FILE, legalized.weights_dir, weight_names

@@ -15,6 +15,7 @@ from optimum_ipu_backend.compiler.carried_state import (
     LENGTH_INPUT,
     ROWS_INPUT,
     CarriedStateRefused,
+    CarryRequest,
     carried_state_plan,
     carry_state,
 )
@@ -70,7 +71,7 @@ def padded(array: np.ndarray, size: int, axis: int, side: str) -> np.ndarray:
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_steps_on_device_state_equal_the_growing_cache(tmp_path, side):
     capacity = 9
-    model, plan = carry_state(decode_graph(capacity), {"past": 0}, {"mask": (0, 1)}, side)
+    model, plan = carry_state(decode_graph(capacity), CarryRequest({"past": 0}, {"mask": (0, 1)}, side))
     assert carried_state_plan(model) == plan
     assert [(s.kind, s.input) for s in plan.states] == [("grows", "past"), ("appended", "mask")]
     onnx.checker.check_model(model)
@@ -114,17 +115,17 @@ def test_steps_on_device_state_equal_the_growing_cache(tmp_path, side):
 
 def test_a_concat_with_the_new_positions_first_is_refused():
     with pytest.raises(CarriedStateRefused, match="not the past first"):
-        carry_state(decode_graph(5, new_first=True), {"past": 0}, {}, "left")
+        carry_state(decode_graph(5, new_first=True), CarryRequest({"past": 0}, {}, "left"))
 
 
 def test_a_mask_that_does_not_cover_the_past_is_refused():
     model = decode_graph(5)
     with pytest.raises(CarriedStateRefused, match="input 'x' has 4 positions"):
-        carry_state(model, {"past": 0}, {"x": (0, 3)}, "left")
+        carry_state(model, CarryRequest({"past": 0}, {"x": (0, 3)}, "left"))
 
 
 def test_a_graph_returning_its_past_is_refused():
     model = decode_graph(5)
     model.graph.output.append(helper.make_tensor_value_info("past", TensorProto.FLOAT, [B, H, 5, D]))
     with pytest.raises(CarriedStateRefused, match="returns its past input"):
-        carry_state(model, {"past": 0}, {}, "right")
+        carry_state(model, CarryRequest({"past": 0}, {}, "right"))
