@@ -29,6 +29,8 @@ INTERNAL = {
     "DimExpressionError": "a dim_param outside the grammar counts as an unknown dimension",
     "ProofAborted": "the padding proof gives up on a node; the dimension is then compiled exactly",
     "EvaluationError": "the padding proof cannot evaluate a node; it aborts the proof (ProofAborted)",
+    "CarriedStateRefused": "a decode graph of another form; its key/value cache is then streamed, and "
+    "session.kv_cache_verdict() says why",
 }
 # The built-in each class had before the hierarchy existed (exceptions users may already catch).
 PREVIOUS_BASES = {

@@ -40,7 +40,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optimum_ipu_backend.compiler.errors import LegalizationError
 from optimum_ipu_backend.engines.base import STATE_UPDATE_DOMAIN, STATE_UPDATE_OP
 
 ROWS_INPUT = "ipu_state_rows"
@@ -50,8 +49,9 @@ APPENDED_STATE_PREFIX = "ipu_carried::"
 PLAN_METADATA_KEY = "ipu_carried_state"
 
 
-class CarriedStateRefused(LegalizationError):
-    """The decode graph does not have the form whose cache can stay on the device."""
+class CarriedStateRefused(Exception):
+    """The decode graph does not have the form whose cache can stay on the device. Internal: the runtime
+    streams the cache instead and reports why (``kv_cache_verdict``); no user sees it raised."""
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,8 @@ class StepRunner(Protocol):
         self, shapes: Mapping[str, SymbolicShape], actual: Mapping[str, int], targets: Mapping[str, int]
     ) -> dict[str, np.ndarray]: ...
 
+    def check_limit(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> None: ...
+
 
 _logger = logging.getLogger(__name__)
 
@@ -105,11 +107,24 @@ class _Resident:
 
 def _row_digests(array: np.ndarray, batch_axis: int) -> list[bytes]:
     """A 128-bit digest of each row: equal digests are taken as equal rows (a collision is ~2^-64 even for
-    billions of rows)."""
-    return [
-        xxhash.xxh3_128_digest(np.ascontiguousarray(np.take(array, row, axis=batch_axis)).data)
-        for row in range(array.shape[batch_axis])
-    ]
+    billions of rows). A row is hashed in C order straight from memory, block by contiguous block (a view
+    of the mirror is contiguous along each head), never copied."""
+    digests = []
+    for row in range(array.shape[batch_axis]):
+        hasher = xxhash.xxh3_128()
+        _hash_c_order(hasher, array[(slice(None),) * batch_axis + (row,)])
+        digests.append(hasher.digest())
+    return digests
+
+
+def _hash_c_order(hasher: xxhash.xxh3_128, array: np.ndarray) -> None:
+    if array.flags.c_contiguous:
+        hasher.update(array.data)
+    elif array.ndim == 1:
+        hasher.update(np.ascontiguousarray(array).data)
+    else:
+        for part in array:
+            _hash_c_order(hasher, part)
 
 
 def _positions(axis: int, start: int, stop: int, rank: int) -> tuple[slice, ...]:
@@ -199,8 +214,8 @@ class CarriedState:
         if length + 1 > capacity:
             return None  # the device state holds at most ``capacity`` positions: stream the last steps
         batch_dim = next((dim for dim in actual if is_batch_dim(dim)), None)
-        if batch_dim is None or runner.plan.choose(batch_dim, actual[batch_dim]) != actual[batch_dim]:
-            return None  # a batch that would be padded: streamed
+        if batch_dim is None or actual[batch_dim] not in runner.plan.sizes.get(batch_dim, ()):
+            return None  # a batch that would be padded or split into steps: streamed
         wanted = runner.compiled_sizes(actual, branches)
         wanted[self._past_dim] = capacity
         wanted[batch_dim] = actual[batch_dim]
@@ -220,6 +235,7 @@ class CarriedState:
         signature = {name: _evaluated(shapes[name], sizes) for name in past}
         signature.update({name: tuple(array.shape) for name, array in step_feed.items()})
         signature[ROWS_INPUT] = (actual[batch_dim],)
+        runner.check_limit(signature, branches)  # max_executables counts the decode executable too
         try:
             entry = table.entry_for(signature, branches)
         except CarriedStateRefused as exc:

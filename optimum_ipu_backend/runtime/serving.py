@@ -306,7 +306,7 @@ class StaticShapeRunner:
             if input_axes[name] is not None:
                 shape[input_axes[name]] = micro  # type: ignore[index]
             shapes[name] = tuple(shape)
-        self._check_limit(shapes, branches)
+        self.check_limit(shapes, branches)
         step_outputs = [
             self._table.run_step(shapes, branches, step)
             for step in split_feed(feed, plan, batch_axes=input_axes)
@@ -319,7 +319,9 @@ class StaticShapeRunner:
             step_outputs, plan, batch_axes={name: output_axes.get(name) for name in step_outputs[0]}
         )
 
-    def _check_limit(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> None:
+    def check_limit(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> None:
+        """``ExecutableLimitError`` when these shapes need a new executable and ``max_executables`` are
+        compiled already, naming why calls compile so many."""
         cap = self._config.max_executables
         if cap is None or self._table.has(shapes, branches) or self._table.count < cap:
             return

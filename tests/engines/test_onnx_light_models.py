@@ -14,19 +14,19 @@ DenseNet-121 ends without a softmax: its one value, 0.461, depends on the input 
 
 AlexNet, VGG-19 and ZFNet-512 carry 60-140 M constant weights and take 4-19 s each per engine on two
 cores (the module: 34 s without them, 101 s with), so by default the other six run on all three engines
-(Inception-v1 among them: LRN and a one-sided pool pad); ``OPTIMUM_IPU_FULL_ENGINE_MATRIX=1`` (the release
+(Inception-v1 among them: LRN and a one-sided pool pad); ``OPTIMUM_IPU_FULL_MATRIX=1`` (the release
 check) adds the three, marked ``slow``. Most of their time is the compiler's opset 9 to 11 conversion and
 checks over the folded weights.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from full_matrix import FULL
 from onnx import numpy_helper
 from onnx.backend.test.loader import load_model_tests
 from onnx.backend.test.runner import Runner
@@ -39,7 +39,6 @@ LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 # onnx's "real" test cases point at the light models and carry their tolerances.
 CASES = {case.model_name: case for case in load_model_tests(kind="real")}
 HEAVY = {"bvlc_alexnet", "vgg19", "zfnet512"}
-FULL = os.environ.get("OPTIMUM_IPU_FULL_ENGINE_MATRIX") == "1"
 MODELS = [
     pytest.param(name, marks=pytest.mark.slow) if name in HEAVY else name
     for name in sorted(CASES)

@@ -8,7 +8,7 @@ images agree.
 
 By default (CI on two cores) each case runs once: the cases alternate between the two engines, and each
 engine's cases alternate between the two devices, so every class runs and each engine serves forward and
-generation cases on both devices. ``OPTIMUM_IPU_FULL_ENGINE_MATRIX=1`` runs every case on both devices
+generation cases on both devices. ``OPTIMUM_IPU_FULL_MATRIX=1`` runs every case on both devices
 of both engines (the release check).
 
 One fresh interpreter per engine (so the two run in parallel under xdist); each serves every model of
@@ -18,10 +18,10 @@ both devices from one shared worker process.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from class_zoo import CLASS_CASES
+from full_matrix import FULL
 from integration.test_ortmodel_classes import ATOL as CLASS_ATOL
 from integration.test_ortmodel_classes import IMAGE_ATOL, class_case_specs
 from integration.test_ortmodels import ATOL, FORWARD, GENERATE, _onnx_dir
@@ -49,7 +49,7 @@ CASE_NAMES = [*FORWARD, *GENERATE, *CLASS_CASES, *PATTERNS]
 def _runs(engine: str) -> list[tuple[str, str, str]]:
     """(device, engine, case) triples: the full product, or each case once, alternating engines and,
     within an engine, devices."""
-    if os.environ.get("OPTIMUM_IPU_FULL_ENGINE_MATRIX") == "1":
+    if FULL:
         return [(device, engine, name) for device in DEVICES for name in CASE_NAMES]
     share = ENGINES.index(engine)
     return [

@@ -90,3 +90,20 @@ def test_a_graph_the_rewrite_refuses_is_streamed_with_its_verdict(zoo, tmp_path,
     verdict = ipu.model.kv_cache_verdict()
     assert verdict.startswith("the key/value cache is streamed: output 'present.0.key'"), verdict
     assert not any(e.get("kv_cache") for e in ipu.model.compiled_executables())
+
+
+def test_a_whole_generation_fits_in_two_executables(zoo, tmp_path):
+    """max_executables=2: the prefill and the decode executable serve 40 tokens with the cache on the
+    device; streaming the cache needs one executable per past bucket and hits the cap."""
+    from optimum_ipu_backend.runtime.serving import ExecutableLimitError
+
+    onnx_dir = _onnx(zoo, "gpt2")
+    inputs = checks.inputs_for("gpt2", onnx_dir, 20)
+    options = {"device": "emulator", "executable_cache_dir": str(tmp_path), "max_executables": "2"}
+    expected = checks.generate(checks.load("gpt2", onnx_dir, None), inputs, "greedy", 40)
+    device = checks.load("gpt2", onnx_dir, options)
+    assert (checks.generate(device, inputs, "greedy", 40) == expected).all()
+    assert len(device.model.compiled_executables()) == 2
+    host = checks.load("gpt2", onnx_dir, {**options, "kv_cache": "host"})
+    with pytest.raises(ExecutableLimitError, match="max_executables=2"):
+        checks.generate(host, inputs, "greedy", 40)
