@@ -142,6 +142,14 @@ class CarriedState:
         runner.executables.carry_request = request  # a signature with ROWS_INPUT compiles with it
         self._past_dim = past_dim
         self._step_dims = generation_step_dims(runner.input_shapes)
+        # Where a call's new tokens are counted, read straight off the feed: most calls a decoder session
+        # serves that are no decoding step (the prompt) leave here before any dimension is inferred.
+        self._step_axes = [
+            (name, axis)
+            for name, shape in runner.input_shapes.items()
+            for axis, dim in enumerate(shape)
+            if dim in self._step_dims
+        ]
         self._refused: str | None = None
         self._lock = threading.Lock()
         self._resident: dict[int, _Resident] = {}  # id(entry) -> what its device holds
@@ -200,6 +208,8 @@ class CarriedState:
         """The outputs of a decoding step served with the cache on the device, or None when this call is
         not such a step (it is then streamed, as every call was before)."""
         if self._refused is not None:
+            return None
+        if any(np.shape(feed[name])[axis] != 1 for name, axis in self._step_axes if name in feed):
             return None
         runner = self._runner
         table = runner.executables
