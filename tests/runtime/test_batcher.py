@@ -1,0 +1,417 @@
+"""The dynamic batcher on its own, without a model: every caller gets exactly its own result under
+contention, groups respect is_full and the delay, one call's error stays its own, a failing group fails
+only its callers, and close() releases the queue without leaving a thread blocked.
+
+Timing assertions are lower bounds with generous upper bounds, so a loaded machine slows these tests
+but never fails them; waits for a state use events, and every join has a timeout, so a bug shows as a
+failure rather than a hang."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from optimum_ipu_backend.errors import DeviceError
+from optimum_ipu_backend.runtime.batcher import BatcherClosedError, DynamicBatcher, Pending
+
+JOIN_S = 10.0  # generous: no test should come near it
+
+
+def _start(target, *args) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+def _join_all(threads: list[threading.Thread]) -> None:
+    deadline = time.monotonic() + JOIN_S
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not [thread for thread in threads if thread.is_alive()], "a thread was left blocked"
+
+
+def _wait_for(predicate, what: str) -> None:
+    # Test-side only: the batcher has no hook to wait on for "a call is queued".
+    deadline = time.monotonic() + JOIN_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.002)
+
+
+def _submit_into(batcher: DynamicBatcher, item, outcomes: dict, key) -> None:
+    try:
+        outcomes[key] = ("result", batcher.submit(item))
+    except BaseException as error:
+        outcomes[key] = ("error", error)
+
+
+def _queue_in_turn(batcher: DynamicBatcher, items, outcomes: dict, threads: list) -> None:
+    """Submit each item from a thread of its own, each once the one before is queued (arrival order
+    fixed), while the worker is busy with an earlier group."""
+    for item in items:
+        before = batcher.statistics["queued"]
+        threads.append(_start(_submit_into, batcher, item, outcomes, item))
+        _wait_for(lambda before=before: batcher.statistics["queued"] == before + 1, f"{item!r} is queued")
+
+
+def _blocked_batcher(max_delay_s: float = 0.0, cap: int = 4):
+    """A batcher whose first group blocks in run_group until `release` is set, so later calls queue."""
+    running, release = threading.Event(), threading.Event()
+    groups: list[list] = []
+
+    def run_group(items):
+        groups.append(list(items))
+        if items[0] == "block":
+            running.set()
+            assert release.wait(JOIN_S)
+        return [f"done {item}" for item in items]
+
+    batcher = DynamicBatcher(run_group, max_delay_s=max_delay_s, is_full=lambda items: len(items) >= cap)
+    return batcher, running, release, groups
+
+
+def test_sixteen_threads_each_get_exactly_their_own_results():
+    cap = 6
+    sizes: list[int] = []
+    sizes_lock = threading.Lock()
+
+    def value(item):
+        thread, i, payload = item
+        return np.arange(4, dtype=np.float64) * payload + thread * 1000 + i
+
+    def run_group(items):
+        with sizes_lock:
+            sizes.append(len(items))
+        time.sleep(0.001)  # a device step takes time; callers arrive meanwhile
+        return [value(item) for item in items]
+
+    batcher = DynamicBatcher(run_group, max_delay_s=0.005, is_full=lambda items: len(items) >= cap)
+    mismatches: list = []
+    errors: list = []
+
+    def client(thread: int) -> None:
+        rng = random.Random(thread)
+        try:
+            for i in range(50):
+                item = (thread, i, rng.random())
+                got = batcher.submit(item)
+                if not np.array_equal(got, value(item)):
+                    mismatches.append((item, got))
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [_start(client, thread) for thread in range(16)]
+    _join_all(threads)
+    batcher.close()
+    assert not errors and not mismatches
+    assert sum(sizes) == 16 * 50
+    assert max(sizes) > 1, "no two calls were ever batched"
+    assert max(sizes) <= cap
+    stats = batcher.statistics
+    assert stats["items_run"] == 800 and stats["groups_run"] == len(sizes) and stats["items_failed"] == 0
+    assert stats["largest_group"] == max(sizes) and stats["queued"] == 0
+
+
+def test_group_is_the_prefix_up_to_the_first_full_one():
+    # is_full counts "tokens": 3 + 4 = 7 is not full, 3 + 4 + 5 = 12 is; so the group is [3, 4, 5] even
+    # though 5 overflows a budget of 10: the caller's is_full decides, on the group with the item added.
+    batcher, running, release, groups = _blocked_batcher()
+    seen: list[list] = []
+
+    def is_full(items):
+        seen.append(list(items))
+        return items == ["block"] or sum(item for item in items if item != "block") >= 10
+
+    batcher._is_full = is_full
+    outcomes: dict = {}
+    threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
+    assert running.wait(JOIN_S)
+    _queue_in_turn(batcher, (3, 4, 5, 1), outcomes, threads)
+    release.set()
+    _join_all(threads)
+    batcher.close()
+    assert groups == [["block"], [3, 4, 5], [1]]
+    assert [3, 4, 5, 1] not in seen
+    assert {key: outcome for key, outcome in outcomes.items()} == {
+        key: ("result", f"done {key}") for key in ("block", 3, 4, 5, 1)
+    }
+
+
+def test_an_item_marked_invalid_fails_only_its_caller():
+    class BadItem(ValueError):
+        pass
+
+    def run_group(items):
+        return [BadItem(f"item {item} is invalid") if item % 5 == 0 else item * 2 for item in items]
+
+    batcher = DynamicBatcher(run_group, max_delay_s=0.05, is_full=lambda items: len(items) >= 10)
+    outcomes: dict = {}
+    threads = [_start(_submit_into, batcher, item, outcomes, item) for item in range(1, 11)]
+    _join_all(threads)
+    batcher.close()
+    assert batcher.statistics["largest_group"] > 1  # the bad items shared groups with good ones
+    for item in range(1, 11):
+        kind, value = outcomes[item]
+        if item % 5 == 0:
+            assert kind == "error" and isinstance(value, BadItem) and str(value) == f"item {item} is invalid"
+            # raised in the caller's thread, with a traceback through submit
+            assert value.__traceback__ is not None
+        else:
+            assert (kind, value) == ("result", item * 2)
+    assert batcher.statistics["items_failed"] == 2
+
+
+def test_run_group_raising_fails_its_group_and_later_groups_work():
+    batcher, running, release, groups = _blocked_batcher(cap=3)
+
+    def run_group(items):
+        groups.append(list(items))
+        if "block" in items:
+            running.set()
+            assert release.wait(JOIN_S)
+            return ["done block"]
+        if "boom" in items:
+            raise DeviceError(f"the device refused a group of {len(items)}")
+        return [f"done {item}" for item in items]
+
+    batcher._run_group = run_group
+    outcomes: dict = {}
+    threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
+    assert running.wait(JOIN_S)
+    # one full group of 3, containing the item that breaks it
+    _queue_in_turn(batcher, ("a", "boom", "c"), outcomes, threads)
+    release.set()
+    _join_all(threads)
+    assert groups[1] == ["a", "boom", "c"]
+    raised = [outcomes[item][1] for item in ("a", "boom", "c")]
+    for error in raised:
+        assert isinstance(error, DeviceError) and str(error) == "the device refused a group of 3"
+        # each caller has its own copy, chained to the one run_group raised (with run_group's frames)
+        assert error.__cause__ is raised[0].__cause__ and error.__cause__ is not error
+        assert error.__cause__.__traceback__ is not None
+    assert len({id(error) for error in raised}) == 3
+    assert batcher.submit("later") == "done later"
+    stats = batcher.statistics
+    assert stats["groups_failed"] == 1 and stats["items_failed"] == 3
+    batcher.close()
+
+
+def test_a_group_of_one_raises_the_exception_itself():
+    error = KeyError("the one")
+
+    def run_group(items):
+        raise error
+
+    batcher = DynamicBatcher(run_group, max_delay_s=0, is_full=lambda items: True)
+    with pytest.raises(KeyError) as raised:
+        batcher.submit(1)
+    assert raised.value is error
+    batcher.close()
+
+
+def test_an_exception_that_cannot_be_copied_is_shared():
+    class Stubborn(Exception):
+        def __init__(self, code: int, *, where: str) -> None:  # copy.copy calls cls(*args): no `where`
+            super().__init__(code)
+
+    batcher, running, release, _ = _blocked_batcher(cap=2)
+    original = batcher._run_group
+
+    def run_group(items):
+        if "block" in items:
+            return original(items)
+        raise Stubborn(7, where="device")
+
+    batcher._run_group = run_group
+    outcomes: dict = {}
+    threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
+    assert running.wait(JOIN_S)
+    _queue_in_turn(batcher, ("x", "y"), outcomes, threads)
+    release.set()
+    _join_all(threads)
+    batcher.close()
+    assert outcomes["x"][1] is outcomes["y"][1] and isinstance(outcomes["x"][1], Stubborn)
+
+
+@pytest.mark.parametrize(
+    "returned", [lambda items: items[:-1], lambda items: items + ["extra"], lambda _: None]
+)
+def test_a_wrong_number_of_results_fails_every_caller(returned):
+    batcher, running, release, _ = _blocked_batcher(cap=3)
+    original = batcher._run_group
+    batcher._run_group = lambda items: original(items) if "block" in items else returned(list(items))
+    outcomes: dict = {}
+    threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
+    assert running.wait(JOIN_S)
+    _queue_in_turn(batcher, ("a", "b", "c"), outcomes, threads)
+    release.set()
+    _join_all(threads)
+    batcher.close()
+    assert outcomes["block"] == ("result", "done block")
+    for item in ("a", "b", "c"):
+        kind, error = outcomes[item]
+        assert kind == "error" and type(error) is RuntimeError
+        assert "for a group of 3 calls" in str(error) and "by position" in str(error)
+
+
+def test_close_releases_queued_calls_and_lets_the_running_group_finish():
+    batcher, running, release, groups = _blocked_batcher(max_delay_s=30.0, cap=2)
+    outcomes: dict = {}
+    # "block" and "partner" form a full group that blocks in run_group; the rest queue behind it.
+    threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
+    _wait_for(lambda: batcher.statistics["queued"] == 1, "block is queued")
+    threads.append(_start(_submit_into, batcher, "partner", outcomes, "partner"))
+    assert running.wait(JOIN_S)
+    for item in range(5):
+        threads.append(_start(_submit_into, batcher, item, outcomes, item))
+    _wait_for(lambda: batcher.statistics["queued"] == 5, "five calls are queued")
+
+    closer = _start(batcher.close)  # waits for the running group
+    _wait_for(lambda: batcher.closed, "close() began")
+    with pytest.raises(BatcherClosedError):  # refused at once, while the running group still runs
+        batcher.submit("late")
+    release.set()
+    _join_all([*threads, closer])
+    assert outcomes["block"] == ("result", "done block") and outcomes["partner"] == ("result", "done partner")
+    for item in range(5):
+        kind, error = outcomes[item]
+        assert kind == "error" and isinstance(error, BatcherClosedError) and isinstance(error, DeviceError)
+        assert "closed while this call waited in the dynamic batcher" in str(error)
+    assert groups == [["block", "partner"]]  # nothing queued was run after close
+    assert batcher.statistics["items_released_on_close"] == 5 and batcher.statistics["queued"] == 0
+    assert not batcher._worker.is_alive()
+    batcher.close()  # twice is fine
+    with pytest.raises(BatcherClosedError, match="was closed"):
+        batcher.submit("after")
+
+
+def test_close_from_inside_run_group_does_not_deadlock():
+    holder: list[DynamicBatcher] = []
+
+    def run_group(items):
+        holder[0].close()
+        return [item + 1 for item in items]
+
+    batcher = DynamicBatcher(run_group, max_delay_s=0, is_full=lambda items: True)
+    holder.append(batcher)
+    outcome: dict = {}
+    _join_all([_start(_submit_into, batcher, 1, outcome, "only")])
+    assert outcome["only"] == ("result", 2)
+    batcher._worker.join(JOIN_S)
+    assert not batcher._worker.is_alive()
+    with pytest.raises(BatcherClosedError):
+        batcher.submit(2)
+
+
+def test_submit_from_inside_run_group_raises_instead_of_waiting_for_itself():
+    holder: list[DynamicBatcher] = []
+
+    def run_group(items):
+        return [holder[0].submit("nested")]
+
+    batcher = DynamicBatcher(run_group, max_delay_s=0, is_full=lambda items: True)
+    holder.append(batcher)
+    with pytest.raises(RuntimeError, match="would wait for the thread that must run it"):
+        batcher.submit(1)
+    batcher.close()
+
+
+def test_close_of_an_unused_batcher_and_submit_racing_with_close_never_hang():
+    DynamicBatcher(lambda items: items, max_delay_s=0, is_full=lambda items: True).close()
+    for _ in range(20):
+        batcher = DynamicBatcher(lambda items: list(items), max_delay_s=0.001, is_full=lambda items: False)
+        outcomes: dict = {}
+        threads = [_start(_submit_into, batcher, item, outcomes, item) for item in range(4)]
+        batcher.close()
+        _join_all(threads)
+        for item, (kind, value) in outcomes.items():
+            assert (kind, value) == ("result", item) or isinstance(value, BatcherClosedError)
+
+
+def test_the_delay_is_honoured():
+    batcher = DynamicBatcher(
+        lambda items: list(items), max_delay_s=0.05, is_full=lambda items: len(items) >= 8
+    )
+    start = time.monotonic()
+    assert batcher.submit("alone") == "alone"
+    assert 0.05 <= time.monotonic() - start < 5.0
+    batcher.close()
+
+
+def test_a_full_group_does_not_wait_for_the_delay():
+    batcher = DynamicBatcher(lambda items: list(items), max_delay_s=30.0, is_full=lambda items: True)
+    start = time.monotonic()
+    assert batcher.submit("alone") == "alone"
+    assert time.monotonic() - start < 5.0
+    batcher.close()
+
+
+def test_zero_delay_runs_what_is_queued_without_waiting():
+    batcher, running, release, groups = _blocked_batcher(max_delay_s=0.0, cap=100)
+    outcomes: dict = {}
+    threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
+    assert running.wait(JOIN_S)
+    for item in range(3):
+        threads.append(_start(_submit_into, batcher, item, outcomes, item))
+    _wait_for(lambda: batcher.statistics["queued"] == 3, "three calls are queued")
+    release.set()
+    _join_all(threads)
+    start = time.monotonic()
+    assert batcher.submit("next") == "done next"
+    assert time.monotonic() - start < 5.0
+    batcher.close()
+    assert sorted(groups[1]) == [0, 1, 2]  # what was queued went as one group, no delay to wait out
+
+
+def test_is_full_raising_fails_its_group_and_the_worker_keeps_serving():
+    def is_full(items):
+        if "bad" in items:
+            raise ZeroDivisionError("is_full broke")
+        return True
+
+    batcher = DynamicBatcher(lambda items: list(items), max_delay_s=0, is_full=is_full)
+    with pytest.raises(ZeroDivisionError, match="is_full broke"):
+        batcher.submit("bad")
+    assert batcher.submit("good") == "good"
+    assert batcher.statistics["batcher_errors"] == 1
+    batcher.close()
+
+
+def test_an_interrupted_caller_leaves_the_queue_consistent(monkeypatch):
+    batcher, running, release, groups = _blocked_batcher(max_delay_s=0.0, cap=100)
+    outcomes: dict = {}
+    threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
+    assert running.wait(JOIN_S)
+
+    real_wait = Pending._wait
+
+    def interrupted_wait(self):
+        if self.item == "queued":  # interrupted while still in the queue
+            raise KeyboardInterrupt
+        if self.item == "handed":  # interrupted after run_group took it
+            _wait_for(lambda: groups[-1] == ["handed"], "run_group has the call")
+            raise KeyboardInterrupt
+        real_wait(self)
+
+    monkeypatch.setattr(Pending, "_wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        batcher.submit("queued")
+    assert batcher.statistics["queued"] == 0
+    release.set()
+    _join_all(threads)
+    with pytest.raises(KeyboardInterrupt):
+        batcher.submit("handed")
+    assert batcher.submit("after") == "done after"
+    batcher.close()
+    assert all("queued" not in group for group in groups)  # removed from the queue, never run
+    assert batcher.statistics["items_abandoned"] == 1
+
+
+@pytest.mark.parametrize("delay", [-1.0, float("nan"), float("inf")])
+def test_a_bad_delay_is_refused(delay):
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        DynamicBatcher(lambda items: items, max_delay_s=delay, is_full=lambda items: True)
