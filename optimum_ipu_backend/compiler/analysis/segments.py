@@ -47,7 +47,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from optimum_ipu_backend.compiler.graphs import attribute, constant_node_value
+from optimum_ipu_backend.compiler.graphs import attribute, constant_node_value, infer_shapes
 
 #: Node-name prefix of everything the packing rewrite builds; the proof knows those constructions.
 REWRITE_PREFIX = "ipu_packing/"
@@ -113,30 +113,40 @@ class SegmentProof:
 # ----------------------------------------------------------------------------------------------------
 
 
-def run_all(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every tensor of ``model`` (inputs, initializers excluded, node outputs) for ``feeds`` on onnxruntime
-    CPU, graph optimizations off so that each node's own output is what comes back."""
+def run_all(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """Every tensor of ``model`` (inputs and node outputs; not initializers) for each of ``feeds``, on
+    onnxruntime CPU with graph optimizations off so that each node's own output is what comes back. One
+    session serves all the feeds."""
     import onnxruntime as ort
 
-    inferred = onnx.shape_inference.infer_shapes(model)
+    inferred = infer_shapes(model, with_weights=False)
     types = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info}
     types.update({v.name: v.type.tensor_type.elem_type for v in model.graph.output})
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    del probe.graph.output[:]
-    names = []
-    for node in model.graph.node:
-        for name in node.output:
-            if name and types.get(name):
-                probe.graph.output.append(helper.make_tensor_value_info(name, types[name], None))
-                names.append(name)
+    outputs = [
+        helper.make_tensor_value_info(name, types[name], None)
+        for node in model.graph.node
+        for name in node.output
+        if name and types.get(name)
+    ]
+    kept = list(model.graph.output)
+    del model.graph.output[:]
+    model.graph.output.extend(outputs)
+    try:
+        serialized = model.SerializeToString()
+    finally:
+        del model.graph.output[:]
+        model.graph.output.extend(kept)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    values = dict(zip(names, session.run(names, dict(feeds)), strict=True))
-    values.update({name: np.asarray(value) for name, value in feeds.items()})
-    return values
+    session = ort.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
+    names = [value.name for value in outputs]
+    found = []
+    for feed in feeds:
+        values = dict(zip(names, session.run(names, dict(feed)), strict=True))
+        values.update({name: np.asarray(value) for name, value in feed.items()})
+        found.append(values)
+    return found
 
 
 def constants_of(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -687,7 +697,7 @@ def prove_segments(model: onnx.ModelProto, special: Mapping[str, str]) -> Segmen
     """
     feeds = [_proof_feeds(model, special, sizes, seed) for seed, sizes in enumerate(PROOF_SIZES)]
     try:
-        runs = [run_all(model, f) for f in feeds]
+        runs = run_all(model, feeds)
     except Exception as error:  # onnxruntime raises its own types; any failure means no proof
         return PackingRefused("", "", f"the packed graph does not run on onnxruntime ({error})")
     proof = _Proof(model, special, runs, feeds)

@@ -51,7 +51,7 @@ from optimum_ipu_backend.compiler.analysis.segments import (
     run_all,
     translation_invariant,
 )
-from optimum_ipu_backend.compiler.graphs import attribute
+from optimum_ipu_backend.compiler.graphs import attribute, infer_shapes
 
 PACKING_FORMAT = 1  # raise when the packed graph can differ
 SEGMENT_IDS = "ipu_segment_ids"  # [rows, tokens] int64: 0 = empty slot, 1..K = k-th sequence in the row
@@ -214,7 +214,7 @@ def _topological_sort(graph: onnx.GraphProto) -> None:
 
 def _discovery_runs(model: onnx.ModelProto, mask: str) -> tuple[list[dict[str, np.ndarray]], list[dict]]:
     rng = np.random.default_rng(0)
-    runs, feeds_all = [], []
+    feeds_all = []
     for rows, tokens in _DISCOVERY_SIZES:
         feeds = {}
         for value in model.graph.input:
@@ -228,8 +228,7 @@ def _discovery_runs(model: onnx.ModelProto, mask: str) -> tuple[list[dict[str, n
             else:
                 feeds[value.name] = rng.standard_normal((rows, tokens)).astype(dtype)
         feeds_all.append(feeds)
-        runs.append(run_all(model, feeds))
-    return runs, feeds_all
+    return run_all(model, feeds_all), feeds_all
 
 
 class _Rewrite:
@@ -568,7 +567,7 @@ def _proven(packed: onnx.ModelProto, mask: str) -> PackedEncoder | PackingRefuse
     if isinstance(proof, PackingRefused):
         return proof
     _name_output_dims(packed, proof)
-    packed = onnx.shape_inference.infer_shapes(packed)
+    packed = infer_shapes(packed)
     return PackedEncoder(
         model=packed,
         mask_input=mask,
