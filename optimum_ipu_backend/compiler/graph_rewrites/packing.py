@@ -132,6 +132,7 @@ class _Editor:
         self.graph = model.graph
         self.counter = itertools.count()
         self.uses_inputs: set[str] = set()
+        self.new_nodes: list[onnx.NodeProto] = []
 
     def const(self, value: np.ndarray, hint: str) -> str:
         name = f"ipu_packing_const_{next(self.counter)}_{hint}"
@@ -169,8 +170,6 @@ class _Editor:
         del self.graph.node[:]
         self.graph.node.extend(nodes)
         self.new_nodes = []
-
-    new_nodes: list[onnx.NodeProto] = []
 
 
 def _prune(graph: onnx.GraphProto) -> None:
@@ -236,7 +235,6 @@ class _Rewrite:
         self.model = model
         self.graph = model.graph
         self.edit = _Editor(model)
-        self.edit.new_nodes = []
         for value in self.graph.input:
             if "past" in value.name or len(value.type.tensor_type.shape.dim) != 2:
                 raise _Refused(None, f"input {value.name!r} is not a [batch, sequence] token input (no past)")
