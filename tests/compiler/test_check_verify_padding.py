@@ -30,6 +30,8 @@ def test_a_sequence_convolution_is_verified_with_its_verdicts(zoo, capsys):
     assert check["compiled_shapes"] == [
         {"input_ids": [4, 13], "attention_mask": [4, 13], "token_type_ids": [4, 13]}
     ]
+    # dynamic_batching would not pack it: the verdict names the convolution that reads its neighbours
+    assert check["packing"].startswith("not packed: node ") and "(Conv)" in check["packing"]
 
 
 def test_a_padded_run_that_differs_fails_the_check(zoo, capsys, monkeypatch):
@@ -50,6 +52,7 @@ def test_a_padded_run_that_differs_fails_the_check(zoo, capsys, monkeypatch):
     assert status == 1
     assert "padded vs unpadded real outputs: DIFFERENT (max abs diff 0.001" in text
     assert "padding verified on 0 of 1" in text
+    assert "packing: packed rows (proven): logits" in text  # BERT's classification packs
 
 
 def test_top_k_experts_are_checked_densely_with_their_cost(zoo, capsys):

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from optimum_ipu_backend.compiler.graphs import attribute, constant_node_value, infer_shapes
 
@@ -150,8 +150,10 @@ def run_all(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]]) -
 
 
 def constants_of(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """Initializers and Constant-node values, by name."""
-    found = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    """Initializers (weights kept in files are mapped, not read) and Constant-node values, by name."""
+    from optimum_ipu_backend.compiler.external_data import read_weight
+
+    found = {t.name: read_weight(t, None) for t in graph.initializer}
     for node in graph.node:
         if node.op_type == "Constant":
             value = constant_node_value(node)
@@ -463,6 +465,7 @@ class _Proof:
         out_axes = self.axes_of(out) if out in self.runs[0] else Axes((), (), ())
         classes = [self.cls(name) for name in ins if name]
         token_inputs = [name for name in ins if name and self.axes_of(name).tokens]
+        self.keeps_rows_and_slots_apart(node)
 
         if any(c is Class.POOLED for c in classes) and op not in ("MatMul", "Gemm"):
             others = [c for c in classes if c not in (Class.POOLED, Class.CONST)]
@@ -630,18 +633,43 @@ class _Proof:
         return self.join(node, [ca, cb, *extra])
 
     def reduction(self, node: onnx.NodeProto) -> None:
-        data = node.input[0]
+        if set(self.operated_axes(node)) & set(self.axes_of(node.input[0]).tokens):
+            raise _Refusal(node, "reduces over the token axis, mixing the sequences of a row")
+
+    def operated_axes(self, node: onnx.NodeProto) -> list[int]:
+        """The axes of its first input an operator reduces, normalizes, indexes, joins or sums along."""
+        op, data = node.op_type, node.input[0] if node.input else ""
+        if not data or (data not in self.runs[0] and data not in self.constants):
+            return []
         rank = len(np.shape(self.value(data)))
-        if node.op_type in ("ArgMax", "ArgMin"):
-            axes = [attribute(node, "axis", 0)]
-        elif attribute(node, "axes") is not None:
+        if op in ("Softmax", "LogSoftmax", "Hardmax"):
+            return [_axis(attribute(node, "axis", -1), rank)]
+        if op in ("Gather", "GatherElements", "Concat", "Split", "ArgMax", "ArgMin"):
+            return [_axis(attribute(node, "axis", 0), rank)]
+        if op == "CumSum":
+            return [_axis(int(np.asarray(self.value(node.input[1])).reshape(-1)[0]), rank)]
+        if op in ("LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"):
+            return list(range(_axis(attribute(node, "axis", -1), rank), rank))
+        if op not in _REDUCTIONS:
+            return []
+        if attribute(node, "axes") is not None:
             axes = list(attribute(node, "axes"))
         elif len(node.input) > 1 and node.input[1]:
             axes = [int(a) for a in np.asarray(self.value(node.input[1])).reshape(-1)]
         else:
             axes = [] if attribute(node, "noop_with_empty_axes", 0) else list(range(rank))
-        if any(_axis(a, rank) in self.axes_of(data).tokens for a in axes):
-            raise _Refusal(node, "reduces over the token axis, mixing the sequences of a row")
+        return [_axis(a, rank) for a in axes]
+
+    def keeps_rows_and_slots_apart(self, node: onnx.NodeProto) -> None:
+        """A row holds sequences of unrelated calls and a pooled value's slots unrelated sequences: no
+        operator may work along the rows or the slots (the export never mixes the samples of a batch)."""
+        if not node.input or not node.input[0] or node.name.startswith(REWRITE_PREFIX):
+            return
+        axes = self.axes_of(node.input[0]) if node.input[0] in self.runs[0] else None
+        if axes is not None and set(self.operated_axes(node)) & {*axes.rows, *axes.segments}:
+            raise _Refusal(
+                node, "works along the rows or the segment slots, mixing the outputs of unrelated sequences"
+            )
 
     def gather(self, node: onnx.NodeProto) -> Class:
         data, indices = node.input[0], node.input[1]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -51,6 +52,7 @@ from optimum_ipu_backend.compiler.analysis.segments import (
     run_all,
     translation_invariant,
 )
+from optimum_ipu_backend.compiler.external_data import is_external, read_weight
 from optimum_ipu_backend.compiler.graphs import attribute, infer_shapes
 
 PACKING_FORMAT = 1  # raise when the packed graph can differ
@@ -542,11 +544,11 @@ def _name_output_dims(model: onnx.ModelProto, proof: SegmentProof) -> None:
         )
 
 
-def pack_encoder(model: onnx.ModelProto) -> PackedEncoder | PackingRefused:
+def pack_encoder(model: onnx.ModelProto, weights_dir: Path | None = None) -> PackedEncoder | PackingRefused:
     """Rewrite an exported encoder (optimum-onnx, dynamic batch and sequence, no past) for packed rows and
-    prove it; return the packed encoder, or the refusal that names the node that stops it."""
-    packed = onnx.ModelProto()
-    packed.CopyFrom(model)
+    prove it; return the packed encoder, or the refusal that names the node that stops it. ``weights_dir``
+    is where weights kept in files lie (the model's directory); the packed graph refers to the same files."""
+    packed = _with_weights_inside(model, weights_dir)
     try:
         rewrite = _Rewrite(packed)
         rewrite.replace_mask()
@@ -556,7 +558,32 @@ def pack_encoder(model: onnx.ModelProto) -> PackedEncoder | PackingRefused:
         rewrite.finish()
     except _Refused as refusal:
         return refusal.refused
-    return _proven(packed, rewrite.mask)
+    result = _proven(packed, rewrite.mask)
+    if isinstance(result, PackedEncoder):
+        _weights_back_in_files(result.model, model)
+    return result
+
+
+def _with_weights_inside(model: onnx.ModelProto, weights_dir: Path | None) -> onnx.ModelProto:
+    """A copy of ``model`` with the weights it keeps in files read in: the rewrite and the proof evaluate
+    the graph on onnxruntime, which refuses the absolute data locations ``compiler.external_data`` writes."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for tensor in copy.graph.initializer:
+        if is_external(tensor):
+            tensor.CopyFrom(
+                numpy_helper.from_array(np.asarray(read_weight(tensor, weights_dir)), tensor.name)
+            )
+    return copy
+
+
+def _weights_back_in_files(packed: onnx.ModelProto, model: onnx.ModelProto) -> None:
+    """The packed graph's initializers that the export keeps in files point at those files again, so the
+    packed graph is no larger than the export's."""
+    stored = {tensor.name: tensor for tensor in model.graph.initializer if is_external(tensor)}
+    for tensor in packed.graph.initializer:
+        if tensor.name in stored:
+            tensor.CopyFrom(stored[tensor.name])
 
 
 def _proven(packed: onnx.ModelProto, mask: str) -> PackedEncoder | PackingRefused:
@@ -573,3 +600,11 @@ def _proven(packed: onnx.ModelProto, mask: str) -> PackedEncoder | PackingRefuse
         token_outputs=dict(proof.token_outputs),
         pooled_outputs=dict(proof.pooled_outputs),
     )
+
+
+def describe(result: PackedEncoder | PackingRefused) -> str:
+    """The packing verdict users read (``packing_verdict()``, ``compiled_executables()``, ``optimum-ipu
+    check --verify-padding``): which outputs packed rows serve, or the node that stops the proof."""
+    if isinstance(result, PackingRefused):
+        return f"not packed: {result}"
+    return f"packed rows (proven): {', '.join([*result.token_outputs, *result.pooled_outputs])}"
