@@ -43,15 +43,26 @@ def positive_int_or_none(value: Any) -> int | None:
     return None
 
 
-def positive_float_or_none(value: Any) -> float | None:
-    """A positive finite number (int, float or its text); None otherwise."""
+def _number_or_none(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     try:
         number = float(value)
     except (TypeError, ValueError):
         return None
-    return number if 0 < number < float("inf") else None
+    return number if abs(number) < float("inf") else None
+
+
+def positive_float_or_none(value: Any) -> float | None:
+    """A positive finite number (int, float or its text); None otherwise."""
+    number = _number_or_none(value)
+    return number if number is not None and number > 0 else None
+
+
+def non_negative_float_or_none(value: Any) -> float | None:
+    """A finite number >= 0 (int, float or its text); None otherwise."""
+    number = _number_or_none(value)
+    return number if number is not None and number >= 0 else None
 
 
 def parse_assignment(text: str, what: str, example: str) -> tuple[str, str]:

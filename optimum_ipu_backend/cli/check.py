@@ -564,6 +564,7 @@ def _check_all(
         if args.verify_padding:
             # the session serves every branch of a merged decoder itself: one check per file
             check = verify_padding(path, config, path.name, atol=args.atol)
+            check.packing = packing_verdict(served.model, path.parent)
             padding_checks.append(check)
             if not args.json:
                 print(check.format(), flush=True)
@@ -621,6 +622,9 @@ class PaddingCheck:
     verdicts: dict[str, str] = field(default_factory=dict)
     compiled_shapes: list[dict[str, list[int]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: Whether the sequences of several calls can share rows (``dynamic_batching``), or the node that
+    #: stops the packing proof.
+    packing: str | None = None
     error: str | None = None
 
     @property
@@ -637,6 +641,7 @@ class PaddingCheck:
             "padding": self.verdicts,
             "compiled_shapes": self.compiled_shapes,
             "graph_notes": self.notes,
+            "packing": self.packing,
             "error": self.error,
         }
 
@@ -650,6 +655,8 @@ class PaddingCheck:
                 "    compiled: " + ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
             )
         lines.extend(f"    note: {note}" for note in self.notes)
+        if self.packing is not None:
+            lines.append(f"    packing: {self.packing}")
         if self.error is not None:
             lines.append(f"    FAILED: {self.error}")
         else:
@@ -788,6 +795,14 @@ def verify_padding(
         default=0.0,
     )
     return result
+
+
+def packing_verdict(model: onnx.ModelProto, weights_dir: Path | None = None) -> str:
+    """What ``dynamic_batching`` does with ``model``: packed rows where the packing proof holds, else the
+    node that stops it (``compiler.graph_rewrites.packing``)."""
+    from optimum_ipu_backend.compiler.graph_rewrites.packing import describe, pack_encoder
+
+    return describe(pack_encoder(model, weights_dir))
 
 
 def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:

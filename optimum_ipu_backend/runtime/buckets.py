@@ -68,6 +68,10 @@ SIZE_MULTIPLE = 4
 DEFAULT_SIZES_PER_DIMENSION = 16
 #: Micro-batch sizes compiled when the user sets none.
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
+#: Packed rows (``dynamic_batching``) also come at every multiple of this many tokens up to the largest
+#: sequence size: a group of requests fills its last row only partly, and finer lengths waste less of it
+#: (docs/performance.md, "Packed rows and the dynamic batcher").
+PACKED_ROW_STEP = 32
 #: Audio sizes: from this many seconds to that many, at the feature extractor's sampling rate.
 AUDIO_SHORTEST_SECONDS = 1
 AUDIO_LONGEST_SECONDS = 30
@@ -197,6 +201,13 @@ def parse_sizes(option: str, value: Any) -> tuple[int, ...]:
     if not sizes:
         raise BucketOptionError(f"option {option!r} is empty; expected sizes such as '64,128,256,512'")
     return tuple(sorted(set(sizes)))
+
+
+def packed_row_lengths(sequence_sizes: Sequence[int]) -> tuple[int, ...]:
+    """The row lengths packed steps are compiled at: the sequence sizes and every multiple of
+    ``PACKED_ROW_STEP`` up to the largest of them."""
+    largest = max(sequence_sizes)
+    return tuple(sorted({*sequence_sizes, *range(PACKED_ROW_STEP, largest + 1, PACKED_ROW_STEP)}))
 
 
 def audio_sample_sizes(sampling_rate: int = DEFAULT_SAMPLING_RATE) -> tuple[int, ...]:

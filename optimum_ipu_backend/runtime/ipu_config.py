@@ -44,6 +44,7 @@ from typing import Any
 
 from optimum_ipu_backend.config import (
     flag_or_none,
+    non_negative_float_or_none,
     positive_float_or_none,
     positive_int_or_none,
 )
@@ -404,6 +405,9 @@ def _layers_per_ipu(value: Any, where: str) -> tuple[int, ...]:
 
 
 COMPILE_MODES = ("lazy", "eager")
+#: How long a call waits in the dynamic batcher for others by default: a few device steps of a small
+#: encoder, short beside the latency of a request that crosses a network.
+DEFAULT_MAX_QUEUE_DELAY_MS = 2.0
 KV_CACHE_PLACES = ("device", "host")
 
 SESSION_OPTION_HELP = {
@@ -425,6 +429,18 @@ SESSION_OPTION_HELP = {
     "trim_padding": (
         "1 or 0: run the rows of an encoder call grouped by real length, skipping the padding they share; "
         "outputs at masked positions are then zeros; default 0"
+    ),
+    "dynamic_batching": (
+        "1 or 0: gather run() calls from several threads into one device step (packed rows where the "
+        "packing proof holds, else calls of one shape batched together); default 0"
+    ),
+    "max_queue_delay_ms": (
+        "milliseconds a call may wait in the dynamic batcher for others to join its device step "
+        "(number >= 0); default 2"
+    ),
+    "packing": (
+        "1 or 0: with dynamic_batching, pack several sequences into each row where the packing proof holds "
+        "(outputs at masked positions are then zeros); default 1"
     ),
     "kv_cache": (
         "'device' (a decoder's key/value cache stays on the device between generation steps; only the new "
@@ -455,6 +471,9 @@ class IPUProviderOptions:
     compile: str = "lazy"
     compile_timeout: float | None = None
     kv_cache: str = "device"
+    dynamic_batching: bool = False
+    max_queue_delay_ms: float = DEFAULT_MAX_QUEUE_DELAY_MS
+    packing: bool = True
     # Compile for an offline IPU target (fills the cache; nothing runs). Set by `optimum-ipu compile`.
     offline: bool = False
     ipu_version: str | None = None  # the IPU architecture an offline compile targets
@@ -492,6 +511,9 @@ class IPUProviderOptions:
             raise ProviderOptionError(str(exc)) from None
         progress = progress_enabled(_optional(raw, "progress", flag_or_none))
         trim_padding = bool(_optional(raw, "trim_padding", flag_or_none))
+        dynamic_batching = bool(_optional(raw, "dynamic_batching", flag_or_none))
+        delay = _optional(raw, "max_queue_delay_ms", non_negative_float_or_none)
+        packing = _optional(raw, "packing", flag_or_none)
         kv_cache = str(raw.get("kv_cache", "device")).strip().lower()
         if kv_cache not in KV_CACHE_PLACES:
             raise ProviderOptionError(
@@ -519,6 +541,9 @@ class IPUProviderOptions:
             compile_mode,
             compile_timeout,
             kv_cache=kv_cache,
+            dynamic_batching=dynamic_batching,
+            max_queue_delay_ms=DEFAULT_MAX_QUEUE_DELAY_MS if delay is None else delay,
+            packing=True if packing is None else packing,
             sdk_python=sdk_python,
             runtime=runtime,
             distributed=distributed,

@@ -26,13 +26,20 @@ from optimum_ipu_backend.engines import Engine, load_engine
 from optimum_ipu_backend.engines.base import CompileOptions
 from optimum_ipu_backend.engines.probe import EMULATION_NOTICE, DeviceResolution, resolve_device
 from optimum_ipu_backend.errors import ConfigurationError
-from optimum_ipu_backend.runtime.buckets import DEFAULT_SAMPLING_RATE, BucketPlan, model_limit
-from optimum_ipu_backend.runtime.cache_files import PROOFS_DIR
+from optimum_ipu_backend.runtime.batched_serving import BatchedServing
+from optimum_ipu_backend.runtime.buckets import (
+    DEFAULT_SAMPLING_RATE,
+    BucketPlan,
+    model_limit,
+    packed_row_lengths,
+)
+from optimum_ipu_backend.runtime.cache_files import PROOFS_DIR, graph_digest
 from optimum_ipu_backend.runtime.dim_expressions import parse_dim
 from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
 from optimum_ipu_backend.runtime.executables import ExecutableTable
 from optimum_ipu_backend.runtime.graph_source import GraphSource
 from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, IPURuntimeConfig
+from optimum_ipu_backend.runtime.packing import PackedGraphInterface, PackedRunner
 from optimum_ipu_backend.runtime.padding import PaddingDecisions
 from optimum_ipu_backend.runtime.precompile import compile_buckets
 from optimum_ipu_backend.runtime.roles import audio_sample_dims, fill_value, generation_step_dims
@@ -52,6 +59,8 @@ class OpenModel:
     resolution: DeviceResolution
     engine: Engine
     runner: StaticShapeRunner
+    #: The dynamic batcher in front of the runner (``dynamic_batching``), or None.
+    batching: BatchedServing | None = None
 
 
 def open_model(
@@ -73,9 +82,15 @@ def open_model(
         resolution.engine, resolution.device, offline=options.offline, sdk_python=options.sdk_python
     )
     try:
-        runner = _runner(source, cache, engine, options, threads)
+        compile_options = _compile_options(options, engine, threads)
+        runner = _runner(source, cache, engine, options, compile_options)
         if options.compile == "eager":
             _compile_smallest_shape(runner)
+        batching = (
+            _batched_serving(source, cache, engine, options, compile_options, runner)
+            if options.dynamic_batching
+            else None
+        )
     except BaseException:
         engine.close()
         raise
@@ -84,7 +99,7 @@ def open_model(
             _emulation_announced.set()
             _logger.warning("IPUExecutionProvider is running on device 'emulator': %s", EMULATION_NOTICE)
         _logger.info("session for %s uses device 'emulator' (%s)", source.path, EMULATION_NOTICE)
-    return OpenModel(options, source, resolution, engine, runner)
+    return OpenModel(options, source, resolution, engine, runner, batching)
 
 
 def _check_graph(source: GraphSource, model: str | os.PathLike | bytes) -> None:
@@ -190,21 +205,14 @@ def pipeline_device_iterations(runtime: IPURuntimeConfig, engine: Engine) -> int
     return max(runtime.device_iterations, runtime.ipus_per_replica)
 
 
-def _runner(
-    source: GraphSource,
-    cache: ExecutableCache | None,
-    engine: Engine,
-    options: IPUProviderOptions,
-    threads: int | None,
-) -> StaticShapeRunner:
-    """The bucket plan, executable table and padding decisions of ``source``, in one runner."""
+def _compile_options(options: IPUProviderOptions, engine: Engine, threads: int | None) -> CompileOptions:
+    """How the session's executables are compiled: one set for every graph it serves."""
     runtime = options.runtime
-    device_iterations = pipeline_device_iterations(runtime, engine)
-    compile_options = CompileOptions(
+    return CompileOptions(
         device=engine.device,
         precision=options.precision,
         threads=options.threads or threads,
-        device_iterations=device_iterations,
+        device_iterations=pipeline_device_iterations(runtime, engine),
         replicas=runtime.replication_factor,
         distributed=options.distributed,
         offline=options.offline,
@@ -213,6 +221,18 @@ def _runner(
         ipus_per_replica=runtime.ipus_per_replica,
         layers_per_ipu=runtime.layers_per_ipu,
     )
+
+
+def _runner(
+    source: GraphSource,
+    cache: ExecutableCache | None,
+    engine: Engine,
+    options: IPUProviderOptions,
+    compile_options: CompileOptions,
+) -> StaticShapeRunner:
+    """The bucket plan, executable table and padding decisions of ``source``, in one runner."""
+    runtime = options.runtime
+    device_iterations = compile_options.device_iterations
     description = source.description
     model_dir = None if source.path is None else source.path.parent
     config = _read_config(model_dir)
@@ -264,3 +284,87 @@ def _runner(
     }
     _logger.info("compiled sizes: %s", plan.describe())
     return StaticShapeRunner(table, input_shapes, output_dtypes, serving, decisions)
+
+
+def _batched_serving(
+    source: GraphSource,
+    cache: ExecutableCache | None,
+    engine: Engine,
+    options: IPUProviderOptions,
+    compile_options: CompileOptions,
+    runner: StaticShapeRunner,
+) -> BatchedServing:
+    """The dynamic batcher in front of ``runner``, with packed rows where the packing proof holds."""
+    packed, verdict = None, "not packed: packing=0"
+    if options.packing:
+        packed, verdict = _packed_runner(source, cache, engine, options, compile_options, runner)
+    _logger.info("dynamic batching: %s", verdict)
+    return BatchedServing(
+        runner, packed, max_delay_s=options.max_queue_delay_ms / 1000, packing_verdict=verdict
+    )
+
+
+def _packed_runner(
+    source: GraphSource,
+    cache: ExecutableCache | None,
+    engine: Engine,
+    options: IPUProviderOptions,
+    compile_options: CompileOptions,
+    runner: StaticShapeRunner,
+) -> tuple[PackedRunner | None, str]:
+    """The packed runner of an encoder whose packed graph is proven, and the packing verdict."""
+    from optimum_ipu_backend.compiler.graph_rewrites import packing
+
+    if source.description.branch_inputs or source.description.generated_masks:
+        return None, "not packed: only encoders without a cache or generated masks are packed"
+    result = packing.pack_encoder(source.served_model(), None if source.path is None else source.path.parent)
+    if isinstance(result, packing.PackingRefused):
+        return None, packing.describe(result)
+    mask_shape = runner.input_shapes.get(result.mask_input, ())
+    sequence_dim = str(mask_shape[1]) if len(mask_shape) == 2 else None
+    batch_dim = str(mask_shape[0]) if len(mask_shape) == 2 else None
+    if sequence_dim not in runner.plan.sizes or batch_dim not in runner.plan.sizes:
+        return None, f"not packed: {result.mask_input} has no compiled batch and sequence sizes"
+    packed_model = result.model
+    input_dtypes = {
+        value.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+        for value in packed_model.graph.input
+    }
+    interface = PackedGraphInterface(
+        mask_input=result.mask_input,
+        token_inputs=result.token_inputs,
+        token_outputs=dict(result.token_outputs),
+        pooled_outputs=dict(result.pooled_outputs),
+        input_dtypes=input_dtypes,
+        segment_ids=packing.SEGMENT_IDS,
+        position_ids=packing.POSITION_IDS,
+        segment_starts=packing.SEGMENT_STARTS,
+    )
+    table = ExecutableTable(
+        lambda: packed_model,
+        engine,
+        compile_options,
+        graph_digest=graph_digest(f"{source.description.digest}-packed-{packing.PACKING_FORMAT}"),
+        cache=cache,
+        progress=options.progress,
+        model_path=source.path,
+    )
+    cap = options.runtime.max_executables
+
+    def may_compile(shapes: Mapping[str, tuple[int, ...]]) -> bool:
+        # max_executables counts the session's executables of both graphs
+        return cap is None or table.has(shapes, {}) or runner.executables.count + table.count < cap
+
+    packed_runner = PackedRunner(
+        interface,
+        table,
+        row_counts=runner.plan.sizes[batch_dim],
+        row_lengths=packed_row_lengths(runner.plan.sizes[sequence_dim]),
+        fills={name: int(runner.config.fills.get(name, 0)) for name in result.token_inputs},
+        output_dtypes=runner.output_dtypes,
+        device_iterations=compile_options.device_iterations,
+        replicas=compile_options.replicas,
+        trimming_proven=lambda: not runner.decisions.is_exact(sequence_dim),
+        may_compile=may_compile,
+    )
+    return packed_runner, f"{packing.describe(result)}; rows of up to {packed_runner.longest_row} tokens"

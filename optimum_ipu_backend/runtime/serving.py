@@ -148,6 +148,24 @@ class StaticShapeRunner:
         """The runner's table: its cache keys are the ones calls look up (ahead-of-time compiles use it)."""
         return self._table
 
+    @property
+    def input_batch_axes(self) -> dict[str, int | None]:
+        """Which axis of each input carries the batch (None: none), from the declared shapes."""
+        return dict(self._batch_axes)
+
+    def output_batch_axes(self, feed: Mapping[str, np.ndarray]) -> dict[str, int | None]:
+        """Which axis of each output carries the batch for calls like ``feed``, found by dataflow (the
+        batch's padding proof); empty when the graph mixes the samples of a batch."""
+        _, actual = self.call_dims(feed)
+        return self._decisions.output_batch_axes(actual, {})
+
+    def rows_per_step(self) -> int:
+        """The samples one device step holds: the largest micro-batch times device iterations and
+        replicas (1 for a graph without a batch dimension)."""
+        config = self._config
+        batch = [self.plan.largest(dim) for dim in self.plan.sizes if is_batch_dim(dim)]
+        return max(batch, default=1) * config.device_iterations * config.replicas
+
     def statistics(self) -> list[dict[str, object]]:
         """Each compiled executable with its shapes, origin, load time and the calls it served."""
         return self._table.statistics()

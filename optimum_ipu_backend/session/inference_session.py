@@ -25,6 +25,7 @@ from optimum_ipu_backend.compiler.analysis.index_ranges import IndexRanges
 from optimum_ipu_backend.engines import Engine, EngineClosedError
 from optimum_ipu_backend.engines.probe import DEVICE_KINDS, EMULATION_NOTICE
 from optimum_ipu_backend.errors import InvalidFeedError
+from optimum_ipu_backend.runtime.batched_serving import BatchedServing
 from optimum_ipu_backend.runtime.buckets import option_name
 from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.runtime.open import open_model
@@ -94,8 +95,9 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
         if options is None:
             options = IPUProviderOptions.parse(None, Path(path_or_bytes).parent if is_path else None)
         self._open = open_model(path_or_bytes, options, threads=_threads_from(sess_options))
-        self._finalizer = weakref.finalize(self, _close_engine, self._open.engine)
+        self._finalizer = weakref.finalize(self, _close_session, self._open.batching, self._open.engine)
         self._runner = self._open.runner
+        self._batching = self._open.batching
 
     @functools.cached_property
     def _inputs_meta(self) -> list[NodeArg]:
@@ -286,6 +288,8 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
 
     def _execute(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         with failures_name_the_call(feed, self._open.resolution.engine, fixed_shapes=self._fixed_shapes):
+            if self._batching is not None:
+                return self._batching.run(feed, names)
             return self._runner.run(feed, names)
 
     # -- beyond onnxruntime -----------------------------------------------------------------------
@@ -324,7 +328,20 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
         executables, and the padding verdict of each dimension (padded because the padding proof holds,
         or compiled at exact sizes and the node that breaks the proof)."""
         verdicts = self._runner.padding_verdicts()
-        return [{**entry, "padding": verdicts} for entry in self._runner.statistics()]
+        entries = [{**entry, "padding": verdicts} for entry in self._runner.statistics()]
+        batching = self._batching
+        if batching is None:
+            return entries
+        packed = [] if batching.packed is None else batching.packed.table.statistics()
+        return [
+            {**entry, "packing": batching.packing_verdict}
+            for entry in [*entries, *({**entry, "packed": True} for entry in packed)]
+        ]
+
+    def packing_verdict(self) -> str | None:
+        """With ``dynamic_batching``: whether calls are packed into shared rows (the packing proof holds)
+        or batched unpacked, and the node that stops the proof; None without dynamic batching."""
+        return None if self._batching is None else self._batching.packing_verdict
 
     def padding_verdicts(self) -> dict[str, str]:
         """Per dimension tried so far: ``"padded (proven)"``, or ``"exact sizes: <node and reason>"``."""
@@ -362,7 +379,10 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
 refuse_unimplemented(IPUInferenceSession, onnxruntime.InferenceSession)
 
 
-def _close_engine(engine: Engine) -> None:
+def _close_session(batching: BatchedServing | None, engine: Engine) -> None:
+    # Queued calls are released (with an error) before the engine they would run on goes.
+    if batching is not None:
+        batching.close()
     engine.close()
 
 
