@@ -72,9 +72,6 @@ class BatchedServing:
         """Release every queued call with an error and stop the batcher's thread."""
         self._batcher.close()
 
-    def statistics(self) -> dict[str, int]:
-        return dict(self._batcher.statistics)
-
     # -- a group ----------------------------------------------------------------------------------
 
     def _is_full(self, calls: list[QueuedCall]) -> bool:
