@@ -104,9 +104,9 @@ class BatchedServing:
         requests = [(call.feed, call.names, call.lengths or ()) for call in calls]
         try:
             return list(packed.run(requests))
-        except Exception:
+        except Exception as exc:
             if len(calls) == 1:
-                raise
+                return [exc]  # its own error; the group's unpacked calls are not failed with it
         # One call's failure must not become the others': each runs alone, and fails alone.
         return [_outcome(lambda request=request: packed.run([request])[0]) for request in requests]
 
