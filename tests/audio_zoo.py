@@ -159,6 +159,8 @@ class Variant(NamedTuple):
 #: GPT-2 with room for a 1,024-token context; ViT at the common 224x224 and 384x384 (patch 16).
 VARIANTS: Mapping[str, Variant] = {
     "gpt2-1040-positions": Variant("gpt2", "text-generation-with-past", {"n_positions": 1040}),
+    # 144 key/value tensors of one shape, whose state positions (891 to 1,035) cross a digit count (issue 36).
+    "gpt2-72-layers": Variant("gpt2", "text-generation-with-past", {"n_layer": 72}),
     "vit-224": Variant("vit", "image-classification", {"image_size": 224, "patch_size": 16}),
     "vit-384": Variant("vit", "image-classification", {"image_size": 384, "patch_size": 16}),
 }

@@ -19,6 +19,14 @@ from before the run):
   step is the last one plus one position, so the graph keeps the past part as state and takes only the
   new position (``[batch, 1]`` under the input's own name), written in as a growing state's is.
 
+An engine that keeps no integer state (PopTorch turns integer buffers into constants) gets an integer
+appended input's state as float32, read through a Cast back to the input's type and written through a Cast
+to float32. That is exact: the state only ever holds zeros, what the runtime uploads and the new positions
+the caller feeds (the update is a ``Where`` or a shift of those), and the runtime checks that every such
+value is an integer of magnitude at most ``StateSpec.exact_within`` (2**24, where float32 still holds every
+integer) before it is sent; a call that holds another value is streamed. A past of integer type on such an
+engine is refused: the graph computes its new positions, and no bound on them is known.
+
 Every state is read through ``Gather(state, rows)`` on its batch axis, ``ROWS_INPUT`` giving for each row
 the row of the kept state it continues: beam search reorders its hypotheses every step, and the
 reorder then costs an index, not a re-upload. The new state is the reordered one, updated.
@@ -47,6 +55,8 @@ LENGTH_INPUT = "ipu_state_length"
 #: Prefix of the state that keeps an appended input's past positions.
 APPENDED_STATE_PREFIX = "ipu_carried::"
 PLAN_METADATA_KEY = "ipu_carried_state"
+#: Every integer of magnitude up to 2**24 is a float32 (24 significant bits).
+FLOAT32_EXACT_INTEGERS = 2**24
 
 
 class CarriedStateRefused(Exception):
@@ -63,6 +73,8 @@ class CarryRequest:
     past_inputs: dict[str, int]
     appended_inputs: dict[str, tuple[int, int]]
     padding_side: str
+    #: Whether the engine keeps integer variables (``engines.base.Engine.integer_state``).
+    integer_state: bool = True
 
 
 @dataclass(frozen=True)
@@ -71,7 +83,9 @@ class StateSpec:
     ``"constant"`` (a past nothing extends) or ``"appended"`` (a mask input the caller extends).
     ``input``: the graph input it replaces; ``state``: the variable's name; ``output``: the present output
     that returns the new position (grows); ``axis``: the positions axis; ``batch_axis``: where rows go;
-    ``spans_new``: an appended input also covers the new position (GPT-2's ``attention_mask``)."""
+    ``spans_new``: an appended input also covers the new position (GPT-2's ``attention_mask``);
+    ``exact_within``: set when an integer input is kept as float32, the largest magnitude it holds exactly
+    (values fed or uploaded beyond it must not reach the state)."""
 
     kind: str
     input: str
@@ -80,6 +94,7 @@ class StateSpec:
     batch_axis: int = 0
     output: str | None = None
     spans_new: bool = False
+    exact_within: int | None = None
 
 
 @dataclass(frozen=True)
@@ -167,8 +182,17 @@ def carry_state(model: onnx.ModelProto, request: CarryRequest) -> tuple[onnx.Mod
         new_nodes.append(helper.make_node("Gather", [variable, ROWS_INPUT], [read], axis=batch_axis))
         return read
 
+    def is_integer(value: onnx.ValueInfoProto) -> bool:
+        dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        return not np.issubdtype(dtype, np.floating)
+
     past_positions = None
     for name, batch_axis in past_inputs.items():
+        if not request.integer_state and is_integer(inputs[name]):
+            raise CarriedStateRefused(
+                f"past {name!r} is not floating point and the engine keeps only floating-point state; its "
+                "new positions are computed on the device, so no bound says float32 would hold them exactly"
+            )
         dims = dims_of(inputs[name])
         read = f"{name}::rows"
         rename_uses(name, read)
@@ -204,19 +228,31 @@ def carry_state(model: onnx.ModelProto, request: CarryRequest) -> tuple[onnx.Mod
         state_dims = list(dims)
         state_dims[axis] = past_positions
         elem_type = value.type.tensor_type.elem_type
-        graph.initializer.append(_zeros(state, state_dims, elem_type))
+        as_float = not request.integer_state and is_integer(value)
+        graph.initializer.append(_zeros(state, state_dims, TensorProto.FLOAT if as_float else elem_type))
         full = f"{state}::full"
         rename_uses(name, full)
         read = read_rows(state, state_dims, batch_axis)
+        if as_float:  # read back as the input's type; exact for the values the runtime lets in
+            new_nodes.append(helper.make_node("Cast", [read], [f"{read}::int"], to=elem_type))
+            read = f"{read}::int"
         if spans_new:
             new_nodes.append(helper.make_node("Concat", [read, name], [full], axis=axis))
         else:
             new_nodes.append(helper.make_node("Identity", [read], [full]))
-        updates.append(_update(state, written(read, name, state_dims, axis)))
+        next_value = written(read, name, state_dims, axis)
+        if as_float:
+            as_stored = f"{state}::float"
+            new_nodes.append(helper.make_node("Cast", [next_value], [as_stored], to=TensorProto.FLOAT))
+            next_value = as_stored
+        updates.append(_update(state, next_value))
         one = list(dims)
         one[axis] = 1
         value.type.tensor_type.shape.CopyFrom(helper.make_tensor_type_proto(elem_type, one).tensor_type.shape)
-        states.append(StateSpec("appended", name, state, axis, batch_axis, spans_new=spans_new))
+        exact = FLOAT32_EXACT_INTEGERS if as_float else None
+        states.append(
+            StateSpec("appended", name, state, axis, batch_axis, spans_new=spans_new, exact_within=exact)
+        )
         touched.add(name)
 
     if not states:

@@ -271,6 +271,9 @@ class Engine(_Closable, ABC):
     thread_safe: ClassVar[bool] = False
     # True when the engine runs a graph sharded over several IPUs per replica (``ipus_per_replica``).
     shards: ClassVar[bool] = False
+    # False when the engine keeps only floating-point state (``state_updates``): the runtime then carries
+    # integer state as float32 where that is exact (``compiler.carried_state``).
+    integer_state: ClassVar[bool] = True
 
     @classmethod
     @abstractmethod

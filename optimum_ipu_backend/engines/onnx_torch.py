@@ -724,9 +724,21 @@ def _to_numpy(value: Any) -> np.ndarray:
 # Operators always computed when the module is built: a Constant, and a Shape (the graph is static).
 _FOLDED = ("Constant", "Shape")
 
-# The dtypes a CopyVarUpdate takes in both PopART checks: the ONNX schema (graphcore/popart sdk-release-3.4,
-# willow/src/defs.cpp) and CopyVarUpdateOp (willow/src/op/copyvarupdate.cpp).
-_STATE_DTYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT32)
+# The dtypes a state buffer can have on PopTorch. PopART's CopyVarUpdate also takes int32 (graphcore/popart
+# sdk-release-3.4, willow/src/defs.cpp and willow/src/op/copyvarupdate.cpp), but PopTorch turns every
+# parameter and buffer that is not floating point into a constant (graphcore/poptorch sdk-release-3.4,
+# poptorch/source/dispatch_tracer/JITDispatch.cpp, addParameter: "downgraded to constant because PopART
+# doesn't support non floating point parameters"): an integer state would stay at its compile-time value,
+# and naming it in updatableNamedBuffers fails the compile. The runtime keeps such state as float32
+# (compiler.carried_state, CarryRequest.integer_state).
+_STATE_DTYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+#: Buffers are named ``b{counter}_{kind}``, the counter zero-padded to this width and counting registrations,
+#: so that their names sort as they were registered. PopTorch's copyNamedBuffersToDevice hands the host
+#: tensors on in the (lexicographic) order of their names and pairs them with the device buffers in
+#: registration order (poptorch/source/PoplarExecutable.cpp, PoplarExecutable::copyNamedBuffersToDevice;
+#: popart_compiler/source/Compiler.cpp, Compiler::copyNamedBuffersToDevice): unpadded names such as
+#: ``state_9`` and ``state_10`` would swap two layers' caches of the same shape without an error.
+BUFFER_COUNTER_WIDTH = 6
 
 # Operators whose result is always a new tensor here. Any other operator may hand back its input or a view
 # of it (Identity, Reshape, Slice, a Cast to the same dtype, a reduction over no axis, ...): such a value,
@@ -876,19 +888,16 @@ class OnnxGraphModule(torch.nn.Module):
         # The state is not a constant: nothing may be folded from its initial value.
         self.state_buffers: dict[str, str] = {}
         initial_state = {}
-        for position, initializer in enumerate(graph.initializer):
+        for initializer in graph.initializer:
             if initializer.name in updates:
                 initial_state[initializer.name] = resolver.known.pop(initializer.name)
                 resolver.shapes[initializer.name] = tuple(initializer.dims)
-                self.state_buffers[initializer.name] = f"state_{position}"
-        # (buffer, updater): overwritten at the end of forward, after every reader read the old value
-        self._updates = [(self.state_buffers[name], updater) for name, updater in updates.items()]
         aliases = _state_aliases(graph, set(updates))
         # Outputs and updaters that may share memory with a state buffer are copied before the updates.
         self._copied = {name for name in [*self.output_names, *updates.values()] if name in aliases}
         self._nodes: list[tuple[str, list[str], list[str], Attrs, dict[int, np.ndarray]]] = []
         read_as_tensors = set(self.output_names) | set(updates.values())
-        for index, node in enumerate(graph.node):
+        for node in graph.node:
             if _is_state_update(node):
                 if node.output and node.output[0] in resolver.needed:
                     raise resolver._refuse(node, node.input[0])
@@ -902,8 +911,7 @@ class OnnxGraphModule(torch.nn.Module):
             attrs = _attributes(node)
             for name, value in list(attrs.items()):
                 if isinstance(value, torch.Tensor):  # constant tensors become buffers, like weights
-                    self.register_buffer(f"attribute_{index}_{name}", value, persistent=True)
-                    attrs[name] = f"attribute_{index}_{name}"
+                    attrs[name] = self._buffer("attribute", value)
                     attrs.setdefault("_buffers", []).append(name)
             read_as_tensors.update(
                 name for position, name in enumerate(node.input) if name and position not in statics
@@ -913,17 +921,31 @@ class OnnxGraphModule(torch.nn.Module):
         self._tensor_names: dict[str, str] = {}
         order = [initializer.name for initializer in graph.initializer]
         order += [name for name in resolver.known if name not in initializers]
-        for position, name in enumerate(order):
+        for name in order:
             if name in read_as_tensors and name in resolver.known:
-                buffer_name = f"initializer_{position}" if name in initializers else f"constant_{position}"
-                self.register_buffer(buffer_name, torch.from_numpy(resolver.known[name]), persistent=True)
-                self._tensor_names[name] = buffer_name
-        for name, buffer_name in self.state_buffers.items():
+                kind = "initializer" if name in initializers else "constant"
+                self._tensor_names[name] = self._buffer(kind, torch.from_numpy(resolver.known[name]))
+        for name in initial_state:
             # a copy: the buffer is written in place, and numpy_helper's array may be read-only
-            self.register_buffer(buffer_name, torch.from_numpy(initial_state[name].copy()), persistent=True)
-            self._tensor_names[name] = buffer_name
+            self.state_buffers[name] = self._buffer("state", torch.from_numpy(initial_state[name].copy()))
+            self._tensor_names[name] = self.state_buffers[name]
+        check_buffer_order(list(self._buffers))
+        # (buffer, updater): overwritten at the end of forward, after every reader read the old value
+        self._updates = [(self.state_buffers[name], updater) for name, updater in updates.items()]
         if self._updates:
             self._nodes = _in_dependency_order(self._nodes, {*self.input_names, *self._tensor_names})
+
+    def _buffer(self, kind: str, tensor: torch.Tensor) -> str:
+        """Register ``tensor`` as the next buffer; its name sorts after every earlier one's."""
+        counter = len(self._buffers)
+        if counter >= 10**BUFFER_COUNTER_WIDTH:
+            raise EngineContractError(
+                f"the graph needs more than {10**BUFFER_COUNTER_WIDTH} buffers, more than the PopTorch "
+                "engine names in registration order; serve this model with engine='popart'"
+            )
+        name = f"b{counter:0{BUFFER_COUNTER_WIDTH}d}_{kind}"
+        self.register_buffer(name, tensor, persistent=True)
+        return name
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if len(inputs) != len(self.input_names):
@@ -945,6 +967,19 @@ class OnnxGraphModule(torch.nn.Module):
         for buffer_name, updater in self._updates:
             getattr(self, buffer_name).copy_(values[updater])
         return results
+
+
+def check_buffer_order(names: Sequence[str]) -> None:
+    """Refuse buffer names (in registration order) whose lexicographic order differs: PopTorch pairs the
+    host tensors of copyNamedBuffersToDevice, in name order, with the device buffers in registration order
+    (see ``BUFFER_COUNTER_WIDTH``), so such names would upload one buffer's values into another."""
+    names = list(names)
+    if names != sorted(names):
+        first = next(i for i, (a, b) in enumerate(zip(names, sorted(names))) if a != b)
+        raise EngineContractError(
+            f"buffer {names[first]!r} is registered in position {first} but its name sorts elsewhere; "
+            "PopTorch would upload named buffers into the wrong ones (an internal error of the engine)"
+        )
 
 
 def _in_dependency_order(nodes: list, available: set[str]) -> list:
@@ -987,8 +1022,9 @@ def _checked_state_updates(graph: onnx.GraphProto) -> dict[str, str]:
         if initializer.name in updates and initializer.data_type not in _STATE_DTYPES:
             dtype = helper.tensor_dtype_to_np_dtype(initializer.data_type)
             raise EngineContractError(
-                f"the state {initializer.name!r} is {np.dtype(dtype).name}; PopART's CopyVarUpdate takes "
-                "float32, float16 and int32"
+                f"the state {initializer.name!r} is {np.dtype(dtype).name}; PopTorch keeps only float32 and "
+                "float16 buffers on the device (it turns other buffers into constants), so the graph must "
+                "carry it as floating point or the engine must be engine='popart'"
             )
     return updates
 

@@ -26,12 +26,16 @@ detaches the one loaded on a device before attaching another (``detachFromDevice
 ``attachToDevice``), which is PopTorch's engine switch.
 
 Carried state (``engines.base.state_updates``): each state tensor is a buffer of the module, updated in
-place (``engines.onnx_torch``), which PopTorch keeps on the device between calls. Its buffers are named in
-``Options.updatableNamedBuffers``, so that ``write_state`` writes the host copies and uploads those alone
-(``copyNamedBuffersToDevice``; graphcore/poptorch sdk-release-3.4, python/_poplar_executor.py). An inference
-model never copies buffers back to the host, and every attach uploads the host copies
-(``_on_device_attach``): before a switch detaches an executable with state, the worker downloads its
-buffers (``copyWeightsToHost``), so the state survives the switch; a reset is not retried (the worker).
+place (``engines.onnx_torch``), which PopTorch keeps on the device between calls. Only floating-point
+buffers can be state: PopTorch makes every other one a constant (``integer_state = False``; the runtime
+carries integer masks as float32). The state buffers are named in ``Options.updatableNamedBuffers`` in
+registration order, which is also their names' order (``copyNamedBuffersToDevice`` relies on it:
+``engines.onnx_torch.BUFFER_COUNTER_WIDTH``), so that ``write_state`` writes the host copies and uploads
+those alone (``copyNamedBuffersToDevice``; graphcore/poptorch sdk-release-3.4,
+python/_poplar_executor.py). An inference model never copies buffers back to the host, and every attach
+uploads the host copies (``_on_device_attach``): before a switch detaches an executable with state, the
+worker downloads its buffers (``copyWeightsToHost``), so the state survives the switch; a reset is not
+retried (the worker).
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ class PopTorchEngine(WorkerEngine):
         "host side)"
     )
     backend = "optimum_ipu_backend.engines.poptorch:PopTorchBackend"
+    # PopTorch makes every parameter and buffer that is not floating point a constant (graphcore/poptorch
+    # sdk-release-3.4, poptorch/source/dispatch_tracer/JITDispatch.cpp, addParameter).
+    integer_state = False
 
 
 # -- worker side ---------------------------------------------------------------------------------------
@@ -161,7 +168,11 @@ class PopTorchBackend(Backend[_Executor]):
     ) -> _Executor:
         import onnx
 
-        from optimum_ipu_backend.engines.onnx_torch import OnnxGraphModule, ScalarsWithLeadingAxis
+        from optimum_ipu_backend.engines.onnx_torch import (
+            OnnxGraphModule,
+            ScalarsWithLeadingAxis,
+            check_buffer_order,
+        )
 
         torch = self.torch
         model = onnx.load(graph)  # external data resolves next to the file
@@ -195,7 +206,11 @@ class PopTorchBackend(Backend[_Executor]):
                     "the PopTorch engine keeps state on the device for one replica; this graph carries state "
                     f"and was compiled for {options['replicas']} replicas"
                 )
-            opts.updatableNamedBuffers(list(state_buffers.values()))
+            # in registration order, whose names sort the same (engines.onnx_torch.BUFFER_COUNTER_WIDTH)
+            names = list(state_buffers.values())
+            registered = [name for name, _ in module.named_buffers() if name in set(names)]
+            check_buffer_order(registered)
+            opts.updatableNamedBuffers(registered)
         executor = self.poptorch.inferenceModel(module, opts)
         for spec in inputs:  # the shape PopTorch takes, fixed from here on
             spec["host_shape"] = _leading_axis(spec["shape"], steps)

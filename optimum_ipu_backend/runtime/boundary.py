@@ -27,6 +27,14 @@ def to_device_dtype(name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray
                 f"input {name!r} holds values in [{low}, {high}], outside the device's {dtype} range "
                 f"[{info.min}, {info.max}]; the IPU has no 64-bit integers, so such values cannot be fed"
             )
+    if np.issubdtype(dtype, np.floating) and np.issubdtype(array.dtype, np.integer) and array.size:
+        exact = 2 ** (np.finfo(dtype).nmant + 1)  # every integer up to this magnitude is exact
+        largest = int(np.abs(array.astype(np.int64)).max())
+        if largest > exact:
+            raise BoundaryCastError(
+                f"input {name!r} holds {largest}; the device keeps it as {np.dtype(dtype).name}, exact for "
+                f"integers up to {exact} only"
+            )
     return np.asarray(array.astype(dtype, copy=False), order="C")
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import xxhash
 
 from optimum_ipu_backend.compiler.carried_state import (
+    FLOAT32_EXACT_INTEGERS,
     LENGTH_INPUT,
     ROWS_INPUT,
     CarriedStatePlan,
@@ -188,16 +189,23 @@ class CarriedState:
                         return None
                     appended[name] = (batch_axis, axis)
         side = "left" if past_dim in config.left_padded_dims else "right"
-        return cls(runner, CarryRequest(batch_axes, appended, side), past_dim)
+        integer_state = runner.executables.engine_integer_state
+        return cls(runner, CarryRequest(batch_axes, appended, side, integer_state), past_dim)
 
     @property
     def verdict(self) -> str:
         """Why decoding steps are (not) served with the cache on the device."""
         if self._refused is not None:
             return f"the key/value cache is streamed: {self._refused}"
+        kept = (
+            ""
+            if self.request.integer_state or not self.request.appended_inputs
+            else f"; masks kept as float32, exact up to {FLOAT32_EXACT_INTEGERS} (steps holding larger "
+            "values are streamed)"
+        )
         return (
             "the key/value cache stays on the device (one decode executable at "
-            f"{self._past_dim}={self.capacity})"
+            f"{self._past_dim}={self.capacity}){kept}"
         )
 
     @property
@@ -254,6 +262,10 @@ class CarriedState:
             return None
         plan = entry.carried
         assert plan is not None
+        inexact = _inexact_mask(plan, feed)
+        if inexact is not None:
+            _logger.info("a decoding step is streamed: %s", inexact)
+            return None
         with self._lock:
             outputs = self._step(
                 entry, plan, feed, step_feed, lambda: padded(list(past)), length, branches, signature
@@ -444,6 +456,21 @@ class CarriedState:
             returned[spec.output] = view
         resident.length = length + 1
         return returned
+
+
+def _inexact_mask(plan: CarriedStatePlan, feed: Mapping[str, np.ndarray]) -> str | None:
+    """Why the call's masks cannot enter a state kept as float32 exactly (``StateSpec.exact_within``), or
+    None when they can. Masks the runtime makes itself hold 0 and 1."""
+    for spec in plan.states:
+        if spec.exact_within is None or spec.input not in feed:
+            continue
+        values = np.asarray(feed[spec.input])
+        if values.size and int(np.abs(values).max()) > spec.exact_within:
+            return (
+                f"input {spec.input!r} holds {int(np.abs(values).max())}, beyond the {spec.exact_within} "
+                "up to which the device state keeps it exactly (as float32)"
+            )
+    return None
 
 
 def _evaluated(shape: SymbolicShape, sizes: Mapping[str, int]) -> tuple[int, ...]:

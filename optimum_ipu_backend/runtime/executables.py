@@ -156,6 +156,8 @@ class ExecutableTable:
             self._options.precision,
             self._options.ipus_per_replica,
             self._options.layers_per_ipu,
+            # the carried-state rewrite depends on the engine (integer state or not)
+            repr(self.carry_request) if ROWS_INPUT in shapes else None,
         )
 
     def _cache_key(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> CacheKey:
@@ -284,6 +286,10 @@ class ExecutableTable:
     @property
     def engine_thread_safe(self) -> bool:
         return self._engine.thread_safe
+
+    @property
+    def engine_integer_state(self) -> bool:
+        return self._engine.integer_state
 
     @property
     def cache_description(self) -> str:

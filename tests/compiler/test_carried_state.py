@@ -68,12 +68,19 @@ def padded(array: np.ndarray, size: int, axis: int, side: str) -> np.ndarray:
     return np.pad(array, widths)
 
 
+@pytest.mark.parametrize("integer_state", [True, False], ids=["int32 mask state", "float32 mask state"])
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_steps_on_device_state_equal_the_growing_cache(tmp_path, side):
+def test_steps_on_device_state_equal_the_growing_cache(tmp_path, side, integer_state):
+    """An engine without integer state (PopTorch) keeps the int32 mask as float32 and reads it back as
+    int32: the steps are the same."""
     capacity = 9
-    model, plan = carry_state(decode_graph(capacity), CarryRequest({"past": 0}, {"mask": (0, 1)}, side))
+    request = CarryRequest({"past": 0}, {"mask": (0, 1)}, side, integer_state=integer_state)
+    model, plan = carry_state(decode_graph(capacity), request)
     assert carried_state_plan(model) == plan
     assert [(s.kind, s.input) for s in plan.states] == [("grows", "past"), ("appended", "mask")]
+    mask_state = next(t for t in model.graph.initializer if t.name == APPENDED_STATE_PREFIX + "mask")
+    assert mask_state.data_type == (TensorProto.INT32 if integer_state else TensorProto.FLOAT)
+    assert plan.states[1].exact_within == (None if integer_state else 2**24)
     onnx.checker.check_model(model)
     onnx.save(model, tmp_path / "carried.onnx")
     reference = onnx.reference.ReferenceEvaluator(decode_graph(capacity))
@@ -87,7 +94,9 @@ def test_steps_on_device_state_equal_the_growing_cache(tmp_path, side):
         executable.write_state(
             {
                 "past": padded(past, capacity, 2, side),
-                APPENDED_STATE_PREFIX + "mask": padded(mask, capacity, 1, side),
+                APPENDED_STATE_PREFIX + "mask": padded(mask, capacity, 1, side).astype(
+                    np.int32 if integer_state else np.float32
+                ),
             }
         )
         rows = np.arange(B, dtype=np.int32)
@@ -111,6 +120,15 @@ def test_steps_on_device_state_equal_the_growing_cache(tmp_path, side):
             past = np.concatenate([past, x * 2], axis=2)
             mask = full_mask
             rows = np.arange(B, dtype=np.int32)
+
+
+def test_an_integer_past_is_refused_where_the_engine_keeps_no_integer_state():
+    """The graph computes an integer past's new positions itself: nothing bounds them, so float32 state is
+    not proven exact and the cache is streamed instead."""
+    model = decode_graph(5)
+    model.graph.input[0].type.tensor_type.elem_type = TensorProto.INT32
+    with pytest.raises(CarriedStateRefused, match="past 'past' is not floating point"):
+        carry_state(model, CarryRequest({"past": 0}, {}, "right", integer_state=False))
 
 
 def test_a_concat_with_the_new_positions_first_is_refused():

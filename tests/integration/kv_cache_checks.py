@@ -23,6 +23,7 @@ import numpy as np
 CASES: dict[str, tuple[str, str, str]] = {
     "gpt2": ("ORTModelForCausalLM", "gpt2", "text-generation-with-past"),
     "gpt2-long": ("ORTModelForCausalLM", "gpt2-long", "text-generation-with-past"),
+    "gpt2-72-layers": ("ORTModelForCausalLM", "gpt2-72-layers", "text-generation-with-past"),
     "llama": ("ORTModelForCausalLM", "llama", "text-generation-with-past"),
     "t5": ("ORTModelForSeq2SeqLM", "t5", "text2text-generation-with-past"),
     "whisper": ("ORTModelForSpeechSeq2Seq", "whisper", "automatic-speech-recognition-with-past"),

@@ -75,6 +75,12 @@ def _session_facts(model) -> dict:
                 "providers": [str(p) for p in session.get_providers()],
                 "options": session.get_provider_options().get("IPUExecutionProvider", {}),
                 "padding": session.padding_verdicts(),
+                "kv_cache": session.kv_cache_verdict(),
+                "device_cache_calls": sum(
+                    int(entry["calls"])
+                    for entry in session.compiled_executables()
+                    if entry.get("kv_cache") == "device"
+                ),
                 "graph_notes": session.graph_notes(),
                 "compiled_shapes": [
                     {name: list(shape) for name, shape in compiled["shapes"].items()}
@@ -151,9 +157,32 @@ def generate_case(case: dict) -> dict:
     if case.get("io_binding"):
         bound = cls.from_pretrained(case["onnx_dir"], use_io_binding=True, **IPU, **kwargs)
         result["io_binding_tokens_equal"] = bool(torch.equal(expected, bound.generate(**inputs, **generate)))
+    if case.get("extra_modes"):
+        result["modes"] = other_modes_equal(cpu, ipu, inputs, generate)
     if not result["tokens_equal"] and expected.shape == got.shape:
         result["divergences"] = _divergences(cpu, inputs, generate, expected, got)
     return result
+
+
+#: Generation modes beyond greedy that a case with "extra_modes" also compares, each seeded the same on
+#: both providers.
+OTHER_MODES = {
+    "beam 4": {"do_sample": False, "num_beams": 4},
+    "sampling": {"do_sample": True, "num_beams": 1},
+}
+
+
+def other_modes_equal(cpu, ipu, inputs: dict, settings: dict) -> dict[str, bool]:
+    """For each of ``OTHER_MODES``: whether ``ipu`` generates CPU's tokens with ``settings`` otherwise."""
+    equal = {}
+    for mode, overrides in OTHER_MODES.items():
+        tokens = []
+        for model in (cpu, ipu):
+            torch.manual_seed(0)
+            with torch.no_grad():
+                tokens.append(model.generate(**inputs, **{**settings, **overrides}))
+        equal[mode] = bool(tokens[0].shape == tokens[1].shape and torch.equal(*tokens))
+    return equal
 
 
 def _divergences(cpu, inputs: dict, generate: dict, expected, got) -> list[dict]:

@@ -107,3 +107,58 @@ def test_a_whole_generation_fits_in_two_executables(zoo, tmp_path):
     host = checks.load("gpt2", onnx_dir, {**options, "kv_cache": "host"})
     with pytest.raises(ExecutableLimitError, match="max_executables=2"):
         checks.generate(host, inputs, "greedy", 40)
+
+
+@pytest.mark.parametrize("case", ["gpt2", "t5"])
+def test_masks_kept_as_float32_where_the_engine_keeps_no_integer_state(zoo, tmp_path, monkeypatch, case):
+    """An engine without integer state (PopTorch) gets GPT-2's attention mask and T5's past mask as
+    float32 state (issue 36), which the emulator runs here in its place: the same tokens as CPU, one
+    upload, and the verdict says how the masks are kept."""
+    from optimum_ipu_backend.engines.emulator import HostEmulatorEngine
+
+    monkeypatch.setattr(HostEmulatorEngine, "integer_state", False)
+    options = {"device": "emulator", "executable_cache_dir": str(tmp_path / "cache")}
+    report = checks.check_modes(case, _onnx(zoo, case), options, context=12, new_tokens=8)
+    for mode, result in report.items():
+        assert result["tokens_equal"], f"{case} {mode}: tokens differ from CPU"
+        assert result["decode_executables"] == [7] and result["uploads"] == 1, (mode, result)
+    ipu = checks.load(case, _onnx(zoo, case), options)
+    checks.generate(ipu, checks.inputs_for(case, _onnx(zoo, case), 12), "greedy", 4)
+    (session,) = [s for s in checks.decoder_sessions(ipu) if s.kv_cache_verdict() is not None]
+    assert "masks kept as float32, exact up to 16777216" in session.kv_cache_verdict()
+    decode = [e for e in session.compiled_executables() if e.get("kv_cache") == "device"]
+    assert decode and all(e["calls"] == 3 for e in decode)
+
+
+def test_a_mask_value_beyond_what_float32_state_holds_is_streamed(zoo, tmp_path, monkeypatch):
+    """A step whose mask holds a value float32 state would not keep exactly is streamed, with CPU's
+    logits; the steps around it keep the cache on the device. The bound is lowered to 1 here so that a
+    mask value of 2 stands for one above 2**24 (which GPT-2's arithmetic would turn into infinities)."""
+    import torch
+
+    from optimum_ipu_backend.engines.emulator import HostEmulatorEngine
+
+    monkeypatch.setattr(HostEmulatorEngine, "integer_state", False)
+    monkeypatch.setattr(carried_state, "FLOAT32_EXACT_INTEGERS", 1)
+    monkeypatch.setattr(executables, "_legalized_files", {})  # no graph rewritten with the real bound
+    onnx_dir = _onnx(zoo, "gpt2")
+    options = {"device": "emulator", "executable_cache_dir": str(tmp_path / "cache")}
+    cpu, ipu = checks.load("gpt2", onnx_dir, None), checks.load("gpt2", onnx_dir, options)
+    ids = checks.inputs_for("gpt2", onnx_dir, 10)["input_ids"]
+
+    def step(model, ids, past, mask):
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask, past_key_values=past, use_cache=True)
+
+    first = step(ipu, ids, None, torch.ones((1, 10), dtype=torch.int64))
+    token = first.logits[:, -1:].argmax(-1)
+    second = step(ipu, token, first.past_key_values, torch.ones((1, 11), dtype=torch.int64))
+    doubled = torch.ones((1, 12), dtype=torch.int64)
+    doubled[0, 3] = 2
+    past = tuple(tuple(t.clone() for t in layer) for layer in second.past_key_values)
+    token = second.logits[:, -1:].argmax(-1)
+    got = step(ipu, token, second.past_key_values, doubled).logits
+    expected = step(cpu, token, past, doubled).logits
+    assert float((got - expected).abs().max()) <= checks.LOGITS_ATOL
+    decode = [e for e in ipu.model.compiled_executables() if e.get("kv_cache") == "device"]
+    assert [e["calls"] for e in decode] == [1]  # the second step only; the third was streamed
