@@ -152,6 +152,8 @@ class CarriedState:
             if dim in self._step_dims
         ]
         self._refused: str | None = None
+        self._streamed_why: str | None = None  # why the last decoding step that was streamed was
+        self.served_steps = 0  # decoding steps served with the cache on the device
         self._lock = threading.Lock()
         self._resident: dict[int, _Resident] = {}  # id(entry) -> what its device holds
 
@@ -197,6 +199,8 @@ class CarriedState:
         """Why decoding steps are (not) served with the cache on the device."""
         if self._refused is not None:
             return f"the key/value cache is streamed: {self._refused}"
+        if self.served_steps == 0 and self._streamed_why is not None:
+            return f"the key/value cache is streamed: {self._streamed_why}"
         kept = (
             ""
             if self.request.integer_state or not self.request.appended_inputs
@@ -207,6 +211,14 @@ class CarriedState:
             "the key/value cache stays on the device (one decode executable at "
             f"{self._past_dim}={self.capacity}){kept}"
         )
+
+    def _streamed(self, why: str) -> None:
+        """A decoding step this executable does not serve: it is streamed, and the verdict says why until
+        a step is served with the cache on the device."""
+        if why != self._streamed_why:
+            _logger.info("a decoding step is streamed: %s", why)
+        self._streamed_why = why
+        return None
 
     @property
     def capacity(self) -> int:
@@ -230,16 +242,18 @@ class CarriedState:
             return None
         length, capacity = actual[self._past_dim], self.capacity
         if length + 1 > capacity:
-            return None  # the device state holds at most ``capacity`` positions: stream the last steps
+            # the device state holds at most ``capacity`` positions: stream the last steps
+            return self._streamed(f"a past of {length} positions fills the {capacity} the device holds")
         batch_dim = next((dim for dim in actual if is_batch_dim(dim)), None)
         if batch_dim is None or actual[batch_dim] not in runner.plan.sizes.get(batch_dim, ()):
-            return None  # a batch that would be padded or split into steps: streamed
+            rows = "an unknown number of" if batch_dim is None else actual[batch_dim]
+            return self._streamed(f"a batch of {rows} rows would be padded or split into steps")
         wanted = runner.compiled_sizes(actual, branches)
         wanted[self._past_dim] = capacity
         wanted[batch_dim] = actual[batch_dim]
         call = runner.decisions.decide(actual, wanted, feed, branches, shapes)
-        if call.dims.get(self._past_dim) != capacity:
-            return None  # padding the past is not proven invisible for this call: compiled per length
+        if call.dims.get(self._past_dim) != capacity:  # compiled per length instead
+            return self._streamed("padding the past is not proven invisible for these calls")
         targets = {dim: size for dim, size in call.dims.items() if not is_batch_dim(dim)}
 
         def padded(names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -264,9 +278,9 @@ class CarriedState:
         assert plan is not None
         inexact = _inexact_mask(plan, feed)
         if inexact is not None:
-            _logger.info("a decoding step is streamed: %s", inexact)
-            return None
+            return self._streamed(inexact)
         with self._lock:
+            self.served_steps += 1
             outputs = self._step(
                 entry, plan, feed, step_feed, lambda: padded(list(past)), length, branches, signature
             )

@@ -60,8 +60,8 @@ def _runs(engine: str) -> list[tuple[str, str, str]]:
 
 
 def _cases(zoo, scratch: Path, engine: str) -> dict:
-    """Every case; on PopTorch, generation also runs 4 beams and seeded sampling (issue 36: the cache on
-    the device as PopTorch keeps it)."""
+    """Every case; on PopTorch, generation also runs greedy, 4 beams and seeded sampling on one row, a batch
+    whose decoding steps keep the cache on the device (issue 36: the cache as PopTorch keeps it)."""
     cases = _all_cases(zoo, scratch)
     if engine == "poptorch":
         for case in cases.values():
@@ -174,14 +174,21 @@ def _failures(results: dict, engine: str) -> list[str]:
 
 
 def _check_modes_and_cache(result: dict) -> None:
-    """4 beams and seeded sampling give CPU's tokens too, and every decoder session that carries a past
-    keeps it on the device (PopTorch: as float buffers, in name order)."""
+    """Greedy, 4 beams and seeded sampling on one row give CPU's tokens too, and every decoder session that
+    carries a past kept it on the device for its decoding steps (PopTorch: float buffers, named in order),
+    unless the padding proof refuses to pad its past, on any engine (positions counted from the past
+    length): the verdict then says the cache is streamed."""
     assert result["modes"] and all(result["modes"].values()), f"modes that differ from CPU: {result['modes']}"
-    carried = [session for session in result["sessions"] if session["kv_cache"] is not None]
-    streamed = [s["kv_cache"] for s in carried if "stays on the device" not in s["kv_cache"]]
-    assert not streamed, streamed
-    idle = [session["kv_cache"] for session in carried if session["device_cache_calls"] == 0]
-    assert not idle, f"no step kept the cache on the device: {idle}"
+    for session in result["sessions"]:
+        verdict = session["kv_cache"]
+        if verdict is None:
+            continue
+        if session["device_cache_calls"] > 0:
+            assert verdict.startswith("the key/value cache stays on the device"), verdict
+        else:
+            assert verdict == (
+                "the key/value cache is streamed: padding the past is not proven invisible for these calls"
+            ), verdict
 
 
 def test_every_ortmodel_class_on_popart(tmp_path_factory, zoo):

@@ -71,15 +71,15 @@ def generate_case(case: dict) -> dict:
     settings = {"max_new_tokens": 8, "min_new_tokens": 8, "do_sample": False, "num_beams": 1}
     expected = cpu.generate(**inputs, **settings)
     got = ipu.generate(**inputs, **settings)
+    modes = checks.other_modes_equal(cpu, ipu, inputs, settings) if case.get("extra_modes") else None
     result = {
+        "modes": modes,
         "tokens_equal": bool(torch.equal(expected, got)),
         "expected_tokens": expected.tolist(),
         "distinct_tokens": len(set(expected.flatten().tolist())),
         **_session_facts(ipu),
         "held_sessions": _held_sessions(ipu),
     }
-    if case.get("extra_modes"):
-        result["modes"] = checks.other_modes_equal(cpu, ipu, inputs, settings)
     return result
 
 
