@@ -893,9 +893,10 @@ class PoplarExecutor:
         that have no handler. An in-place update of a constant is not one: addConstant does not track it
         (only addTensor calls InplaceInputsTracker::addTensor), so JITDispatch::fallback finds no aliased
         input, InplaceInputsTracker::finalizeGraph adds no update_param_inplace (and raises no broadcast
-        error), and removeRemainingInplaceOps makes the op out-of-place: later reads in the same run see
-        the new value (fallback points the tensor's record at the op's output), the next run the
-        constant again (see _run_micro_batch)."""
+        error), and removeRemainingInplaceOps makes the op out-of-place (copy_, kept in place there,
+        becomes an identity or cast of its source: popart_canonicalization/TensorOps.cpp, copyHandler):
+        nothing refuses it, later reads in the same run see the new value (fallback points the tensor's
+        record at the op's output), and the next run sees the constant again (see _run_micro_batch)."""
         weights = self._weights()
         names = {id(tensor): name for name, tensor in weights.items()}
         self._registered = [
