@@ -782,7 +782,10 @@ def _registration_order(model: torch.nn.Module, names: dict[int, str]) -> list[s
 
 def _zero_sized(tensor: torch.Tensor) -> Error | None:
     """poptorch/source/dispatch_tracer/Tensor.cpp, errorOnZeroSizedTensor (JITDispatch::addTensor: every
-    input and floating-point parameter or buffer; a constant is not checked)."""
+    input and floating-point parameter or buffer; addConstant does not check). tests/misc_test.py,
+    test_zero_size_tensor_error shows it for an input. For a parameter or buffer it is read from the
+    source (JITDispatch::addParameter -> addTensor), assuming torch's Tensor.to (_to_copy) reaches
+    copy_ for an empty tensor as for any other."""
     if 0 not in tensor.shape:
         return None
     shape = ", ".join(str(d) for d in tensor.shape)
@@ -1229,7 +1232,7 @@ class PoplarExecutor:
                 for table, name, tensor in list(_entries(self._model, kind)):
                     saved.append((table, name, tensor))
                     key = names[id(tensor)]
-                    table[name] = state[key] if key in state else _like_host(tensor, constants[key])
+                    table[name] = _like_host(tensor, state[key] if key in state else constants[key])
             result = self._model(*converted)
         finally:
             for table, name, tensor in reversed(saved):
