@@ -25,3 +25,20 @@ def double(sdk):
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return tiny_model(tmp_path_factory.mktemp("tiny") / "model.onnx")
+
+
+@pytest.fixture()
+def wrap(double):
+    """poptorch.inferenceModel, with every executor destroyed afterwards: the double's IPUs are booked
+    per process, and an executor left attached would hold them for the next test."""
+    import poptorch
+
+    made = []
+
+    def inference_model(module, options=None):
+        made.append(poptorch.inferenceModel(module, options))
+        return made[-1]
+
+    yield inference_model
+    for executor in made:
+        executor.destroy()

@@ -240,7 +240,17 @@ def test_a_reset_is_not_retried_and_changes_the_epoch(tmp_path, emulator, poptor
     executable.close()
 
 
-def test_a_graph_without_state_keeps_none(tmp_path, poptorch_engine, model):
+def test_a_graph_without_state_keeps_none(tmp_path, poptorch_engine):
+    # Static shapes, as the engine gets them: a symbolic dimension would reach PopTorch as 0, and PopTorch
+    # refuses a zero-sized input (the double follows dispatch_tracer/Tensor.cpp, errorOnZeroSizedTensor).
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "stateless",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    model = tmp_path / "stateless.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=7), model)
     executable = poptorch_engine.compile(model, CompileOptions(device="ipu"))
     assert executable.state == ()
     with pytest.raises(EngineContractError, match="keeps no state"):

@@ -11,9 +11,31 @@ cites the source it follows (repository graphcore/poptorch unless said otherwise
   ``.to("cpu")``) raises PopTorch's error. Only then is the executable "compiled" (memory, cache, IPUs).
 * A call runs the module eagerly on the CPU, one micro-batch per device iteration and replica, and
   concatenates outputs on dim 0 (``OutputMode.All``): the values PopTorch would compute.
-* The device holds its own copy of the parameters and buffers, uploaded on every attach; calls run on
-  it, in-place updates of a buffer persist there, and the user's module sees them only after
-  ``copyWeightsToHost()`` (see "device state" below).
+* The device holds its own copy of the floating-point parameters and buffers, uploaded on every attach;
+  calls run on it, in-place updates of a buffer persist there, and the user's module sees them only after
+  ``copyWeightsToHost()`` (see "device state" below). Other parameters and buffers are constants.
+
+Revised for issue 36 (generation on PopTorch as the SDK runs it); each rule cites its source where the
+double implements it:
+
+1. A non-floating-point parameter or buffer (int32, int64, bool, ...) is a constant of the graph, not a
+   PopART weight (JITDispatch::addParameter -> addConstant; ValueMapper::setParameterName logs "was
+   downgraded to constant"). So (a) naming it in updatableNamedBuffers is refused at lowering with
+   PopART's "Invalid named buffer in updatableNamedBuffers!\nNo Ir::Tensor with TensorId '...'";
+   (b) an in-place update of it in forward is seen by the rest of that run only: every run, and every
+   device iteration, starts again from its host value at compile time; (c) copyWeightsToDevice and
+   copyWeightsToHost copy nothing for it (PoplarExecutable copies the weights by name, _parameter_names);
+   (d) its in-place update is not a weight update: no broadcastBuffers refusal with replicas.
+2. copyNamedBuffersToDevice pairs the host tensors sorted by name (std::map) with the device buffers in
+   registration order, the order torch's Module._apply moves them (children first, then the module's own
+   parameters, then its buffers), as a raw copy of each device buffer's byte size: buffers of the same
+   size swap silently, smaller host tensors are refused (undefined behaviour on the SDK).
+3. Uploads and downloads are raw copies of the PopART tensor's size through the host pointer: a float64
+   weight (float32 on the device) receives its host tensor's first bytes reinterpreted.
+4. int64 and float64 inputs, and int64 constants, hold int32 and float32 values on the device
+   (downCastIfNeeded, PoplarExecutable::run); an input updated in place is copied back after the run.
+5. Zero-sized inputs and floating-point parameters and buffers are refused at compile
+   (errorOnZeroSizedTensor); zero-sized constants are not.
 
 Test controls, shared with the popart double: ``POPART_DOUBLE_CONFIG`` (a JSON file reread on every call:
 ``ipus``, ``ipu_version``, ``version``, ``memory_bytes_per_ipu``, ``memory_report_lines`` (lines in
@@ -44,6 +66,7 @@ import functools  # noqa: E402
 import hashlib  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 
@@ -659,26 +682,132 @@ def _error_on_address_changes(old: tuple[dict, dict], new: tuple[dict, dict]) ->
                 )
 
 
-def _device_copy(tensor: torch.Tensor) -> torch.Tensor:
-    copied = tensor.detach().clone()
-    return (
-        torch.nn.Parameter(copied, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else copied
-    )
+def _like_host(host: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value`` in the module's place: a Parameter where the host tensor is one."""
+    if isinstance(host, torch.nn.Parameter):
+        return torch.nn.Parameter(value, host.requires_grad and value.is_floating_point())
+    return value
+
+
+# RegisterAtenOverloads.cpp, downCastIfNeeded, and Utils.cpp, coerceToSupportedType: what a host tensor
+# becomes on the IPU (int64 -> int32, float64 -> float32; other dtypes stay).
+_COERCED = {torch.int64: torch.int32, torch.float64: torch.float32}
+
+
+def _as_on_device(tensor: torch.Tensor) -> torch.Tensor:
+    """The values a host tensor has once on the IPU: int64 wrapped to int32 (``Tensor::to``, the cast
+    downCastIfNeeded makes for parameters, buffers and inputs, and PoplarExecutable::run makes for an
+    int64 input at every run), float64 rounded to float32. Assumed for the CPU run: an integer tensor
+    keeps its host dtype (CPU index kernels take only int64) and carries the int32 values."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.int64:
+        return tensor.to(torch.int32).to(torch.int64)
+    return tensor.to(_COERCED.get(tensor.dtype, tensor.dtype), copy=True)
+
+
+def _byte_size(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def _host_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A host tensor's memory from its data pointer, as PopTorch hands it over (python/poptorch.cpp,
+    getParameterBuffers: ``data_ptr()``). Assumed: the tensor is contiguous (its elements in order)."""
+    flat = tensor.detach().reshape(-1)
+    return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def _past_the_end(tensor_id: str, needed: int, host_name: str, available: int, verb: str) -> Error:
+    """graphcore/popart willow/src/popx/devicex.cpp, Devicex::writeWeights (and readWeights): PopART
+    copies its tensor's own byte size through the host pointer, with nothing to check it against. A
+    host tensor smaller than that is read (or written) past its end: undefined behaviour on the SDK,
+    which the double refuses rather than invent bytes."""
+    return _cpp_error("sdk_double_undefined_behaviour", (
+        f"{verb} {needed} bytes of PopART tensor '{tensor_id}' through host tensor '{host_name}' of "
+        f"{available} bytes: past its end (undefined behaviour on the SDK)"))  # fmt: skip
+
+
+def _from_host(host: torch.Tensor, host_name: str, tensor_id: str, spec: tuple) -> torch.Tensor:
+    """PopART tensor ``tensor_id`` (shape and dtype ``spec``) written from ``host``'s memory:
+    popart_compiler/source/CompilerImpl.cpp, WeightsIO::updateData sets only the data pointer, the
+    MutableVoidData keeps the tensor's own TensorInfo (WeightsIO::registerParameter), so
+    Tensor::verifyMutableVoidInfo always passes and TensorData::resetData copies the tensor's byte size
+    from the pointer (willow/src/tensordata.cpp): a raw copy, whatever the host tensor's shape and dtype."""
+    shape, dtype = spec
+    needed, data = _byte_size(shape, dtype), _host_bytes(host)
+    if data.numel() < needed:
+        raise _past_the_end(tensor_id, needed, host_name, data.numel(), "Reading")
+    return data[:needed].clone().view(dtype).reshape(shape)
+
+
+def _into_host(host: torch.Tensor, host_name: str, tensor_id: str, value: torch.Tensor) -> None:
+    """Compiler::copyWeightsToHost: readWeights writes the PopART tensor's byte size into the host
+    tensor's memory (the pointer from getParameterBuffers), a raw copy as in ``_from_host``."""
+    raw = value.detach().reshape(-1).view(torch.uint8)
+    if not host.is_contiguous():  # assumed away (see _host_bytes): the values are copied
+        host.detach().copy_(value.reshape(host.shape))
+        return
+    target = _host_bytes(host)
+    if target.numel() < raw.numel():
+        raise _past_the_end(tensor_id, raw.numel(), host_name, target.numel(), "Writing")
+    target[: raw.numel()].copy_(raw)
+
+
+def _registration_order(model: torch.nn.Module, names: dict[int, str]) -> list[str]:
+    """The order in which PopTorch makes the parameters and buffers graph inputs, which is the order of
+    PopART's weights. _poplar_executor.py, _compileWithDispatch moves them with ``self._model.to(ipu)``;
+    torch's Module._apply (torch/nn/modules/module.py, torch 2.0.1 as PopTorch 3.4 pins it) converts the
+    children first, recursively, then the module's own ``_parameters``, then its ``_buffers``; each
+    conversion's copy_ CPU -> IPU is RegisterAtenOverloads.cpp, copyInplace -> JITDispatch::addParameter
+    -> addTensor -> graph->addInput. A tensor reached again (a shared module, a tied weight) adds no
+    input that survives (the alias is harmonised to the first and its input is unused). Then
+    LowerToPopart.cpp, LowerToPopartImpl::lowerParameters walks the graph inputs in that order: each
+    parameter becomes addInitializedInputTensor and, when listed in updatableNamedBuffers, is registered
+    (Compiler::registerUpdatableNamedBuffer -> WeightsIO::registerParameter, which appends to
+    _weights_order)."""
+    order: list[str] = []
+    seen: set[int] = set()
+
+    def visit(module: torch.nn.Module) -> None:
+        for child in module.children():
+            visit(child)
+        for table in (module._parameters, module._buffers):
+            for tensor in table.values():
+                if tensor is not None and id(tensor) not in seen and id(tensor) in names:
+                    seen.add(id(tensor))
+                    order.append(names[id(tensor)])
+
+    visit(model)
+    return order
+
+
+def _zero_sized(tensor: torch.Tensor) -> Error | None:
+    """poptorch/source/dispatch_tracer/Tensor.cpp, errorOnZeroSizedTensor (JITDispatch::addTensor: every
+    input and floating-point parameter or buffer; addConstant does not check). tests/misc_test.py,
+    test_zero_size_tensor_error shows it for an input. For a parameter or buffer it is read from the
+    source (JITDispatch::addParameter -> addTensor), assuming torch's Tensor.to (_to_copy) reaches
+    copy_ for an empty tensor as for any other."""
+    if 0 not in tensor.shape:
+        return None
+    shape = ", ".join(str(d) for d in tensor.shape)
+    return _cpp_error("poptorch_cpp_error", f"Zero-sized tensors are unsupported (Got shape [{shape}]).",
+                      "poptorch/source/dispatch_tracer/Tensor.cpp", 313)  # fmt: skip
 
 
 class PoplarExecutor:
     """Device state. PopTorch keeps the weights in two places: the host tensors of the user's module and
-    the device's variables. The double keeps the second as ``_device``, a copy per replica of every named
-    parameter and buffer, and runs ``forward`` with those copies in the module's place:
+    the device's variables. The double keeps the second as ``_device``, a copy per replica of every
+    floating-point parameter and buffer (the PopART weights; the others are constants of the graph, see
+    _trace), and runs ``forward`` with those copies in the module's place:
 
     * upload: _on_device_attach calls copyWeightsToDevice on every attach, i.e. when _compile attaches
-      (ConnectionType.Always) and in attachToDevice; copyWeightsToDevice writes all named parameters and
-      buffers (_poplar_executor.py; popart_compiler/source/Compiler.cpp, Compiler::copyWeightsToDevice:
+      (ConnectionType.Always) and in attachToDevice; copyWeightsToDevice writes all weights
+      (_poplar_executor.py; popart_compiler/source/Compiler.cpp, Compiler::copyWeightsToDevice:
       writeWeights then weightsFromHost);
-    * in-place updates of a parameter or buffer in forward become poptorch::update_param_inplace
+    * in-place updates of a weight in forward become poptorch::update_param_inplace
       (InplaceOps.cpp, finalizeGraph), lowered to PopART's CopyVarUpdate, so they persist on the device
-      across calls (tests/buffers_test.py, test_no_input_but_one_buffer);
-    * download: only copyWeightsToHost, which copies all of them into the host tensors' memory
+      across calls (tests/buffers_test.py, test_no_input_but_one_buffer); those of a constant last only
+      until the end of the run;
+    * download: only copyWeightsToHost, which copies all weights into the host tensors' memory
       (Compiler::copyWeightsToHost: weightsToHost, readWeights; python/poptorch.cpp passes the tensors'
       data pointers). An inference model never does it implicitly: __call__ sets _dirty_host_weights
       only when training, and detachFromDevice and destroy copy back only when training;
@@ -707,6 +836,11 @@ class PoplarExecutor:
         self._is_attached = False
         self._attached_ipus = 0
         self._device: list[dict[str, torch.Tensor]] = []
+        # Set by _trace: the PopART weights in registration order, their device shape and dtype, and the
+        # constants' compile-time values.
+        self._registered: list[str] = []
+        self._specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        self._constants: dict[str, torch.Tensor] = {}
         self._replicas_diverge = False
         options._freeze()
 
@@ -750,13 +884,44 @@ class PoplarExecutor:
         warning; once the CPU tensors are back, a parameter or buffer that forward replaced or removed is
         refused (errorOnBufferOrParameterAddressChanges, in the same finally block).
 
-        Returns whether forward updated a parameter or buffer in place (an in-place op on it or on a view
-        of it bumps its version counter, as the dispatcher's alias tracking follows views to the input)
-        and the ops that have no handler."""
+        Before that, the module's tensors are sorted as the move sorts them (JITDispatch::addParameter):
+        a floating-point parameter or buffer becomes a graph input, a PopART weight (``_registered``, in
+        registration order, with its device shape and dtype in ``_specs``); any other (int, bool) becomes
+        a constant of the graph, its host value at this moment (JITDispatch::addConstant, insertConstant
+        of ``cpu_tensor.to(...)``; ValueMapper::setParameterName then logs "was downgraded to constant
+        because PopART doesn't support non floating point parameters" and gives it no name).
+
+        Returns whether forward updated a weight in place (an in-place op on it or on a view of it bumps
+        its version counter, as the dispatcher's alias tracking follows views to the input) and the ops
+        that have no handler. An in-place update of a constant is not one: addConstant does not track it
+        (only addTensor calls InplaceInputsTracker::addTensor), so JITDispatch::fallback finds no aliased
+        input, InplaceInputsTracker::finalizeGraph adds no update_param_inplace (and raises no broadcast
+        error), and removeRemainingInplaceOps makes the op out-of-place (copy_, kept in place there,
+        becomes an identity or cast of its source: popart_canonicalization/TensorOps.cpp, copyHandler):
+        nothing refuses it, later reads in the same run see the new value (fallback points the tensor's
+        record at the op's output), and the next run sees the constant again (see _run_micro_batch)."""
+        weights = self._weights()
+        names = {id(tensor): name for name, tensor in weights.items()}
+        self._registered = [
+            name for name in _registration_order(self._model, names) if weights[name].is_floating_point()
+        ]
+        self._specs = {
+            name: (tuple(weights[name].shape), _COERCED.get(weights[name].dtype, weights[name].dtype))
+            for name in self._registered
+        }
+        self._constants = {
+            name: _as_on_device(tensor) for name, tensor in weights.items() if not tensor.is_floating_point()
+        }
+        for name in self._registered:  # moved (addTensor) before the inputs are checked and moved
+            if (error := _zero_sized(weights[name])) is not None:
+                raise error
         for index, tensor in enumerate(micro_args):
             if tensor.requires_grad:
                 raise _python_error(f"An input tensor to an IPU model can not have requires_grad set to True, "
                                     f"however input {index} does: {tensor}")  # fmt: skip
+        for tensor in micro_args:
+            if (error := _zero_sized(tensor)) is not None:
+                raise error
         saved, moved = [], []
         tracer = _DispatchTrace()
         old = new = ({}, {})
@@ -768,11 +933,12 @@ class PoplarExecutor:
                     if kind == "_parameters":
                         on_device = torch.nn.Parameter(on_device, tensor.requires_grad)
                     table[name] = on_device
-                    moved.append(on_device)
+                    if tensor.is_floating_point():
+                        moved.append(on_device)
             old = _addresses(self._model)
             try:
                 with _OnTraceDevice(), tracer:
-                    result = self._model(*[t.detach().to(_TRACE_DEVICE) for t in micro_args])
+                    result = self._model(*[_as_on_device(t).to(_TRACE_DEVICE) for t in micro_args])
             finally:
                 new = _addresses(self._model)
         finally:
@@ -813,12 +979,15 @@ class PoplarExecutor:
         as a poptorch.Error (tests/buffers_test.py, test_copy_named_buffer_to_device_invalid_opt).
         PopTorch names a parameter's or buffer's PopART tensor by its name in the model
         (poptorch/source/LowerToPopart.cpp: getParameterName, then addInitializedInputTensor).
-        Assumed: every named parameter and buffer is used by the graph (PopTorch drops unused ones, which
-        would then be unknown names too), and no other IR tensor has such a name."""
+        Only weights are IR tensors of that name: a constant (a non-floating-point buffer, see _trace) is
+        not, so listing one is refused here too.
+        Assumed: every floating-point parameter and buffer is used by the graph (lowerParameters drops
+        unused ones, "Skipping unused parameter", which would then be unknown names too), and no other IR
+        tensor has such a name."""
         names = self._options._Popart.options.get("updatableNamedBuffers")
         if not names:
             return
-        known = self._weights()
+        known = set(self._registered)
         for name in names:
             if name not in known:
                 raise _cpp_error("popart_exception", (
@@ -958,24 +1127,51 @@ class PoplarExecutor:
             raise _cpp_error("popart_exception", "Trying to load an engine on an offline device")
         raise _cpp_error("popart_exception", "Trying to load an engine on a device that is not attached")
 
+    def _host_values(self, host: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """PoplarExecutable::copyWeightsToDevice / copyWeightsToHost (poptorch/source/PoplarExecutable.cpp):
+        the host pointers looked up by name (``buffers.at(name)``) for each PopART weight, in
+        registration order (_parameter_names, filled by lowerParameters). Constants are not weights:
+        nothing is copied for them, either way."""
+        missing = [name for name in self._registered if name not in host]
+        if missing:  # std::map::at on a name the model no longer has
+            raise _cpp_error("std::out_of_range", "map::at")
+        return [host[name] for name in self._registered]
+
     def copyWeightsToDevice(self) -> None:  # noqa: N802
-        """PoplarExecutor.copyWeightsToDevice: every named parameter and buffer of the model, to every
-        replica (PopART streams one host value to all replicas of an ungrouped variable)."""
+        """PoplarExecutor.copyWeightsToDevice: the named parameters and buffers of the model go to
+        poptorch_core.copyWeightsToDevice_impl, which writes the PopART weights among them (_host_values)
+        and then runs weightsFromHost (Compiler::copyWeightsToDevice), to every replica (PopART streams
+        one host value to all replicas of an ungrouped variable). A constant keeps its compile-time value
+        on the device whatever the host tensor holds."""
         if self._compiled_args is None:
             raise _python_error(_NO_EXECUTABLE)
+        hosts = self._host_values(self._weights())
+        values = {
+            name: _from_host(host, name, name, self._specs[name])
+            for name, host in zip(self._registered, hosts)  # noqa: B905
+        }
         self._on_device()
-        weights = self._weights()
         replicas = self._options.replication_factor if self._replicas_diverge else 1
-        self._device = [{name: _device_copy(t) for name, t in weights.items()} for _ in range(replicas)]
-        _log("copyWeightsToDevice", weights=len(weights))
+        self._device = [{name: value.clone() for name, value in values.items()} for _ in range(replicas)]
+        _log("copyWeightsToDevice", weights=len(values))
 
     def copyNamedBuffersToDevice(self) -> None:  # noqa: N802
         """PoplarExecutor.copyNamedBuffersToDevice (python/_poplar_executor.py): compiled, else
         NO_EXECUTABLE_ERR; the option updatableNamedBuffers set, else a PoptorchError; then the host
         tensors of those buffers (the model's named_buffers(), so a parameter's name is a KeyError) go
-        to the device, and nothing else: popart_compiler/source/Compiler.cpp,
-        Compiler::copyNamedBuffersToDevice (writeWeights of those, then Session::buffersFromHost, the
-        copyNamedBuffers program of irlowering.cpp). Each replica gets the host value, as with
+        to the device, and nothing else.
+
+        How they are paired with the device's buffers: python/poptorch.cpp, getParameterBuffers puts
+        (name, data pointer) into a std::map<std::string, void *> (a repeated name keeps its first entry);
+        PoplarExecutable::copyNamedBuffersToDevice passes the pointers on in the map's order, i.e. the
+        names sorted bytewise, without the names; popart_compiler/source/Compiler.cpp,
+        Compiler::copyNamedBuffersToDevice hands them to updatable_named_buffers.updateData
+        (CompilerImpl.cpp, WeightsIO::updateData: ERROR_ON a count other than the registered buffers',
+        then pointer i to _weights_order[i]), which lists the buffers in registration order (see
+        _registration_order). Where the two orders differ (``state_10`` sorts before ``state_9``), a
+        buffer receives another's bytes, a raw copy of its own size (_from_host): no error where shapes
+        and dtypes agree. Then writeWeights and Session::buffersFromHost (the copyNamedBuffers program of
+        irlowering.cpp) write them to the device. Each replica gets the host value, as with
         copyWeightsToDevice."""
         if self._compiled_args is None:
             raise _python_error(_NO_EXECUTABLE)
@@ -983,39 +1179,68 @@ class PoplarExecutor:
         if "updatableNamedBuffers" not in popart:
             raise _python_error("No named buffers marked as updatable via updatableNamedBuffers option")
         buffers = dict(self._model.named_buffers())
-        host = {name: buffers[name] for name in popart["updatableNamedBuffers"]}
+        listed = [(name, buffers[name]) for name in popart["updatableNamedBuffers"]]
+        by_name: dict[str, torch.Tensor] = {}
+        for name, tensor in listed:
+            by_name.setdefault(name, tensor)  # std::map::insert keeps the first
+        host_names = sorted(by_name, key=lambda name: name.encode())
+        registered = [name for name in self._registered if name in set(popart["updatableNamedBuffers"])]
+        if len(host_names) != len(registered):
+            raise _cpp_error("poptorch_cpp_error", "host_buffers.size() != _weights_order.size()",
+                             "popart_compiler/source/CompilerImpl.cpp", 385)  # fmt: skip
+        values = {
+            tensor_id: _from_host(by_name[host_name], host_name, tensor_id, self._specs[tensor_id])
+            for tensor_id, host_name in zip(registered, host_names)  # noqa: B905
+        }
         self._on_device()
         for state in self._device:
-            for name, tensor in host.items():
-                state[name] = _device_copy(tensor)
-        _log("copyNamedBuffersToDevice", buffers=sorted(host))
+            for name, value in values.items():
+                state[name] = value.clone()
+        _log("copyNamedBuffersToDevice", buffers=host_names, registered=registered)
 
     def copyWeightsToHost(self) -> None:  # noqa: N802
-        """PoplarExecutor.copyWeightsToHost: every named parameter and buffer, written into the host
-        tensors themselves (the user's, through the shallow copy). Assumed (PopART's retrieval of an
-        ungrouped variable from replicas that diverged is decided in Poplar's streams): replica 0's."""
+        """PoplarExecutor.copyWeightsToHost: the PopART weights (_host_values) are written into the host
+        tensors' memory (the user's, through the shallow copy; Compiler::copyWeightsToHost: weightsToHost,
+        then readWeights into the host pointers). A constant's host tensor is left as it is. Assumed
+        (PopART's retrieval of an ungrouped variable from replicas that diverged is decided in Poplar's
+        streams): replica 0's."""
         if self._compiled_args is None:
             raise _python_error(_NO_EXECUTABLE)
         self._on_device()
+        hosts = self._host_values(self._weights())
         with torch.no_grad():
-            for name, host in self._weights().items():
-                host.copy_(self._device[0][name])
+            for name, host in zip(self._registered, hosts):  # noqa: B905
+                _into_host(host, name, name, self._device[0][name])
         _log("copyWeightsToHost")
 
     def _run_micro_batch(self, replica: int, names: dict[int, str], args: list):
         """One micro-batch with the replica's device copies in place of the module's tensors; the host
-        tensors are put back whatever happens."""
+        tensors are put back whatever happens.
+
+        A constant is its compile-time value again in every run and device iteration (it is part of the
+        graph, see _trace): a fresh copy of it per micro-batch, one per tensor so aliases stay aliases.
+        Inputs hold the device's values (_as_on_device: PoplarExecutable::run casts an int64 input to
+        int32 and a float64 one to float32); an input updated in place is copied back into the caller's
+        tensor after the run (PoplarExecutable::run, input_output_mapping from finalizeGraph)."""
         state = self._device[replica if self._replicas_diverge else 0]
+        constants = {name: value.clone() for name, value in self._constants.items()}
+        converted = [_as_on_device(a) if a.dtype in _COERCED else a for a in args]
+        versions = [a._version for a in converted]
         saved = []
         try:
             for kind in ("_parameters", "_buffers"):
                 for table, name, tensor in list(_entries(self._model, kind)):
                     saved.append((table, name, tensor))
-                    table[name] = state[names[id(tensor)]]
-            return self._model(*args)
+                    key = names[id(tensor)]
+                    table[name] = _like_host(tensor, state[key] if key in state else constants[key])
+            result = self._model(*converted)
         finally:
             for table, name, tensor in reversed(saved):
                 table[name] = tensor
+        for original, value, version in zip(args, converted, versions):  # noqa: B905
+            if value is not original and value._version != version:
+                original.copy_(value)
+        return result
 
     def __call__(self, *args):
         assert self._options.connection_type != ConnectionType.Never.value, (
