@@ -67,7 +67,9 @@ STATIC_OPERANDS: dict[str, dict[int, str]] = {
     "OneHot": {1: "depth"},
     "Pad": {1: "pads", 2: "constant_value"},
     "Reshape": {1: "shape"},
-    "Resize": {2: "scales", 3: "sizes"},
+    # roi too (read only by tf_crop_and_resize, which is refused): exporters give an empty one, and as a
+    # buffer it would be a zero-sized tensor, which PopTorch refuses (dispatch_tracer/Tensor.cpp)
+    "Resize": {1: "roi", 2: "scales", 3: "sizes"},
     "Slice": {1: "starts", 2: "ends", 3: "axes", 4: "steps"},
     "Tile": {1: "repeats"},
     "TopK": {1: "K"},
