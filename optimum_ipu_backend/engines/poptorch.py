@@ -207,8 +207,8 @@ class PopTorchBackend(Backend[_Executor]):
                     f"and was compiled for {options['replicas']} replicas"
                 )
             # in registration order, whose names sort the same (engines.onnx_torch.BUFFER_COUNTER_WIDTH)
-            names = list(state_buffers.values())
-            registered = [name for name, _ in module.named_buffers() if name in set(names)]
+            names = set(state_buffers.values())
+            registered = [name for name in _registration_order(module) if name in names]
             check_buffer_order(registered)
             opts.updatableNamedBuffers(registered)
         executor = self.poptorch.inferenceModel(module, opts)
@@ -327,6 +327,17 @@ def _state(graph: Any, graph_module: Any, module: Any) -> tuple[list[dict[str, A
             dtype = str(tensor.dtype).replace("torch.", "")
             specs.append({"name": initializer.name, "shape": tuple(tensor.shape), "dtype": dtype})
     return specs, buffers
+
+
+def _registration_order(module: Any, prefix: str = "") -> list[str]:
+    """The names of ``module``'s parameters and buffers in the order PopTorch registers their PopART
+    tensors: the order in which ``module.to(ipu)`` moves them (poptorch python/_poplar_executor.py,
+    _compileWithDispatch), which is torch's ``Module._apply``: the children first, depth first, then the
+    module's own parameters, then its own buffers."""
+    names = []
+    for name, child in module.named_children():
+        names += _registration_order(child, f"{prefix}{name}.")
+    return names + [f"{prefix}{name}" for name in [*module._parameters, *module._buffers]]
 
 
 def _leading_axis(shape: tuple[int, ...], steps: int) -> tuple[int, ...]:
