@@ -1,4 +1,5 @@
-"""``optimum-ipu serve MODEL``: an HTTP server holding one ORTModel on ``provider="ipu"`` (docs/deployment.md).
+"""``optimum-ipu serve MODEL``: an HTTP server holding one ORTModel on ``provider="ipu"``
+(docs/deployment.md).
 
 On one machine (uvicorn) by default; ``--ray`` runs the same app as a Ray Serve deployment, one replica
 per IPU partition. Heavy imports happen in the run function only (``optimum-cli`` builds this parser).
@@ -33,16 +34,24 @@ def add_serve_parser(subparsers: Any) -> None:
     parser.add_argument("model", help="an exported model directory or a transformers checkpoint directory")
     parser.add_argument("--task", default=None, help="the task to serve (default: inferred from config.json)")
     parser.add_argument(
-        "--provider-option", "-o", action="append", default=[], metavar="K=V",
+        "--provider-option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="K=V",
         help="a provider option (device, sequence_lengths, batch_size, max_queue_delay_ms, ...); "
         "dynamic_batching is on unless set to 0",
     )
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: MODEL)")
     parser.add_argument(
-        "--pooling", default=None, help="embedding pooling: mean, cls or lasttoken (default: 1_Pooling/config.json)"
+        "--pooling",
+        default=None,
+        help="embedding pooling: mean, cls or lasttoken (default: 1_Pooling/config.json)",
     )
     parser.add_argument("--served-model-name", default=None, help="the model name in answers and /info")
-    parser.add_argument("--max-inputs", type=int, default=None, help="most inputs in one request (default 32)")
+    parser.add_argument(
+        "--max-inputs", type=int, default=None, help="most inputs in one request (default 32)"
+    )
     parser.add_argument("--max-input-tokens", type=int, default=None, help="lower the longest input served")
     parser.add_argument(
         "--precompile", action="store_true", help="compile every bucket before /health reports ready"
@@ -52,19 +61,27 @@ def add_serve_parser(subparsers: Any) -> None:
         "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)"
     )
     parser.add_argument(
-        "--max-concurrent-requests", type=int, default=None,
+        "--max-concurrent-requests",
+        type=int,
+        default=None,
         help="requests in flight before new ones get 429 (default 512)",
     )
     parser.add_argument(
-        "--drain-timeout", type=float, default=DEFAULT_DRAIN_SECONDS,
+        "--drain-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_SECONDS,
         help=f"seconds to let requests in flight finish on shutdown (default {DEFAULT_DRAIN_SECONDS})",
     )
     parser.add_argument("--log-level", default="info", help="log level (default info)")
     ray = parser.add_argument_group("Ray Serve (--ray)")
     ray.add_argument("--ray", action="store_true", help="run as a Ray Serve deployment")
-    ray.add_argument("--ray-address", default=None, help="Ray cluster address (default: the one of RAY_ADDRESS)")
+    ray.add_argument(
+        "--ray-address", default=None, help="Ray cluster address (default: the one of RAY_ADDRESS)"
+    )
     ray.add_argument("--replicas", type=int, default=1, help="replicas (one per IPU partition; default 1)")
-    ray.add_argument("--ipus-per-replica", type=float, default=1, help='Ray custom resource {"IPU": n} per replica')
+    ray.add_argument(
+        "--ipus-per-replica", type=float, default=1, help='Ray custom resource {"IPU": n} per replica'
+    )
     ray.add_argument("--max-ongoing-requests", type=int, default=64, help="requests in flight per replica")
     ray.add_argument("--min-replicas", type=int, default=None, help="autoscaling lower bound")
     ray.add_argument("--max-replicas", type=int, default=None, help="autoscaling upper bound")
@@ -91,7 +108,17 @@ def serve_options(args: argparse.Namespace) -> Any:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(
+            f"optimum-ipu serve needs the serve extra ({exc.name} is missing): "
+            "pip install 'optimum-ipu-backend[serve]'"
+        ) from None
     try:
         options = serve_options(args)
     except ConfigurationError as exc:
@@ -132,7 +159,9 @@ def _run_uvicorn(options: Any, args: argparse.Namespace) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     host, port = sock.getsockname()[:2]
-    print(f"optimum-ipu serve: listening on http://{host}:{port} ({options.task}, {options.model})", flush=True)
+    print(
+        f"optimum-ipu serve: listening on http://{host}:{port} ({options.task}, {options.model})", flush=True
+    )
     server.run(sockets=[sock])
     if state.load_error is not None:
         print(f"optimum-ipu serve: the model failed to load: {state.load_error}", file=sys.stderr)

@@ -74,8 +74,10 @@ def _field_name(location: tuple[Any, ...]) -> str:
     for part in location:
         if isinstance(part, int):
             path += f"[{part}]"
-        elif "[" in part or part in {"str", "int", "float", "bool", "list", "literal"} or part.startswith(
-            ("constrained-", "function-")
+        elif (
+            "[" in part
+            or part in {"str", "int", "float", "bool", "list", "literal"}
+            or part.startswith(("constrained-", "function-"))
         ):
             continue
         else:
@@ -124,7 +126,12 @@ def _error_body(path: str, refused: _Refused) -> dict[str, Any]:
     if path.startswith("/v1/"):
         kind = "invalid_request_error" if refused.status < 500 else "server_error"
         body: dict[str, Any] = {
-            "error": {"message": refused.message, "type": kind, "param": refused.field, "code": refused.status}
+            "error": {
+                "message": refused.message,
+                "type": kind,
+                "param": refused.field,
+                "code": refused.status,
+            }
         }
     else:
         body = {"error": refused.message, "error_type": refused.kind, "field": refused.field}
@@ -169,7 +176,9 @@ class ServerState:
     def model_for(self, path: str) -> ServedModel:
         served = self.served
         if served is None:
-            raise _Refused(503, "the model is still loading; retry when /health answers 200", None, "unhealthy")
+            raise _Refused(
+                503, "the model is still loading; retry when /health answers 200", None, "unhealthy"
+            )
         tasks = ENDPOINT_TASKS[path]
         if served.task not in tasks:
             offered = [endpoint for endpoint, t in ENDPOINT_TASKS.items() if served.task in t]
@@ -284,7 +293,10 @@ def _texts(inputs: str | list[str]) -> list[str]:
 def _check_count(served: ServedModel, count: int, field: str) -> None:
     if count > served.max_inputs:
         raise _Refused(
-            413, f"{field}: {count} inputs, more than the {served.max_inputs} one request may carry (--max-inputs)", field
+            413,
+            f"{field}: {count} inputs, more than the {served.max_inputs} one request may carry "
+            "(--max-inputs)",
+            field,
         )
 
 
@@ -342,7 +354,8 @@ async def embeddings(request: Request, state: ServerState) -> Response:
     vectors, tokens = await state.run_model(run)
     if body.dimensions is not None and body.dimensions != vectors.shape[-1]:
         raise _Refused(
-            422, f"dimensions={body.dimensions}: this model's embeddings have {vectors.shape[-1]} dimensions",
+            422,
+            f"dimensions={body.dimensions}: this model's embeddings have {vectors.shape[-1]} dimensions",
             "dimensions",
         )
     data = [
@@ -394,8 +407,13 @@ async def completions(request: Request, state: ServerState) -> Response:
         return entry
 
     def envelope(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": ident, "object": "text_completion", "created": created, "model": served.name,
-                "choices": choices}
+        return {
+            "id": ident,
+            "object": "text_completion",
+            "created": created,
+            "model": served.name,
+            "choices": choices,
+        }
 
     if not body.stream:
         tokens, finish = await state.run_model(lambda: served.generate(prompt, body.max_tokens, **settings))
@@ -427,20 +445,23 @@ async def _stream(state, served, prompt, max_tokens, settings, choice, envelope)
 
     async def generate() -> tuple[list[int], str]:
         try:
-            return await state.run_model(lambda: served.generate(prompt, max_tokens, on_token=on_token, **settings))
+            return await state.run_model(
+                lambda: served.generate(prompt, max_tokens, on_token=on_token, **settings)
+            )
         finally:
             queue.put_nowait(done)
 
     task = asyncio.ensure_future(generate())
     tokens: list[int] = []
-    sent = ""
+    sent_text, sent_tokens = "", 0
     while (item := await queue.get()) is not done:
         tokens.append(item)
         text = served.decode(tokens)
         if text.endswith("\ufffd"):  # an incomplete character: wait for the token that completes it
             continue
-        delta, sent = text[len(sent) :], text
-        yield f"data: {json.dumps(envelope([choice(delta, [item], None)]))}\n\n"
+        chunk = choice(text[len(sent_text) :], tokens[sent_tokens:], None)
+        sent_text, sent_tokens = text, len(tokens)
+        yield f"data: {json.dumps(envelope([chunk]))}\n\n"
     try:
         _, finish = await task
     except _Refused as refused:
@@ -449,7 +470,7 @@ async def _stream(state, served, prompt, max_tokens, settings, choice, envelope)
     state.metrics.generated_tokens.inc(len(tokens))
     state.metrics.count_real(0, len(tokens))
     text = served.decode(tokens)
-    yield f"data: {json.dumps(envelope([choice(text[len(sent):], [], finish)]))}\n\n"
+    yield f"data: {json.dumps(envelope([choice(text[len(sent_text) :], tokens[sent_tokens:], finish)]))}\n\n"
     yield "data: [DONE]\n\n"
 
 

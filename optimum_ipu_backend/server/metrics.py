@@ -77,20 +77,32 @@ class ServerMetrics:
             f"{PREFIX}_requests", "requests answered", ["endpoint", "status"], registry=self.registry
         )
         self.errors = Counter(
-            f"{PREFIX}_request_errors", "requests refused or failed", ["endpoint", "kind"], registry=self.registry
+            f"{PREFIX}_request_errors",
+            "requests refused or failed",
+            ["endpoint", "kind"],
+            registry=self.registry,
         )
         self.in_flight = Gauge(
-            f"{PREFIX}_requests_in_flight", "requests received and not yet answered (queue depth)",
+            f"{PREFIX}_requests_in_flight",
+            "requests received and not yet answered (queue depth)",
             registry=self.registry,
         )
         self.latency = Histogram(
-            f"{PREFIX}_request_duration_seconds", "time from request to the last byte of its answer",
-            ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry,
+            f"{PREFIX}_request_duration_seconds",
+            "time from request to the last byte of its answer",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
-        self.inputs = Counter(f"{PREFIX}_inputs", "sequences embedded, classified or prompted",
-                              registry=self.registry)
-        self.real_tokens = Counter(f"{PREFIX}_real_tokens", "tokens the requests brought", registry=self.registry)
-        self.generated_tokens = Counter(f"{PREFIX}_generated_tokens", "tokens generated", registry=self.registry)
+        self.inputs = Counter(
+            f"{PREFIX}_inputs", "sequences embedded, classified or prompted", registry=self.registry
+        )
+        self.real_tokens = Counter(
+            f"{PREFIX}_real_tokens", "tokens the requests brought", registry=self.registry
+        )
+        self.generated_tokens = Counter(
+            f"{PREFIX}_generated_tokens", "tokens generated", registry=self.registry
+        )
         self._real_total = 0
         self._lock = threading.Lock()
         self.registry.register(_SessionCollector(sessions, lambda: self._real_total))

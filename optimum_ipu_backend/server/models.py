@@ -169,7 +169,9 @@ class ServedModel:
             return None
         if requested is not None:
             if requested not in POOLING_MODES:
-                raise ConfigurationError(f"--pooling {requested!r}: expected one of {', '.join(POOLING_MODES)}")
+                raise ConfigurationError(
+                    f"--pooling {requested!r}: expected one of {', '.join(POOLING_MODES)}"
+                )
             return requested
         found = _read_pooling(model_dir) or (
             _read_pooling(Path(self.options.tokenizer)) if self.options.tokenizer else None
@@ -197,7 +199,9 @@ class ServedModel:
         if requested is not None:
             known.append(requested)
         if not known:
-            raise ConfigurationError(f"{self.model_dir}: no input length limit is known; pass --max-input-tokens")
+            raise ConfigurationError(
+                f"{self.model_dir}: no input length limit is known; pass --max-input-tokens"
+            )
         return min(known)
 
     def sessions(self) -> list[Any]:
@@ -256,7 +260,8 @@ class ServedModel:
             for position, token in enumerate(ids):
                 if not 0 <= token < vocab:
                     raise RequestError(
-                        f"{field}[{index}][{position}]", f"token id {token} is outside the vocabulary [0, {vocab})"
+                        f"{field}[{index}][{position}]",
+                        f"token id {token} is outside the vocabulary [0, {vocab})",
                     )
 
     def _feed(self, rows: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:

@@ -1,5 +1,5 @@
-"""``optimum-ipu serve`` on the packaged all-MiniLM-L6-v2 (emulator), a real process on a loopback port, against
-the CPU ORTModel: concurrent clients through httpx, the endpoints' errors, a fuzzed request body, an
+"""``optimum-ipu serve`` on the packaged all-MiniLM-L6-v2 (emulator), a real process on a loopback port,
+against the CPU ORTModel: concurrent clients through httpx, the endpoints' errors, a fuzzed request body, an
 engine fault, and the graceful drain at shutdown. One server process for the module."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def corpus_texts(count: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(np.log(16), 0.7, count).astype(int), 2, 100)
     starts = rng.integers(0, len(WORDS), count)
-    return [" ".join(np.resize(np.roll(WORDS, -s), n)) for s, n in zip(starts, lengths)]
+    return [" ".join(np.resize(np.roll(WORDS, -s), n)) for s, n in zip(starts, lengths, strict=True)]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def minilm_export(zoo):
 
 @pytest.fixture(scope="module")
 def started_server(minilm_export):
-    # The export has no sentence-transformers folder; its pooling (mean, 1_Pooling of the checkpoint) is given.
+    # The export has no sentence-transformers folder: its pooling (mean, the checkpoint's 1_Pooling) is given.
     process = ServerProcess(minilm_export, "--pooling", "mean", *SERVER_OPTIONS, fault_token=FAULT_TOKEN)
     yield process
     process.stop()
@@ -114,7 +114,7 @@ def test_sixteen_clients_get_the_cpu_embeddings_in_batched_device_steps(server, 
         assert status == 200, body
         got = np.asarray(body, dtype=np.float64)
         assert got.shape == (len(inputs), 384)
-        for text, row in zip(inputs, got):
+        for text, row in zip(inputs, got, strict=True):
             worst = max(worst, float(np.abs(row - cpu_embed(text)).max()))
     assert worst <= 1e-5, worst
 
@@ -127,7 +127,10 @@ def test_sixteen_clients_get_the_cpu_embeddings_in_batched_device_steps(server, 
     assert 0 < steps < len(answers), (steps, len(answers))
     fill = metric(after, "optimum_ipu_batch_fill")
     assert 0 < fill <= 1
-    print(f"{len(answers)} requests in {seconds:.1f} s, {int(steps)} device steps, batch fill {fill:.2f}, worst |diff| {worst:.1e}")
+    print(
+        f"{len(answers)} requests in {seconds:.1f} s, {int(steps)} device steps, batch fill {fill:.2f}, "
+        f"worst |served - cpu| {worst:.1e}"
+    )
 
 
 def test_openai_embeddings_match_embed(server, cpu_embed):
@@ -184,8 +187,14 @@ def test_a_bad_request_gets_a_4xx_naming_the_problem(server, endpoint, body, sta
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=30),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=30),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
     max_leaves=8,
 )
 EMBED_FIELDS = st.sampled_from(["inputs", "normalize", "truncate", "input", "x"])
@@ -221,7 +230,7 @@ def test_an_engine_fault_fails_only_its_request(server, cpu_embed):
     assert faulty.status_code == 500, faulty.text
     assert "engine fault" in faulty.json()["error"]["message"]
     assert "injected device fault" in faulty.json()["error"]["message"]
-    for text, response in zip(texts, good):
+    for text, response in zip(texts, good, strict=True):
         assert response.status_code == 200
         assert np.abs(np.asarray(response.json()[0]) - cpu_embed(text)).max() <= 1e-5
     after = httpx.post(f"{server.url}/embed", json={"inputs": texts[0]})
@@ -249,7 +258,9 @@ def test_shutdown_drains_the_requests_in_flight(server, cpu_embed):
 
     async def send_then_stop():
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
-            pending = [asyncio.ensure_future(http.post("/embed", json={"inputs": [t, t[:40]]})) for t in texts]
+            pending = [
+                asyncio.ensure_future(http.post("/embed", json={"inputs": [t, t[:40]]})) for t in texts
+            ]
             await asyncio.sleep(0.05)  # the requests are in the server
             stopping = asyncio.get_running_loop().run_in_executor(None, server.stop)
             responses = await asyncio.gather(*pending)
@@ -258,7 +269,7 @@ def test_shutdown_drains_the_requests_in_flight(server, cpu_embed):
     logged_before = len(server.log())
     responses, status = asyncio.run(send_then_stop())
     assert [r.status_code for r in responses] == [200] * len(texts)
-    for text, response in zip(texts, responses):
+    for text, response in zip(texts, responses, strict=True):
         assert np.abs(np.asarray(response.json()[0]) - cpu_embed(text)).max() <= 1e-5
     assert status in (0, -signal.SIGTERM), server.log()
     assert "Traceback" not in server.log()[logged_before:], server.log()[logged_before:]
