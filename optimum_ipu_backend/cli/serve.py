@@ -83,6 +83,12 @@ def add_serve_parser(subparsers: Any) -> None:
         "--ipus-per-replica", type=float, default=1, help='Ray custom resource {"IPU": n} per replica'
     )
     ray.add_argument("--max-ongoing-requests", type=int, default=64, help="requests in flight per replica")
+    ray.add_argument(
+        "--ray-proxy-location",
+        choices=("HeadOnly", "EveryNode"),
+        default="HeadOnly",
+        help="one HTTP proxy on the head node (default), or one on every node behind a load balancer",
+    )
     ray.add_argument("--min-replicas", type=int, default=None, help="autoscaling lower bound")
     ray.add_argument("--max-replicas", type=int, default=None, help="autoscaling upper bound")
     parser.set_defaults(func=run_serve)

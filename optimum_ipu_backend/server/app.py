@@ -20,6 +20,8 @@ import base64
 import contextlib
 import json
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -277,7 +279,9 @@ async def info(request: Request) -> Response:
     state: ServerState = request.app.state.serving
     if state.served is None:
         return JSONResponse({"status": "loading"}, status_code=503)
-    return JSONResponse(await anyio.to_thread.run_sync(state.served.info), status_code=200)
+    described = await anyio.to_thread.run_sync(state.served.info)
+    # Which process answered: replicas behind one address (Ray Serve) are told apart by it.
+    return JSONResponse({**described, "pid": os.getpid(), "host": socket.gethostname()})
 
 
 async def metrics(request: Request) -> Response:
@@ -475,14 +479,22 @@ async def _stream(state, served, prompt, max_tokens, settings, choice, envelope)
 
 
 def create_app(
-    load: Callable[[], ServedModel], *, max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    load: Callable[[], ServedModel],
+    *,
+    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
+    preload: bool = False,
 ) -> Starlette:
-    """The app; ``load`` builds the served model, in a thread started when the app starts."""
+    """The app; ``load`` builds the served model, in a thread started when the app starts, or now with
+    ``preload`` (a Ray Serve replica: it is healthy once constructed)."""
     state = ServerState(load, max_concurrent_requests)
+    if preload:
+        state.served = load()
+        state.loaded.set()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.load_in_background()
+        if not preload:
+            state.load_in_background()
         try:
             yield
         finally:
