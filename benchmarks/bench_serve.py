@@ -47,6 +47,11 @@ for path in (BENCHMARKS_DIR, REPO / "tests" / "server"):
 import bench_runtime  # noqa: E402
 
 
+def tokenizer_dir() -> Path:
+    """The packaged checkpoint: bench_runtime's export (``save_pretrained``) holds no tokenizer."""
+    return Path(bench_runtime.bench_padding().minilm_dir())
+
+
 def run_clients(call: Callable[[Any, str], None], make_client: Callable[[], Any], texts: Sequence[str],
                 clients: int) -> dict[str, Any]:  # fmt: skip
     """``texts`` sent by ``clients`` threads, each taking the next text when its last call returned."""
@@ -94,7 +99,9 @@ class ServerTarget:
         from server_process import ServerProcess
 
         self._httpx = httpx
-        self.process = ServerProcess(onnx_dir, "--pooling", "mean", ready_timeout=600).wait_ready()
+        self.process = ServerProcess(
+            onnx_dir, "--pooling", "mean", "--tokenizer", str(tokenizer_dir()), ready_timeout=600
+        ).wait_ready()
 
     def make_client(self) -> Any:
         return self._httpx.Client(base_url=self.process.url, timeout=600)
@@ -127,13 +134,18 @@ class InProcessTarget:
         from optimum_ipu_backend.server.models import ServedModel, ServeOptions
 
         self.served = ServedModel(
-            ServeOptions(model=str(onnx_dir), pooling="mean", provider_options={"device": "emulator"})
+            ServeOptions(
+                model=str(onnx_dir),
+                pooling="mean",
+                tokenizer=str(tokenizer_dir()),
+                provider_options={"device": "emulator"},
+            )
         )
         self.real = 0
         self._lock = threading.Lock()
 
     def make_client(self) -> Any:
-        return self
+        return None  # the threads share the model
 
     def call(self, _: Any, text: str) -> None:
         rows = self.served.token_ids([text], "inputs")
@@ -158,7 +170,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     os.environ["OPTIMUM_IPU_CACHE"] = str(bench_runtime.fresh_dir(workdir, "serve-cache-"))
     os.environ["OPTIMUM_IPU_DEVICE"] = "emulator"
     onnx_dir = bench_runtime.export_minilm(workdir)
-    tokenizer = AutoTokenizer.from_pretrained(onnx_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
     paragraphs = bench_runtime.load_paragraphs()
     lengths = [len(ids) for ids in tokenizer(paragraphs)["input_ids"]]
     texts = [text for text, n in zip(paragraphs, lengths, strict=True) if n <= args.max_tokens]

@@ -146,7 +146,14 @@ class ServedModel:
         self.model = model_class.from_pretrained(
             model_dir, export=not is_export(model_dir), provider="ipu", provider_options=provider_options
         )
-        self.tokenizer = AutoTokenizer.from_pretrained(options.tokenizer or model_dir)
+        tokenizer_dir = options.tokenizer or model_dir
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        except (OSError, TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"no usable tokenizer in {tokenizer_dir} ({type(exc).__name__}: {exc}); pass --tokenizer DIR "
+                "(the checkpoint the model was exported from)"
+            ) from None
         self.config = AutoConfig.from_pretrained(model_dir)
         self._tokenizer_lock = threading.Lock()  # fast tokenizers refuse concurrent use ("Already borrowed")
         self._generation_lock = threading.Lock()

@@ -192,7 +192,10 @@ VALUES = (
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=st.dictionaries(COMPLETION_FIELDS, VALUES, max_size=4))
 def test_fuzzed_completion_bodies_get_an_answer_or_a_4xx_naming_a_field(server, body):
-    body = {**body, "max_tokens": body["max_tokens"]} if "max_tokens" in body else {**body, "max_tokens": 2}
+    tokens = body.get("max_tokens", 2)
+    if type(tokens) is int and 8 < tokens <= 128:
+        tokens = 8  # a valid length either way; long generations would only cost time
+    body = {**body, "max_tokens": tokens}
     if body.get("stream") is True:
         body["stream"] = False  # the streamed answer is checked above; here the status is
     response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)

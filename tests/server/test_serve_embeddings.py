@@ -76,7 +76,7 @@ def cpu_embed(started_server, minilm_export):
     return embed
 
 
-def test_the_export_keeps_minilm_s_pooling():
+def test_the_packaged_checkpoint_s_pooling_is_read():
     from optimum_ipu_backend.server.models import _read_pooling
 
     assert _read_pooling(minilm_dir()) == "mean"
