@@ -139,7 +139,7 @@ def test_concurrent_completions_each_get_their_own_tokens(server, cpu):
 
     responses = asyncio.run(all_clients())
     assert [r.json()["choices"][0]["token_ids"] for r in responses] == expected
-    page = httpx.get(f"{server.url}/metrics").text
+    page = httpx.get(f"{server.url}/metrics", timeout=120).text
     assert metric(page, "optimum_ipu_generated_tokens_total") >= sum(map(len, expected))
     assert metric(page, "optimum_ipu_device_steps_total") > 0
 
@@ -169,7 +169,7 @@ BAD_COMPLETIONS = [
 def test_a_bad_completion_request_gets_a_4xx_naming_the_problem(server, body, status, named):
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
     response = httpx.post(
-        f"{server.url}/v1/completions", headers={"content-type": "application/json"}, **kwargs
+        f"{server.url}/v1/completions", headers={"content-type": "application/json"}, **kwargs, timeout=120
     )
     assert response.status_code == status, response.text
     error = response.json()["error"]
