@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from optimum_ipu_backend.errors import ConfigurationError
+from optimum_ipu_backend.errors import ConfigurationError, InvalidFeedError
 
 _logger = logging.getLogger(__name__)
 
@@ -34,8 +34,9 @@ POOLING_MODES = ("mean", "cls", "lasttoken")
 DEFAULT_MAX_INPUTS = 32
 
 
-class RequestError(ValueError):
-    """A request the server refuses: which field, what is wrong, the limit, and the HTTP status."""
+class RequestError(InvalidFeedError):
+    """A request the server refuses: which field, what is wrong, the limit, and the HTTP status (the app
+    answers it as a 4xx; it never reaches the client as an exception)."""
 
     def __init__(self, field: str, message: str, status: int = 422) -> None:
         super().__init__(f"{field}: {message}")
