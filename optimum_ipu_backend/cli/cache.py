@@ -1,5 +1,5 @@
-"""``optimum-ipu cache list|info|clear|prune``: inspect and trim the executable cache and the record
-stores under its root."""
+"""``optimum-ipu cache list|info|clear|prune|sign``: inspect and trim the executable cache and the record
+stores under its root; sign its entries for a fleet's shared layer (runtime/shared_cache.py)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,14 @@ def add_cache_parser(subparsers: Any) -> None:
         default=None,
         help="size to fit, e.g. 2GB, 500MiB or a byte count (default: the cache's size cap)",
     )
+    sign = actions.add_parser(
+        "sign",
+        parents=[common],
+        help="sign every entry for use as a fleet's read-only shared layer (OPTIMUM_IPU_SHARED_CACHE)",
+    )
+    sign.add_argument(
+        "--key-file", default=None, help="the operator's key (default: $OPTIMUM_IPU_SHARED_CACHE_KEY_FILE)"
+    )
     parser.set_defaults(func=run_cache)
 
 
@@ -66,6 +74,8 @@ def run_cache(args: argparse.Namespace) -> int:
     """Run one ``cache`` action; returns the process exit status (2 for a bad ``--max-size``)."""
     cache = ExecutableCache(getattr(args, "cache_dir", None))
     action = args.cache_action
+    if action == "sign":
+        return _sign(cache, args)
     if action == "info" and getattr(args, "key", None):
         return _print_manifest(cache, args.key, bool(getattr(args, "json", False)))
     if action == "list":
@@ -104,6 +114,23 @@ def run_cache(args: argparse.Namespace) -> int:
         _print_json(report)
     else:
         text()
+    return 0
+
+
+def _sign(cache: ExecutableCache, args: argparse.Namespace) -> int:
+    from optimum_ipu_backend.errors import ConfigurationError
+    from optimum_ipu_backend.runtime.shared_cache import read_key, sign_entries
+
+    try:
+        key = read_key(getattr(args, "key_file", None))
+    except ConfigurationError as exc:
+        print(f"optimum-ipu cache sign: {exc}", file=sys.stderr)
+        return 2
+    signed = sign_entries(cache.root, key)
+    if getattr(args, "json", False):
+        _print_json({"root": str(cache.root), "signed": signed})
+    else:
+        print(f"Signed {_entries(len(signed))} in {cache.root}")
     return 0
 
 

@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     ("optimum_ipu_backend.cli.compile", "add_compile_parser"),
     ("optimum_ipu_backend.cli.env", "add_env_parser"),
     ("optimum_ipu_backend.cli.export", "add_export_parser"),
+    ("optimum_ipu_backend.cli.serve", "add_serve_parser"),
 )
 
 # What a shell reports for a command stopped by SIGPIPE (128 + 13): the reader of our output went away.

@@ -36,6 +36,9 @@ Guarantees:
   process is using, leaving an empty root when none is. The size cap bounds the entries; the records go
   with them.
 
+A read-only shared layer (``runtime/shared_cache.py``, ``OPTIMUM_IPU_SHARED_CACHE``) fills a missing
+entry with a verified copy of the fleet's before anything is built.
+
 The root is, in order of precedence: the ``root`` argument (the ``executable_cache_dir`` setting), the
 ``OPTIMUM_IPU_CACHE`` environment variable, ``platformdirs.user_cache_dir("optimum-ipu-backend")``.
 """
@@ -330,6 +333,10 @@ class ExecutableCache:
             DEFAULT_SIZE_LIMIT_BYTES if size_limit_bytes is None else int(size_limit_bytes)
         )
         self.lock_timeout = lock_timeout
+        # The fleet's read-only verified layer (runtime/shared_cache.py), when the operator configured one.
+        from optimum_ipu_backend.runtime.shared_cache import shared_layer_from_environment
+
+        self.shared_layer = shared_layer_from_environment()
 
     def __repr__(self) -> str:
         return f"ExecutableCache(root={str(self.root)!r}, size_limit_bytes={self.size_limit_bytes})"
@@ -432,6 +439,8 @@ class ExecutableCache:
             entry = self._verified(digest, remove_corrupt=True)
             if entry is not None:
                 return entry
+            if self.shared_layer is not None:  # a verified shared entry is copied instead of built
+                build = self.shared_layer.filling(digest, build)
             entry = self._build(digest, key, build, meta_json, shared, tuple(beside_shared))
         finally:
             lock.release()
