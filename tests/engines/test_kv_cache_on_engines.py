@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from full_matrix import FULL
+from full_matrix import Matrix
 from integration import kv_cache_checks as checks
 from sdk_testing import sdk_environment
 from subprocess_env import python
@@ -22,14 +22,27 @@ NEW_TOKENS = 8
 # runs them all; PopART, whose state the same graph form carries, GPT-2 and Whisper (the release check:
 # all).
 PLAN = {"gpt2": ["modes", "interleaved", "edited"], "llama": ["modes"], "t5": ["modes"], "whisper": ["modes"]}
-SHARE = {"poptorch": tuple(PLAN), "popart": tuple(PLAN) if FULL else ("gpt2", "whisper")}
+ENGINES = ("popart", "poptorch")
+MATRIX = Matrix(
+    "kv-cache-on-engines",
+    product=[(engine, case) for engine in ENGINES for case in PLAN],
+    share=[("popart", "gpt2"), ("popart", "whisper"), *(("poptorch", case) for case in PLAN)],
+    covers={
+        "engine": lambda run: run[0],
+        "decoder": lambda run: run[1],
+        "check on each engine": lambda run: frozenset((run[0], check) for check in PLAN[run[1]]),
+    },
+    why="each decoder on each engine is a fresh interpreter, a worker and a generation per mode",
+)
 
 
 def _run(tmp_path: Path, zoo, engine: str) -> dict:
     environment = sdk_environment(tmp_path, ipus=4)
     script = Path(checks.__file__)
     results = {}
-    for case in SHARE[engine]:
+    for run_engine, case in MATRIX.cases:
+        if run_engine != engine:
+            continue
         wanted = PLAN[case]
         _, model, task = checks.CASES[case]
         spec = tmp_path / f"{case}.json"
@@ -57,7 +70,7 @@ def _run(tmp_path: Path, zoo, engine: str) -> dict:
     return results
 
 
-@pytest.mark.parametrize("engine", ["popart", "poptorch"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_the_cache_stays_on_the_device_on_the_sdk_engines(tmp_path, zoo, engine):
     results = _run(tmp_path, zoo, engine)
     for case, report in results.items():

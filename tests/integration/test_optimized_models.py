@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from full_matrix import FULL
+from full_matrix import Matrix
 from subprocess_env import python
 
 ATOL = 1e-4
@@ -43,32 +43,43 @@ GENERATE = {
 }
 
 
-def _levels(model: str) -> tuple[str, ...]:
-    """The levels ``model`` runs at: every level in the release check, else O2 and one other in turn."""
-    if FULL:
-        return LEVELS
+def _default_levels(model: str) -> tuple[str, ...]:
+    """O2 and one other level in turn."""
     others = [level for level in LEVELS if level != "O2"]
     return ("O2", others[list({**FORWARD, **GENERATE}).index(model) % len(others)])
 
 
+MATRIX = Matrix(
+    "optimized-models",
+    product=[(model, level) for model in {**FORWARD, **GENERATE} for level in LEVELS],
+    share=lambda case: case[1] in _default_levels(case[0]),
+    covers={
+        "architecture": lambda case: case[0],
+        "level": lambda case: case[1],
+        "level of an encoder or a generator": lambda case: (case[0] in FORWARD, case[1]),
+    },
+    why="each optimization costs an ORTOptimizer pass and a session per architecture and level",
+)
+
+
 def _runs(models) -> list[tuple[str, str]]:
-    return [(model, level) for model in models for level in _levels(model)]
+    return [(model, level) for model, level in MATRIX.cases if model in models]
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, zoo) -> dict:
     cases = {}
-    for model, (cls, task) in {**FORWARD, **GENERATE}.items():
-        for level in _levels(model):
-            cases[f"{model}-{level}"] = {
-                "kind": "forward" if model in FORWARD else "generate",
-                "class": cls,
-                "model": model,
-                "model_dir": str(zoo.model(model, task)),
-                "onnx_dir": str(zoo.optimized(model, task, level)),
-                "new_tokens": NEW_TOKENS,
-                "scratch": str(tmp_path_factory.mktemp(f"{model}-{level}")),
-            }
+    for model, level in MATRIX.cases:
+        cls, task = {**FORWARD, **GENERATE}[model]
+        cases[f"{model}-{level}"] = {
+            "kind": "forward" if model in FORWARD else "generate",
+            "class": cls,
+            "model": model,
+            "model_dir": str(zoo.model(model, task)),
+            "onnx_dir": str(zoo.optimized(model, task, level)),
+            "new_tokens": NEW_TOKENS,
+            "scratch": str(tmp_path_factory.mktemp(f"{model}-{level}")),
+        }
     spec = tmp_path_factory.mktemp("optimized") / "cases.json"
     spec.write_text(json.dumps(cases))
     script = Path(__file__).with_name("ortmodel_checks.py")
