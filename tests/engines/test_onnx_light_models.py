@@ -89,6 +89,13 @@ def _dummy_feed(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     }
 
 
+@pytest.fixture(scope="module")
+def sdk_worker_idle_seconds() -> str:
+    """One worker per engine serves every model (tests/engines/conftest.py): none of these tests changes
+    what a worker reads when it starts."""
+    return "600"
+
+
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_light_model_matches_onnx_reference(double, tmp_path_factory, engine, name):

@@ -121,7 +121,11 @@ def _run(tmp_path_factory, zoo, engine: str) -> tuple[dict, list[dict]]:
         },
     )
     assert completed.returncode == 0, completed.stderr[-5000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1]), call_log(environment)
+    results = json.loads(completed.stdout.strip().splitlines()[-1])
+    (scratch / "seconds.json").write_text(
+        json.dumps({key: result["seconds"] for key, result in results.items()})
+    )
+    return results, call_log(environment)
 
 
 def _check_sessions(result: dict, device: str, engine: str) -> None:
