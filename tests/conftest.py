@@ -40,3 +40,30 @@ def bert_task() -> str:
 def bert(zoo, bert_task: str) -> tuple[Path, Path]:
     """The zoo's tiny BERT with the ``bert_task`` head: its checkpoint directory and its ONNX export."""
     return zoo.model("bert", bert_task), zoo.onnx("bert", bert_task)
+
+
+_FIXTURE_TIMES = os.environ.get("OPTIMUM_IPU_TEST_FIXTURE_TIMES")
+
+
+if _FIXTURE_TIMES:
+    import json
+    import time
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(fixturedef, request):
+        """With ``OPTIMUM_IPU_TEST_FIXTURE_TIMES=<file>``, each fixture's set-up time is appended to
+        ``<file>`` (one JSON line each), so a module-scoped fixture's cost is attributed to it, not to the
+        first test that asked for it (``--durations`` reports it in that test's set-up)."""
+        start = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - start
+        if seconds >= 0.5:
+            record = {
+                "fixture": fixturedef.argname,
+                "scope": fixturedef.scope,
+                "module": request.node.nodeid.split("::")[0],
+                "seconds": round(seconds, 2),
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            }
+            with open(_FIXTURE_TIMES, "a", encoding="utf-8") as stream:
+                stream.write(json.dumps(record) + "\n")

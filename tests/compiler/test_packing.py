@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from full_matrix import FULL
+from full_matrix import Matrix
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -33,12 +33,14 @@ ENCODERS = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", 
 HEADS = ("text-classification", "token-classification", "question-answering", "feature-extraction")
 # The real all-MiniLM-L6-v2 with a head costs a 90 MB export per head: CI packs its feature extraction
 # (the tiny BERT covers the same graph with every head), the release check every head.
-CASES = [
-    (name, task)
-    for name in ENCODERS
-    for task in HEADS
-    if FULL or name != "minilm" or task == "feature-extraction"
-]
+MATRIX = Matrix(
+    "packing",
+    product=[(name, task) for name in ENCODERS for task in HEADS],
+    share=lambda case: case[0] != "minilm" or case[1] == "feature-extraction",
+    covers={"encoder": lambda case: case[0], "head": lambda case: case[1]},
+    why="the real all-MiniLM-L6-v2 costs a 90 MB export per head",
+)
+CASES = list(MATRIX.cases)
 TOLERANCE = 1e-5
 ROW_TOKENS = 24
 

@@ -3,12 +3,14 @@ tests/integration/ortmodel_checks.py (the main matrix) and tests/integration/ort
 (CLASS_CASES of tests/class_zoo.py: the other ORTModel classes and the diffusion pipelines) with
 provider="ipu" on the Poplar SDK engines (the SDK double on the path) instead of the emulator.
 Argument: a JSON file of {"runs": [[device, engine, case name], ...], "cases": {...}}, each case naming
-its "matrix" ("main" or "classes") and its "kind"; prints one JSON object keyed "device/engine/name"."""
+its "matrix" ("main" or "classes") and its "kind"; prints one JSON object keyed "device/engine/name",
+each result with the seconds its case took."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -28,6 +30,7 @@ def main() -> None:
         checks.IPU = {"provider": "ipu", "provider_options": {"device": device, "engine": engine}}
         case = spec["cases"][name]
         key = f"{device}/{engine}/{name}"
+        start = time.perf_counter()
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -37,6 +40,7 @@ def main() -> None:
             ]
         except Exception:
             results[key] = {"error": traceback.format_exc()}
+        results[key]["seconds"] = round(time.perf_counter() - start, 2)  # where the matrix's time goes
     print(json.dumps(results))
 
 

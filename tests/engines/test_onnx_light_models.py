@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from full_matrix import FULL
+from full_matrix import Matrix
 from onnx import numpy_helper
 from onnx.backend.test.loader import load_model_tests
 from onnx.backend.test.runner import Runner
@@ -39,11 +39,21 @@ LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 # onnx's "real" test cases point at the light models and carry their tolerances.
 CASES = {case.model_name: case for case in load_model_tests(kind="real")}
 HEAVY = {"bvlc_alexnet", "vgg19", "zfnet512"}
-MODELS = [
-    pytest.param(name, marks=pytest.mark.slow) if name in HEAVY else name
-    for name in sorted(CASES)
-    if FULL or name not in HEAVY
-]
+
+
+def _operators(name: str) -> frozenset[str]:
+    return frozenset(node.op_type for node in onnx.load(LIGHT_DIR / f"light_{name}.onnx").graph.node)
+
+
+MATRIX = Matrix(
+    "onnx-light-models",
+    product=sorted(CASES),
+    share=lambda name: name not in HEAVY,
+    # the three heavy models are plain stacks of the operators the other six carry (LRN: Inception-v1)
+    covers={"operator": _operators},
+    why="AlexNet, VGG-19 and ZFNet-512 carry 60-140 M constant weights (4-19 s each per engine)",
+)
+MODELS = [pytest.param(name, marks=pytest.mark.slow) if name in HEAVY else name for name in MATRIX.cases]
 # (device, engine, the SDK call that shows the engine ran the graph)
 ENGINES = {
     "emulator": ("emulator", None, None),
@@ -77,6 +87,13 @@ def _dummy_feed(model: onnx.ModelProto) -> dict[str, np.ndarray]:
         for value in model.graph.input
         if value.name not in initializers
     }
+
+
+@pytest.fixture(scope="module")
+def sdk_worker_idle_seconds() -> str:
+    """One worker per engine serves every model (tests/engines/conftest.py): none of these tests changes
+    what a worker reads when it starts."""
+    return "600"
 
 
 @pytest.mark.parametrize("name", MODELS)

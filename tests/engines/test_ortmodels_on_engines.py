@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from class_zoo import CLASS_CASES
-from full_matrix import FULL
+from full_matrix import Matrix
 from integration.test_ortmodel_classes import ATOL as CLASS_ATOL
 from integration.test_ortmodel_classes import IMAGE_ATOL, class_case_specs
 from integration.test_ortmodels import ATOL, FORWARD, GENERATE, _onnx_dir
@@ -46,17 +46,28 @@ PATTERNS = {
 CASE_NAMES = [*FORWARD, *GENERATE, *CLASS_CASES, *PATTERNS]
 
 
+def _alternating(index: int, name: str) -> tuple[str, str, str]:
+    """The share's run of the ``index``-th case: the cases alternate between the engines and, within an
+    engine, between the devices."""
+    return (DEVICES[(index // len(ENGINES)) % len(DEVICES)], ENGINES[index % len(ENGINES)], name)
+
+
+MATRIX = Matrix(
+    "ortmodels-on-engines",
+    product=[(device, engine, name) for engine in ENGINES for device in DEVICES for name in CASE_NAMES],
+    share=[_alternating(index, name) for index, name in enumerate(CASE_NAMES)],
+    covers={
+        "case": lambda run: run[2],
+        "engine and device": lambda run: run[:2],
+        "engine and kind": lambda run: (run[1], _kind(run[2])),
+    },
+    why="each run loads the model and compiles every shape it is called at on the SDK double",
+)
+
+
 def _runs(engine: str) -> list[tuple[str, str, str]]:
-    """(device, engine, case) triples: the full product, or each case once, alternating engines and,
-    within an engine, devices."""
-    if FULL:
-        return [(device, engine, name) for device in DEVICES for name in CASE_NAMES]
-    share = ENGINES.index(engine)
-    return [
-        (DEVICES[(index // len(ENGINES)) % len(DEVICES)], engine, name)
-        for index, name in enumerate(CASE_NAMES)
-        if index % len(ENGINES) == share
-    ]
+    """(device, engine, case) triples this run serves on ``engine``."""
+    return [run for run in MATRIX.cases if run[1] == engine]
 
 
 def _cases(zoo, scratch: Path, engine: str) -> dict:
@@ -121,7 +132,11 @@ def _run(tmp_path_factory, zoo, engine: str) -> tuple[dict, list[dict]]:
         },
     )
     assert completed.returncode == 0, completed.stderr[-5000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1]), call_log(environment)
+    results = json.loads(completed.stdout.strip().splitlines()[-1])
+    (scratch / "seconds.json").write_text(
+        json.dumps({key: result["seconds"] for key, result in results.items()})
+    )
+    return results, call_log(environment)
 
 
 def _check_sessions(result: dict, device: str, engine: str) -> None:

@@ -29,6 +29,13 @@ from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions
 from optimum_ipu_backend.session import IPUInferenceSession
 
 
+@pytest.fixture(scope="module")
+def sdk_worker_idle_seconds() -> str:
+    """The tests share one worker, but for those that ask for ``fresh_worker`` (tests/engines/conftest.py):
+    each of those changes what the worker reads when it starts, or counts a fault in it."""
+    return "600"
+
+
 def _session(model, cache="disabled", device="ipu", **options) -> IPUInferenceSession:
     raw = {"device": device, "engine": "poptorch", "executable_cache_dir": str(cache), **options}
     return IPUInferenceSession(str(model), options=IPUProviderOptions.parse(raw))
@@ -119,7 +126,7 @@ def test_the_double_refuses_a_host_read_while_tracing_as_poptorch_does(double):
 )
 @pytest.mark.parametrize("device", ["ipu", "ipu-model"])
 def test_poptorchs_own_cache_stays_off_whatever_the_environment_says(
-    double, model, tmp_path, monkeypatch, variable, value, device
+    double, fresh_worker, model, tmp_path, monkeypatch, variable, value, device
 ):
     """Our cache off (or the IPU Model): a cache chosen by the environment, keyed without the weights'
     values, must not be used."""
@@ -132,7 +139,7 @@ def test_poptorchs_own_cache_stays_off_whatever_the_environment_says(
     assert not calls(double, "poptorch.cache_write") and not theirs.exists()
 
 
-def test_our_cache_entry_still_holds_poptorchs_executable(double, model, tmp_path, monkeypatch):
+def test_our_cache_entry_still_holds_poptorchs_executable(double, fresh_worker, model, tmp_path, monkeypatch):
     monkeypatch.setenv("POPTORCH_CACHE_DIR", str(tmp_path / "poptorch-cache"))
     with _session(model, cache=tmp_path / "ours") as session:
         _check(session, model)
@@ -140,7 +147,9 @@ def test_our_cache_entry_still_holds_poptorchs_executable(double, model, tmp_pat
     assert written["path"].startswith(str(tmp_path / "ours"))
 
 
-def test_poptorch_ipu_model_variable_does_not_move_an_ipu_session(double, model, tmp_path, monkeypatch):
+def test_poptorch_ipu_model_variable_does_not_move_an_ipu_session(
+    double, fresh_worker, model, tmp_path, monkeypatch
+):
     monkeypatch.setenv("POPTORCH_IPU_MODEL", "1")
     with _session(model) as session:
         _check(session, model)
@@ -162,7 +171,7 @@ def _poprun(monkeypatch, offset: int) -> None:
 
 @pytest.mark.parametrize("offset", [0, 2])
 def test_under_poprun_poptorch_takes_popdists_options_and_device(
-    double, model, tmp_path, monkeypatch, offset
+    double, fresh_worker, model, tmp_path, monkeypatch, offset
 ):
     _poprun(monkeypatch, offset)
     with _session(model, batch_size="1,2") as session:
@@ -174,7 +183,9 @@ def test_under_poprun_poptorch_takes_popdists_options_and_device(
         assert compiled["ipuId"] is not None  # PopDist's device, not a plain acquisition
 
 
-def test_under_poprun_without_popdist_poptorch_is_refused_clearly(double, model, tmp_path, monkeypatch):
+def test_under_poprun_without_popdist_poptorch_is_refused_clearly(
+    double, fresh_worker, model, tmp_path, monkeypatch
+):
     _poprun(monkeypatch, 0)
     shadow = tmp_path / "no-popdist" / "popdist"
     shadow.mkdir(parents=True)
@@ -191,7 +202,7 @@ def test_under_poprun_without_popdist_poptorch_is_refused_clearly(double, model,
 
 @pytest.mark.parametrize("report_lines", [0, 120])
 def test_a_compile_out_of_memory_is_recognised_even_when_its_text_went_to_the_log(
-    double, model, tmp_path, monkeypatch, report_lines
+    double, fresh_worker, model, tmp_path, monkeypatch, report_lines
 ):
     monkeypatch.chdir(tmp_path)  # PopTorch writes poptorch_error.log into the current directory
     configure(double, ipus=IPUS, memory_bytes_per_ipu=8, memory_report_lines=report_lines)
@@ -231,7 +242,7 @@ def test_a_recoverable_errors_action_is_classified_by_its_bare_name(sdk, action,
     assert PopTorchBackend().classify(error) == {"kind": "recoverable", "recovery_action": name}
 
 
-def test_a_recoverable_error_on_poptorch_is_reset_and_retried_once(double, model, tmp_path):
+def test_a_recoverable_error_on_poptorch_is_reset_and_retried_once(double, fresh_worker, model, tmp_path):
     with _session(model) as session:
         _check(session, model)
         configure(

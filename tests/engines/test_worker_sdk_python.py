@@ -19,6 +19,7 @@ from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
+from full_matrix import Matrix
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from sdk_testing import sdk_environment, use_sdk_double
@@ -247,13 +248,21 @@ def test_env_reports_the_worker_python_and_its_sdk(sdk_python, tmp_path, monkeyp
 
 # -- ORTModel classes with their worker on the second environment ------------------------------------------
 
-# (case, device, engine): a BERT classifier and a GPT-2 generation on both engines.
-RUNS = [
-    ("sequence-classification", "ipu", "popart"),
-    ("sequence-classification", "ipu-model", "poptorch"),
-    ("causal-lm-with-cache", "ipu-model", "popart"),
-    ("causal-lm-with-cache", "ipu", "poptorch"),
-]
+# (case, device, engine): a BERT classifier and a GPT-2 generation on both engines; by default each engine
+# serves one of them, on one device each.
+MATRIX = Matrix(
+    "worker-on-the-sdk-python",
+    product=[
+        ("sequence-classification", "ipu", "popart"),
+        ("sequence-classification", "ipu-model", "poptorch"),
+        ("causal-lm-with-cache", "ipu-model", "popart"),
+        ("causal-lm-with-cache", "ipu", "poptorch"),
+    ],
+    share=[("sequence-classification", "ipu", "popart"), ("causal-lm-with-cache", "ipu", "poptorch")],
+    covers={"case": lambda run: run[0], "engine": lambda run: run[2]},
+    why="each run loads its model through a worker on the second interpreter",
+)
+RUNS = list(MATRIX.cases)
 
 # Run by this environment's python (the user's stack); the worker runs on OPTIMUM_IPU_SDK_PYTHON.
 _RUNNER = """

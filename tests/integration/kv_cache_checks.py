@@ -1,7 +1,7 @@
 """Checks of generation with the key/value cache kept on the device (``runtime.carried_state``), shared by
 the emulator's tests (tests/integration/test_kv_cache_on_device.py, in process) and the engines' tests
 against the SDK doubles (tests/engines/test_kv_cache_on_engines.py, in a subprocess with the double on the
-path: ``python kv_cache_checks.py SPEC.json`` prints one JSON line).
+path: ``python kv_cache_checks.py SPEC.json...`` prints one JSON line).
 
 Every check compares with CPUExecutionProvider running the same export: generated tokens must be
 identical, and a step's logits equal within ``LOGITS_ATOL``.
@@ -212,9 +212,9 @@ def check_edited_past(case: str, onnx_dir: str, options: Mapping[str, str]) -> d
     }
 
 
-def main(spec_path: str) -> None:
+def run_spec(spec_path: str) -> dict[str, Any]:
     """Run the checks a JSON spec lists ({"case", "onnx_dir", "options", "context", "new_tokens",
-    "checks": [...]}) and print the results as one JSON line."""
+    "checks": [...]})."""
     spec = json.loads(Path(spec_path).read_text())
     case, onnx_dir, options = spec["case"], spec["onnx_dir"], spec["options"]
     results: dict[str, Any] = {}
@@ -224,8 +224,14 @@ def main(spec_path: str) -> None:
         results["interleaved"] = check_interleaved(case, onnx_dir, options, spec["new_tokens"])
     if "edited" in spec["checks"]:
         results["edited"] = check_edited_past(case, onnx_dir, options)
-    print(json.dumps(results))
+    return results
+
+
+def main(spec_paths: list[str]) -> None:
+    """Run each spec in turn (one interpreter and one SDK worker for them all; every check loads its own
+    models) and print their results as one JSON line, a list in the specs' order."""
+    print(json.dumps([run_spec(path) for path in spec_paths]))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

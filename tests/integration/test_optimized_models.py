@@ -10,8 +10,8 @@ greedy tokens agree up to ties: where a row's tokens first differ, CPU's logits 
 within one float16 ulp of the logits' scale. The checks run in one fresh interpreter of the installed
 environment (ortmodel_checks.py), as in test_ortmodels.py.
 
-By default (CI on two cores) each architecture runs at O2, the level that fuses, and at one more level, the
-models taking O1, O3 and O4 in turn, so every level runs on two or three architectures; the release check
+By default (CI on two cores) each architecture runs at one level that fuses (O2 or O3 and O4, which fuse as
+O2 does), and every level runs on an encoder and on a generator (``DEFAULT_LEVELS``); the release check
 (``OPTIMUM_IPU_FULL_MATRIX=1``) runs the whole product.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from full_matrix import FULL
+from full_matrix import Matrix
 from subprocess_env import python
 
 ATOL = 1e-4
@@ -43,32 +43,54 @@ GENERATE = {
 }
 
 
-def _levels(model: str) -> tuple[str, ...]:
-    """The levels ``model`` runs at: every level in the release check, else O2 and one other in turn."""
-    if FULL:
-        return LEVELS
-    others = [level for level in LEVELS if level != "O2"]
-    return ("O2", others[list({**FORWARD, **GENERATE}).index(model) % len(others)])
+# The levels each architecture runs at by default: every architecture at a level that fuses (O2, or O3 and
+# O4, which fuse as O2 does and add Gelu approximation and float16), every level on an encoder and on a
+# generator, and Llama at O4, the only level that fuses its rotary embedding.
+DEFAULT_LEVELS = {
+    "bert": ("O1", "O4"),
+    "roberta": ("O2",),
+    "vit": ("O3",),
+    "gpt2": ("O1", "O2"),
+    "llama": ("O3", "O4"),
+    "t5": ("O2",),
+    "bart": ("O3",),
+}
+FUSING = ("O2", "O3", "O4")
+
+MATRIX = Matrix(
+    "optimized-models",
+    product=[(model, level) for model in {**FORWARD, **GENERATE} for level in LEVELS],
+    share=lambda case: case[1] in DEFAULT_LEVELS[case[0]],
+    covers={
+        "architecture": lambda case: case[0],
+        "architecture at a level that fuses": lambda case: frozenset({case[0]} if case[1] in FUSING else ()),
+        "level of an encoder or a generator": lambda case: (case[0] in FORWARD, case[1]),
+        "rotary embedding fused (Llama at O4)": lambda case: frozenset(
+            {case} if case == ("llama", "O4") else ()
+        ),
+    },
+    why="each case is an ORTOptimizer pass and a CPU and an emulator run; O2 fuses as O3 and O4 do",
+)
 
 
 def _runs(models) -> list[tuple[str, str]]:
-    return [(model, level) for model in models for level in _levels(model)]
+    return [(model, level) for model, level in MATRIX.cases if model in models]
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, zoo) -> dict:
     cases = {}
-    for model, (cls, task) in {**FORWARD, **GENERATE}.items():
-        for level in _levels(model):
-            cases[f"{model}-{level}"] = {
-                "kind": "forward" if model in FORWARD else "generate",
-                "class": cls,
-                "model": model,
-                "model_dir": str(zoo.model(model, task)),
-                "onnx_dir": str(zoo.optimized(model, task, level)),
-                "new_tokens": NEW_TOKENS,
-                "scratch": str(tmp_path_factory.mktemp(f"{model}-{level}")),
-            }
+    for model, level in MATRIX.cases:
+        cls, task = {**FORWARD, **GENERATE}[model]
+        cases[f"{model}-{level}"] = {
+            "kind": "forward" if model in FORWARD else "generate",
+            "class": cls,
+            "model": model,
+            "model_dir": str(zoo.model(model, task)),
+            "onnx_dir": str(zoo.optimized(model, task, level)),
+            "new_tokens": NEW_TOKENS,
+            "scratch": str(tmp_path_factory.mktemp(f"{model}-{level}")),
+        }
     spec = tmp_path_factory.mktemp("optimized") / "cases.json"
     spec.write_text(json.dumps(cases))
     script = Path(__file__).with_name("ortmodel_checks.py")
