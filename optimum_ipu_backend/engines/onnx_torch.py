@@ -883,7 +883,7 @@ class OnnxGraphModule(torch.nn.Module):
                 "model with engine='popart'"
             )
         initializers = {initializer.name for initializer in graph.initializer}
-        self.input_names = [value.name for value in graph.input if value.name not in initializers]
+        self.input_names = _fed_inputs(graph, initializers)
         self.output_names = [value.name for value in graph.output]
         resolver = _Resolver(model)
         updates = _checked_state_updates(graph)
@@ -969,6 +969,29 @@ class OnnxGraphModule(torch.nn.Module):
         for buffer_name, updater in self._updates:
             getattr(self, buffer_name).copy_(values[updater])
         return results
+
+
+def _fed_inputs(graph: onnx.GraphProto, initializers: set[str]) -> list[str]:
+    """The graph inputs ``forward`` takes. PopTorch refuses a zero-sized input (graphcore/poptorch
+    sdk-release-3.4, poptorch/source/dispatch_tracer/Tensor.cpp, errorOnZeroSizedTensor): one that no node
+    reads (the empty past of a merged decoder's first step) is left out, and the engine is not fed it; one
+    that a node reads is refused."""
+    read = {name for node in graph.node for name in node.input}
+    names = []
+    for value in graph.input:
+        if value.name in initializers:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims) and any(d.dim_value == 0 for d in dims):
+            if value.name in read:
+                shape = [d.dim_value for d in dims]
+                raise EngineContractError(
+                    f"input {value.name!r} has no elements ({shape}), which PopTorch refuses; serve this "
+                    "model with engine='popart'"
+                )
+            continue
+        names.append(value.name)
+    return names
 
 
 def check_buffer_order(names: Sequence[str]) -> None:

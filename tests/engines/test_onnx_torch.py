@@ -389,3 +389,27 @@ def test_lrn_of_even_size_places_its_window_as_onnx_defines_it():
     np.testing.assert_allclose(got.numpy(), expected, atol=ATOL, rtol=0)
     torch_window = torch.nn.functional.local_response_norm(torch.from_numpy(_LRN_X), 4, 0.3, 0.75, 2.0)
     assert np.abs(torch_window.numpy() - expected).max() > 100 * ATOL
+
+
+def test_an_unread_zero_sized_input_is_left_out_and_a_read_one_refused():
+    """PopTorch refuses zero-sized inputs: the empty past of a merged decoder's first step, which no node
+    reads once its branch is bound, is not an input of the module; an empty input that is read is refused."""
+    values = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+        helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, 0, 3]),
+    ]
+    output = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]
+    unread = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", values, output)
+    module = OnnxGraphModule(helper.make_model(unread, opset_imports=[helper.make_opsetid("", 11)]))
+    assert module.input_names == ["x"]
+    read = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["past"], ["s"], axes=[1], keepdims=0),
+            helper.make_node("Add", ["x", "s"], ["y"]),
+        ],
+        "g",
+        values,
+        output,
+    )
+    with pytest.raises(EngineContractError, match=r"input 'past' has no elements \(\[2, 0, 3\]\)"):
+        OnnxGraphModule(helper.make_model(read, opset_imports=[helper.make_opsetid("", 11)]))

@@ -76,7 +76,8 @@ def _recorded_names(shim: Path) -> list[list[str]]:
     return [json.loads(line) for line in (shim / "names.jsonl").read_text().splitlines()]
 
 
-def _edited_past(tmp_path: Path, onnx_dir: Path, *, old_naming: bool) -> dict:
+def _edited_past(tmp_path: Path, onnx_dir: Path, *, old_naming: bool, may_fail: bool = False) -> dict:
+    """The edited-past check's report; with ``may_fail``, ``{"error": stderr}`` when the check failed."""
     environment = sdk_environment(tmp_path / "sdk", ipus=4)
     if old_naming:
         environment["PYTHONPATH"] = f"{_shim(tmp_path / 'shim')}:{environment['PYTHONPATH']}"
@@ -92,9 +93,11 @@ def _edited_past(tmp_path: Path, onnx_dir: Path, *, old_naming: bool) -> dict:
     completed = python(
         f"import runpy, sys; sys.argv = ['checks', {str(spec)!r}]; "
         f"runpy.run_path({str(script)!r}, run_name='__main__')",
-        timeout=900,
+        timeout=3600,  # 72 layers: the prefill and the decode graphs legalized and traced
         env={**environment, "OPTIMUM_IPU_WORKER_IDLE_SECONDS": "60"},
     )
+    if may_fail and completed.returncode != 0:
+        return {"error": completed.stderr[-5000:]}
     assert completed.returncode == 0, completed.stderr[-5000:]
     return json.loads(completed.stdout.strip().splitlines()[-1])["edited"]
 
@@ -118,12 +121,16 @@ def test_an_edited_past_of_a_72_layer_decoder_gives_cpu_logits_on_poptorch(tmp_p
 @release_check
 def test_the_old_buffer_names_scramble_the_edited_past_of_a_72_layer_decoder(tmp_path, deep_decoder):
     """The same check with the names of before: the double pairs them by name order, which differs from
-    the order they were registered in, and the logits are no longer CPU's."""
-    result = _edited_past(tmp_path, deep_decoder, old_naming=True)
+    the order they were registered in. Same-sized buffers swap their caches, and the mask's state, paired
+    with a larger cache buffer, is read past its end (undefined behaviour on the SDK, an error of the
+    double): either the upload fails, or the logits are no longer CPU's."""
+    result = _edited_past(tmp_path, deep_decoder, old_naming=True, may_fail=True)
     decode = [names for names in _recorded_names(tmp_path / "shim") if len(names) == DEEP_STATES]
     assert decode and all(names != sorted(names) for names in decode), decode  # they cross a digit count
-    assert result["uploads"] == 1
-    assert result["max_abs_diff"] > checks.LOGITS_ATOL
+    if "error" in result:
+        assert "through host tensor 'module.state_" in result["error"], result["error"]
+    else:
+        assert result["max_abs_diff"] > checks.LOGITS_ATOL
 
 
 # -- what the engine hands PopTorch -------------------------------------------------------------------------
