@@ -884,7 +884,10 @@ class OnnxGraphModule(torch.nn.Module):
             )
         initializers = {initializer.name for initializer in graph.initializer}
         self.input_names = _fed_inputs(graph, initializers)
-        self.output_names = [value.name for value in graph.output]
+        # The outputs forward returns: all but those with no elements, whose values are known without a run
+        # and which PopTorch could only return from a zero-sized buffer, which it refuses (the empty past a
+        # merged decoder's first step returns).
+        self.output_names = [value.name for value in graph.output if not _has_no_elements(value)]
         resolver = _Resolver(model)
         updates = _checked_state_updates(graph)
         # The state is not a constant: nothing may be folded from its initial value.
@@ -971,6 +974,11 @@ class OnnxGraphModule(torch.nn.Module):
         return results
 
 
+def _has_no_elements(value: onnx.ValueInfoProto) -> bool:
+    dims = value.type.tensor_type.shape.dim
+    return all(d.HasField("dim_value") for d in dims) and any(d.dim_value == 0 for d in dims)
+
+
 def _fed_inputs(graph: onnx.GraphProto, initializers: set[str]) -> list[str]:
     """The graph inputs ``forward`` takes. PopTorch refuses a zero-sized input (graphcore/poptorch
     sdk-release-3.4, poptorch/source/dispatch_tracer/Tensor.cpp, errorOnZeroSizedTensor): one that no node
@@ -981,10 +989,9 @@ def _fed_inputs(graph: onnx.GraphProto, initializers: set[str]) -> list[str]:
     for value in graph.input:
         if value.name in initializers:
             continue
-        dims = value.type.tensor_type.shape.dim
-        if all(d.HasField("dim_value") for d in dims) and any(d.dim_value == 0 for d in dims):
+        if _has_no_elements(value):
             if value.name in read:
-                shape = [d.dim_value for d in dims]
+                shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
                 raise EngineContractError(
                     f"input {value.name!r} has no elements ({shape}), which PopTorch refuses; serve this "
                     "model with engine='popart'"

@@ -179,22 +179,25 @@ class PopTorchBackend(Backend[_Executor]):
         graph_module = OnnxGraphModule(model).eval()
         steps = options["device_iterations"] * options["replicas"]
 
-        def specs(values) -> list[dict[str, Any]]:
+        def specs(values, names) -> list[dict[str, Any]]:
             result = []
             for value in values:
-                if value.name not in graph_module.input_names and value.name not in graph_module.output_names:
+                if value.name not in names:
                     continue
                 shape = tuple(d.dim_value for d in value.type.tensor_type.shape.dim)
                 dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
                 result.append({"name": value.name, "shape": shape, "dtype": np.dtype(dtype).name})
             return result
 
-        inputs, outputs = specs(model.graph.input), specs(model.graph.output)
+        inputs = specs(model.graph.input, graph_module.input_names)
+        # every output is the executable's; forward returns those with elements (see OnnxGraphModule)
+        outputs = specs(model.graph.output, [value.name for value in model.graph.output])
+        returned = [spec for spec in outputs if spec["name"] in graph_module.output_names]
         # PopTorch's batch rule needs a dim 0 on every input and output: scalars travel as [steps]
         module = ScalarsWithLeadingAxis(
             graph_module,
             {index for index, spec in enumerate(inputs) if not spec["shape"]},
-            {index for index, spec in enumerate(outputs) if not spec["shape"]},
+            {index for index, spec in enumerate(returned) if not spec["shape"]},
         ).eval()
         opts = self._options(options, artifacts, device_name, offline, options.get("ipu_version") or "ipu2")
         state, state_buffers = _state(model.graph, graph_module, module)
@@ -235,9 +238,10 @@ class PopTorchBackend(Backend[_Executor]):
         results = built.executor(*args)
         if isinstance(results, torch.Tensor):
             results = (results,)
-        if len(results) != len(built.outputs):
-            raise EngineContractError(f"PopTorch returned {len(results)} outputs, not {len(built.outputs)}")
-        for spec, tensor in zip(built.outputs, results):
+        returned = [spec for spec in built.outputs if math.prod(spec["shape"])]  # the others hold nothing
+        if len(results) != len(returned):
+            raise EngineContractError(f"PopTorch returned {len(results)} outputs, not {len(returned)}")
+        for spec, tensor in zip(returned, results):
             target = outputs[spec["name"]]
             if math.prod(tensor.shape) != target.size:
                 raise EngineContractError(f"PopTorch returned {tuple(tensor.shape)} for {spec['name']!r}")

@@ -413,3 +413,24 @@ def test_an_unread_zero_sized_input_is_left_out_and_a_read_one_refused():
     )
     with pytest.raises(EngineContractError, match=r"input 'past' has no elements \(\[2, 0, 3\]\)"):
         OnnxGraphModule(helper.make_model(read, opset_imports=[helper.make_opsetid("", 11)]))
+
+
+def test_an_output_with_no_elements_is_not_returned_nor_held_in_a_buffer():
+    """A merged decoder's first step returns an empty past (a constant): forward leaves it out (the engine
+    reports it with its shape, nothing to copy), so no zero-sized buffer reaches PopTorch."""
+    empty = numpy_helper.from_array(np.zeros((0, 4, 1, 8), np.float32), "present")  # as legalization folds it
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("present", TensorProto.FLOAT, [0, 4, 1, 8]),
+        ],
+        [empty],
+    )
+    module = OnnxGraphModule(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]))
+    assert module.output_names == ["y"]
+    assert all(buffer.numel() for buffer in module.buffers())
+    (y,) = module(torch.ones(2, 3))
+    np.testing.assert_array_equal(y.numpy(), np.ones((2, 3), np.float32))
