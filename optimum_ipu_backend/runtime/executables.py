@@ -60,6 +60,8 @@ class CompiledEntry:
     device_input_dtypes: dict[str, np.dtype] = field(default_factory=dict)
     #: What the executable keeps on the device between runs (a decode step's key/value cache), or None.
     carried: CarriedStatePlan | None = None
+    #: Built on a background compile thread (``runtime.serving_plan``): no call waited for it.
+    background: bool = False
 
 
 class ExecutableTable:
@@ -240,8 +242,11 @@ class ExecutableTable:
         """Whether the executable for these shapes is already loaded or compiled."""
         return _shape_key(shapes, branches) in self._entries
 
-    def entry_for(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> CompiledEntry:
-        """The executable of these static shapes: in memory, from the cache, or compiled now."""
+    def entry_for(
+        self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool], *, background: bool = False
+    ) -> CompiledEntry:
+        """The executable of these static shapes: in memory, from the cache, or compiled now (``background``:
+        on a compile thread, while calls are served by others)."""
         if self._closed:
             raise EngineClosedError("this executable table was closed; create a new session to run again")
         key = _shape_key(shapes, branches)
@@ -254,6 +259,9 @@ class ExecutableTable:
             entry = self._entries.get(key)
             if entry is None:
                 entry = self._compile(dict(shapes), dict(branches))
+                entry.background = background
+                if background:
+                    _logger.info("built in the background: %s (%s)", entry.shapes, entry.source)
                 self._entries[key] = entry
         return entry
 
@@ -297,6 +305,7 @@ class ExecutableTable:
                 "branches": entry.branches,
                 "source": entry.source,
                 "compile_seconds": entry.seconds,
+                "background": entry.background,
                 "calls": entry.calls,
                 **({"kv_cache": "device"} if entry.carried is not None else {}),
                 **entry.executable.residency(),
