@@ -259,15 +259,16 @@ class PackedRunner:
             (ideal.tokens, ideal.micro_batch) in plan.from_cache or ready(ideal.tokens, ideal.micro_batch)
         ):
             return ideal
-        if ideal is not None:
-            shapes = self._shapes(ideal.tokens, ideal.micro_batch)
-            plan.compile_later(
-                ("packed", ideal.tokens, ideal.micro_batch),
-                lambda: self._table.entry_for(shapes, {}, background=True),
-            )
         compiled = best(ready)
         if compiled is not None:
+            if ideal is not None:
+                shapes = self._shapes(ideal.tokens, ideal.micro_batch)
+                plan.compile_later(
+                    ("packed", ideal.tokens, ideal.micro_batch),
+                    lambda: self._table.entry_for(shapes, {}, background=True),
+                )
             return compiled
+        # the planned layout starts once this one is built (the next group finds it compiled)
         first = best(lambda tokens, micro: (tokens, micro) == plan.first_layout)
         assert first is not None, "the longest rows at the most rows per micro-batch hold every group"
         return first

@@ -177,7 +177,8 @@ class ServingPlanner:
                 dict(zip(key.padded, largest, strict=True)),
                 dict(zip(key.padded, ideal, strict=True)),
             )
-            self.compile_later(("padded", key, ideal), lambda: build(ideal))
+            # the planned one starts once the largest is built (the next call finds it compiled): builds of
+            # one export share its weights file and its lock, and this call must not wait behind it
             return largest
         _logger.info(
             "no compiled executable can take a call needing %s; it waits for the compile of %s",
