@@ -89,6 +89,7 @@ class ExecutableTable:
         self.branch_inputs = frozenset(branch_inputs)
         self._model_path = model_path
         self._entries: dict[ShapeKey, CompiledEntry] = {}
+        self._released: list[CompiledEntry] = []  # released by the serving plan, kept for statistics
         self._key_locks: dict[ShapeKey, threading.Lock] = {}
         self._lock = threading.Lock()
         self._run_lock: contextlib.AbstractContextManager = (
@@ -280,9 +281,30 @@ class ExecutableTable:
         }
         options = self._options
         with self._run_lock:
-            outputs = entry.executable.run_step(device_feed, options.device_iterations, options.replicas)
+            try:
+                outputs = entry.executable.run_step(device_feed, options.device_iterations, options.replicas)
+            except EngineClosedError:
+                if self._closed:
+                    raise
+                # the serving plan released it meanwhile (``release``): load it again for this call
+                entry = self.entry_for(micro_shapes, branches)
+                outputs = entry.executable.run_step(device_feed, options.device_iterations, options.replicas)
         entry.calls += 1  # a statistic; an occasional lost increment under threads is acceptable
         return outputs
+
+    def release(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> bool:
+        """Close the executable of these shapes and forget it (it stays in the cache), so that the IPUs it
+        shared go to the executables the serving plan keeps; its statistics stay. A call that took it
+        just before loads it again."""
+        with self._lock:
+            entry = self._entries.pop(_shape_key(shapes, branches), None)
+            if entry is None:
+                return False
+            self._released.append(entry)
+        with self._run_lock:
+            entry.executable.close()
+        _logger.info("released %s: the serving plan no longer uses it", entry.shapes)
+        return True
 
     def write_state(self, entry: CompiledEntry, values: Mapping[str, np.ndarray]) -> None:
         """Upload new values of an executable's device state (``Executable.write_state``)."""
@@ -309,8 +331,12 @@ class ExecutableTable:
                 "calls": entry.calls,
                 **({"kv_cache": "device"} if entry.carried is not None else {}),
                 **entry.executable.residency(),
+                **({"released": True} if released else {}),
             }
-            for entry in self._entries.values()
+            for entry, released in [
+                *((entry, True) for entry in self._released),
+                *((entry, False) for entry in self._entries.values()),
+            ]
         ]
 
     def close(self) -> None:

@@ -238,7 +238,10 @@ class PackedRunner:
         for tokens in self._row_lengths:
             placements = first_fit_decreasing(lengths, tokens, self.segments_per_row(tokens))
             rows[tokens] = None if placements is None else 1 + max(p.row for p in placements)
-        layouts = plan.record(PackedGroup(sum(lengths), rows))
+        layouts, dropped = plan.record(PackedGroup(sum(lengths), rows))
+        for tokens, micro in sorted(dropped):  # their IPUs go to the layouts the plan keeps
+            if self._table.has(self._shapes(tokens, micro), {}):
+                self._table.release(self._shapes(tokens, micro), {})
 
         def best(allowed: Callable[[int, int], bool]) -> RowLayout | None:
             return choose_layout(

@@ -268,6 +268,7 @@ class StaticShapeRunner:
             tuple(wanted[dim] for dim in padded),
             ready=lambda sizes: self._table.has(shapes_of(sizes), branches),
             build=build,
+            release=lambda sizes: self._table.release(shapes_of(sizes), branches),
         )
         return {**wanted, **dict(zip(padded, sizes, strict=True))}
 

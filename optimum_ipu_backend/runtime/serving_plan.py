@@ -102,6 +102,7 @@ class _Group:
     plan: tuple[Sizes, ...] = ()
     replan_at: int = FIRST_REPLAN
     from_cache: frozenset[Sizes] = frozenset()  # planned by an earlier process: in the cache
+    dirty: bool = False  # executables may have left the plan: release them at the next call
 
 
 class ServingPlanner:
@@ -148,8 +149,11 @@ class ServingPlanner:
         *,
         ready: Callable[[Sizes], bool],
         build: Callable[[Sizes], None],
+        release: Callable[[Sizes], object] = lambda sizes: None,
     ) -> Sizes:
-        """The sizes to serve a call that needs ``needed`` (per ``key.padded`` dimension) at."""
+        """The sizes to serve a call that needs ``needed`` (per ``key.padded`` dimension) at. ``release``
+        closes an executable the plan dropped, so that its IPUs go to the ones the plan keeps."""
+        largest = tuple(self._candidates[dim][-1] for dim in key.padded)
         with self._lock:
             group = self._groups.setdefault(key, _Group())
             group.histogram[needed] += 1
@@ -158,17 +162,30 @@ class ServingPlanner:
                 while group.replan_at <= calls:
                     group.replan_at *= REPLAN_FACTOR
                 self._replan()
+                group.dirty = True
             ideal = _cheapest(_covering(group.plan, needed))
             from_cache = ideal in group.from_cache
+            stale = []
+            if group.dirty:  # the plan changed, or a background build ended: release what it dropped
+                group.dirty = False
+                stale = [sizes for sizes in self._known(key) if sizes not in group.plan and sizes != largest]
+        for sizes in stale:  # the largest stays: it serves any call the plan does not hold yet
+            if ready(sizes):
+                release(sizes)
         if ideal is None:  # a shape no plan can hold (more dimensions than the planner sizes)
             return needed
         if from_cache or ready(ideal):
             return ideal
         compiled = _cheapest([sizes for sizes in self._known(key) if _holds(sizes, needed) and ready(sizes)])
         if compiled is not None:
-            self.compile_later(("padded", key, ideal), lambda: build(ideal))
+
+            def build_planned() -> None:
+                build(ideal)
+                with self._lock:
+                    group.dirty = True
+
+            self.compile_later(("padded", key, ideal), build_planned)
             return compiled
-        largest = tuple(self._candidates[dim][-1] for dim in key.padded)
         if all(size > 0 for size in largest) and largest != ideal and not self._any_ready(key, ready):
             _logger.info(
                 "no compiled executable can take a call needing %s; compiling the largest shape %s first, so "
@@ -211,6 +228,10 @@ class ServingPlanner:
                 len(busy) + self.reserved,
                 self.slots,
             )
+        if self.slots > len(busy) + self.reserved:
+            # each group's largest shape, compiled first, keeps an IPU group of its own: a call the plan
+            # does not hold yet runs there without a switch
+            budget -= len(busy)
         extra = max(0, budget - len(busy))
         for index, (key, group) in enumerate(busy):
             slots = 1 + (extra if index == 0 else 0)
@@ -338,6 +359,7 @@ class PackedPlan:
         self.plan: tuple[tuple[int, int], ...] = ()
         self.from_cache: frozenset[tuple[int, int]] = frozenset()
         self._replan_at = FIRST_REPLAN
+        self.dirty = False
         if stored:
             try:
                 self._groups = [
@@ -363,8 +385,9 @@ class PackedPlan:
         serve every group (more rows run as further steps)."""
         return self.row_lengths[-1], self.row_counts[-1]
 
-    def record(self, group: PackedGroup) -> tuple[tuple[int, int], ...]:
-        """Count a gathered group; the plan, made again when due."""
+    def record(self, group: PackedGroup) -> tuple[tuple[tuple[int, int], ...], set[tuple[int, int]]]:
+        """Count a gathered group; the plan, made again when due, and, after a change, the layouts outside
+        it (but the first, which serves any group) to release where compiled."""
         owner = self._owner
         with owner._lock:
             self._groups.append(group)
@@ -378,12 +401,24 @@ class PackedPlan:
                 while self._replan_at <= self.calls:
                     self._replan_at *= REPLAN_FACTOR
                 self._replan()
-            return self.plan
+                self.dirty = True
+            stale: set[tuple[int, int]] = set()
+            if self.dirty:
+                self.dirty = False
+                stale = (
+                    {(tokens, micro) for tokens in self.row_lengths for micro in self.row_counts}
+                    - set(self.plan)
+                    - {self.first_layout}
+                )
+            return self.plan, stale
 
     def _replan(self) -> None:
         owner = self._owner
         unpacked = sum(len(group.plan) for group in owner._groups.values())
-        slots = max(1, owner.slots - owner.reserved - unpacked)
+        slots = owner.slots - owner.reserved - unpacked
+        if slots > 1:
+            slots -= 1  # the first layout keeps an IPU group of its own (as a group's largest shape)
+        slots = max(1, slots)
         candidates = [(tokens, micro) for tokens in self.row_lengths for micro in self.row_counts]
         self.plan = plan_layouts(
             self._groups, candidates, slots, owner.model, self.row_counts, self._steps_of, compiled=self.plan
@@ -391,7 +426,12 @@ class PackedPlan:
         owner._save()
 
     def compile_later(self, job: tuple, build: Callable[[], object]) -> None:
-        self._owner.compile_later(job, build)
+        def build_planned() -> None:
+            build()
+            with self._owner._lock:
+                self.dirty = True
+
+        self._owner.compile_later(job, build_planned)
 
     def to_json(self) -> dict[str, Any]:
         return {
