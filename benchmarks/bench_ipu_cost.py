@@ -303,6 +303,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     for ipus in args.ipus:
         use_double(workdir / f"double-{ipus}", ipus)
         for workload, (calls, threads) in workloads.items():
+            if args.only and args.only not in workload:
+                continue
             batch = 8 if workload == WORKLOADS[1] else 1
             for policy in POLICIES:  # interleaved: each workload through both policies in turn
                 cache = bench_runtime.fresh_dir(workdir, "cache-")
@@ -310,7 +312,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 result = encoder_run(onnx_dir, cache, options, calls, threads if policy == "cost" else 1, cpu)
                 rows.append({"ipus": ipus, "workload": workload, "policy": policy, **result})
                 print(f"# {ipus} IPU(s), {workload}, {policy}: {json.dumps(result)}", file=sys.stderr)
-        for policy in POLICIES:
+        for policy in POLICIES if not args.only or args.only in GENERATION else ():
             cache = bench_runtime.fresh_dir(workdir, "cache-")
             options = policy_options(policy, ipus, 256, 1)
             result = generation_run(gpt2_dir, cache, options, prompts, args.new_tokens)
@@ -378,6 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="keep the exports here between runs")
+    parser.add_argument("--only", default="", help="run only the workloads whose name holds this text")
     args = parser.parse_args(argv)
     print_report(measure(args), args)
     return 0

@@ -10,7 +10,9 @@ Guarantees:
 
 - Groups are the longest prefix of the queue, in arrival order, whose shorter prefixes are not full:
   items are added until ``is_full(group)`` is true (``is_full`` sees a fresh list each time). An item
-  that alone makes a group full is run alone. ``max_delay_s == 0`` waits for nothing beyond what is
+  that alone makes a group full is run alone. With ``overflows``, a group also stops before the item
+  that makes ``overflows(group)`` true (that item waits, first in the next group), and counts as full;
+  a first item always runs. ``max_delay_s == 0`` waits for nothing beyond what is
   already queued.
 - ``run_group`` returns one entry per item, in order: a result, or an exception instance for that item
   alone, which is raised in that caller's thread. If ``run_group`` raises, every caller of the group
@@ -145,6 +147,7 @@ class DynamicBatcher(Generic[T, R]):
         max_delay_s: float,
         is_full: Callable[[list[T]], bool],
         name: str = "ipu-batcher",
+        overflows: Callable[[list[T]], bool] | None = None,
     ) -> None:
         if not (isinstance(max_delay_s, (int, float)) and math.isfinite(max_delay_s) and max_delay_s >= 0):
             raise ConfigurationError(
@@ -152,6 +155,7 @@ class DynamicBatcher(Generic[T, R]):
             )
         self._run_group = run_group
         self._is_full = is_full
+        self._overflows = overflows
         self._max_delay_s = float(max_delay_s)
         self._name = name
         self._cond = threading.Condition()
@@ -307,6 +311,8 @@ class DynamicBatcher(Generic[T, R]):
         for pending in list(self._queue):  # a snapshot: is_full may close the batcher, clearing the queue
             items.append(pending.item)
             self._scanned = len(items)
+            if len(items) > 1 and self._overflows is not None and self._overflows(list(items)):
+                return len(items) - 1, True
             if self._is_full(list(items)):
                 return len(items), True
         return len(items), False

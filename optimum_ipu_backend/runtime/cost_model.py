@@ -228,47 +228,98 @@ def layout_cost(
     return steps_of(rows, micro) * tokens
 
 
+def refill(
+    groups: Sequence[Sequence[tuple[int, ...]]], fits: Callable[[Sequence[int]], bool]
+) -> list[list[tuple[int, ...]]]:
+    """The groups the dynamic batcher forms from traffic that arrived as ``groups`` (each a list of calls,
+    each call its sequences' lengths) when a group stops before the call that would not ``fits`` one
+    device step: the rest stays queued, at the head of the next group (``batcher.DynamicBatcher``'s
+    ``overflows``)."""
+    formed: list[list[tuple[int, ...]]] = []
+    queue: list[tuple[int, ...]] = []
+    for index, arrived in enumerate(groups):
+        queue.extend(arrived)
+        last = index == len(groups) - 1
+        while queue:
+            take = 1
+            while take < len(queue) and fits([n for call in queue[: take + 1] for n in call]):
+                take += 1
+            formed.append(queue[:take])
+            queue = queue[take:]
+            if not last and (not queue or fits([n for call in queue for n in call])):
+                break  # what is left waits for the calls that arrive next
+    return formed
+
+
 def plan_layouts(
-    groups: Sequence[PackedGroup],
-    candidates: Sequence[tuple[int, int]],
+    groups: Sequence[Sequence[tuple[int, ...]]],
+    row_lengths: Sequence[int],
+    row_counts: Sequence[int],
     slots: int,
     model: CostModel,
-    row_counts: Sequence[int],
     steps_of: Callable[[int, int], int],
+    rows_of: Callable[[Sequence[int], int], int | None],
     compiled: Iterable[tuple[int, int]] = (),
-) -> tuple[tuple[int, int], ...]:
-    """The packed layouts (row length, rows) to keep resident for traffic like ``groups``:
-    first the one layout that serves every group at the least cost, then, while slots remain, the layout
-    whose saving over ``horizon_calls`` exceeds its compile and load by most. Greedy: the exact choice is
-    a set-cover problem, and groups differ from one run to the next anyway."""
-    if not groups:
-        return ()
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, int] | None]:
+    """The packed layouts (row length, rows) to keep resident for traffic that arrived as ``groups`` (lists of
+    calls, each its sequences' lengths), and the *fill* layout among them: the batcher stops a group
+    before the call that would overflow one step of it, so steps run nearly full. First the fill layout
+    that serves the refilled traffic at the least cost (``refill``), then, while slots remain, the layout
+    whose saving over ``horizon_calls`` exceeds its compile and load by most (a group's tail). Greedy: the
+    exact choice is a set-cover problem, and groups differ from one run to the next anyway.
+    ``rows_of(lengths, tokens)``: rows first-fit-decreasing fills (None: a sequence is longer)."""
+    calls = sum(len(group) for group in groups)
+    if not calls:
+        return (), None
     done = set(compiled)
+    per_step = steps_of(1, 1)
+    longest = max(n for group in groups for call in group for n in call)
+    scale = model.horizon_calls / calls * model.token_seconds
+
+    def packed(group: Sequence[tuple[int, ...]], tokens: Sequence[int]) -> PackedGroup:
+        lengths = [n for call in group for n in call]
+        return PackedGroup(sum(lengths), {t: rows_of(lengths, t) for t in tokens}, len(group))
+
+    best: tuple[float, tuple[int, int], list[list[tuple[int, ...]]]] | None = None
+    for tokens in (t for t in row_lengths if t >= longest):
+        for micro in row_counts:
+
+            def fits(lengths: Sequence[int], tokens: int = tokens, micro: int = micro) -> bool:
+                rows = rows_of(lengths, tokens)
+                return rows is not None and rows <= micro * per_step
+
+            formed = refill(groups, fits)
+            computed = 0
+            for group in formed:
+                cost = layout_cost(packed(group, (tokens,)), (tokens, micro), row_counts, steps_of)
+                computed += cost if cost is not None else math.inf
+            total = computed * scale + model.executable_seconds((tokens, micro) in done)
+            if best is None or total < best[0]:
+                best = (total, (tokens, micro), formed)
+    if best is None:
+        return (), None
+    _, fill, formed = best
+    priced = [packed(group, row_lengths) for group in formed]
+    candidates = [(tokens, micro) for tokens in row_lengths for micro in row_counts]
     costs = {
-        layout: [layout_cost(group, layout, row_counts, steps_of) for group in groups]
+        layout: [layout_cost(group, layout, row_counts, steps_of) for group in priced]
         for layout in candidates
     }
-    covering = [layout for layout, values in costs.items() if all(value is not None for value in values)]
-    if not covering:
-        return ()
-    calls = sum(group.calls for group in groups)
-    scale = model.horizon_calls / max(calls, 1) * model.token_seconds
 
     def total(chosen: Sequence[tuple[int, int]]) -> float:
         computed = 0
-        for index in range(len(groups)):
+        for index in range(len(priced)):
             computed += min(v for layout in chosen if (v := costs[layout][index]) is not None)
-        fixed = sum(model.executable_seconds(layout in done) for layout in chosen)
-        return computed * scale + fixed
+        return computed * scale + sum(model.executable_seconds(layout in done) for layout in chosen)
 
-    plan = [min(covering, key=lambda layout: total([layout]))]
+    plan = [fill]
     while len(plan) < slots:
-        current = total(plan)
         options = [layout for layout in candidates if layout not in plan]
         if not options:
             break
-        best = min(options, key=lambda layout: total([*plan, layout]))
-        if total([*plan, best]) >= current:
+        current = total(plan)
+        added = min(options, key=lambda layout: total([*plan, layout]))
+        if total([*plan, added]) >= current:
             break
-        plan.append(best)
-    return tuple(sorted(plan))
+        plan.append(added)
+    return tuple(sorted(plan)), fill

@@ -170,6 +170,11 @@ class PackedRunner:
         return self._table
 
     @property
+    def plan(self):  # -> serving_plan.PackedPlan | None
+        """The serving plan's packed layouts (``serving_plan="cost"``), or None."""
+        return self._plan
+
+    @property
     def longest_row(self) -> int:
         return self._row_lengths[-1]
 
@@ -230,18 +235,9 @@ class PackedRunner:
         """The planned layout of these sequences when it is compiled (or kept in the cache); else the best
         compiled one while the planned one compiles in the background; else the first layout, which
         serves every group (``serving_plan.PackedPlan.first_layout``)."""
-        from optimum_ipu_backend.runtime.cost_model import PackedGroup
-
         plan = self._plan
         assert plan is not None
-        rows = {}
-        for tokens in self._row_lengths:
-            placements = first_fit_decreasing(lengths, tokens, self.segments_per_row(tokens))
-            rows[tokens] = None if placements is None else 1 + max(p.row for p in placements)
-        layouts, dropped = plan.record(PackedGroup(sum(lengths), rows))
-        for tokens, micro in sorted(dropped):  # their IPUs go to the layouts the plan keeps
-            if self._table.has(self._shapes(tokens, micro), {}):
-                self._table.release(self._shapes(tokens, micro), {})
+        layouts = plan.plan
 
         def best(allowed: Callable[[int, int], bool]) -> RowLayout | None:
             return choose_layout(
@@ -293,6 +289,10 @@ class PackedRunner:
             for call, (_, _, lengths) in enumerate(calls)
             for row, length in enumerate(lengths)
         ]
+        if self._plan is not None:  # the plan learns from every group; what it dropped is released
+            for tokens, micro in sorted(self._plan.record([tuple(lengths) for _, _, lengths in calls])):
+                if self._table.has(self._shapes(tokens, micro), {}):
+                    self._table.release(self._shapes(tokens, micro), {})
         layout = self.layout([length for _, _, length in sequences])
         packed = self._packed_feed(calls, sequences, layout)
         outputs = self._run_rows(packed, layout)

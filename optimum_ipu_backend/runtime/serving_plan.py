@@ -39,13 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from optimum_ipu_backend.runtime.cache_files import read_record, write_record
-from optimum_ipu_backend.runtime.cost_model import (
-    CostModel,
-    PackedGroup,
-    layout_cost,
-    plan_layouts,
-    plan_sizes,
-)
+from optimum_ipu_backend.runtime.cost_model import CostModel, plan_layouts, plan_sizes
 
 _logger = logging.getLogger(__name__)
 
@@ -55,8 +49,10 @@ PLAN_MODES = ("buckets", "cost")
 #: the histogram says little, rarely once it is stable.
 FIRST_REPLAN = 8
 REPLAN_FACTOR = 4
-#: Packed groups kept for planning (the most recent ones).
+#: Packed groups kept in the record, and the most recent of them a plan is made from (planning is
+#: first-fit-decreasing over every candidate layout, on the batcher's thread).
 PACKED_GROUPS_KEPT = 256
+PLANNED_GROUPS = 32
 
 Sizes = tuple[int, ...]
 
@@ -340,7 +336,8 @@ class ServingPlanner:
 
 
 class PackedPlan:
-    """The few packed layouts (row length, rows per micro-batch) a session keeps, from the groups seen."""
+    """The few packed layouts (row length, rows per micro-batch) a session keeps, from the groups seen, and
+    the fill layout whose steps the batcher fills (``fits``)."""
 
     def __init__(
         self,
@@ -354,30 +351,27 @@ class PackedPlan:
         self.row_lengths = tuple(row_lengths)
         self.row_counts = tuple(row_counts)
         self._steps_of = steps_of
-        self._groups: list[PackedGroup] = []
+        self._groups: list[list[tuple[int, ...]]] = []  # calls of each gathered group, their lengths
         self.calls = 0
         self.plan: tuple[tuple[int, int], ...] = ()
+        self.fill: tuple[int, int] | None = None
         self.from_cache: frozenset[tuple[int, int]] = frozenset()
         self._replan_at = FIRST_REPLAN
         self.dirty = False
         if stored:
             try:
-                self._groups = [
-                    PackedGroup(
-                        int(g["real"]),
-                        {int(t): None if r is None else int(r) for t, r in g["rows"]},
-                        int(g["calls"]),
-                    )
-                    for g in stored["groups"]
-                ]
+                self._groups = [[tuple(int(n) for n in call) for call in group] for group in stored["groups"]]
                 self.calls = int(stored["calls"])
                 self.plan = tuple((int(t), int(m)) for t, m in stored["plan"])
+                self.fill = (
+                    None if stored["fill"] is None else (int(stored["fill"][0]), int(stored["fill"][1]))
+                )
                 self.from_cache = frozenset(self.plan)
                 while self._replan_at <= self.calls:
                     self._replan_at *= REPLAN_FACTOR
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
                 _logger.warning("ignoring the stored packed plan (%s); planning again", exc)
-                self._groups, self.calls, self.plan = [], 0, ()
+                self._groups, self.calls, self.plan, self.fill = [], 0, (), None
 
     @property
     def first_layout(self) -> tuple[int, int]:
@@ -385,18 +379,26 @@ class PackedPlan:
         serve every group (more rows run as further steps)."""
         return self.row_lengths[-1], self.row_counts[-1]
 
-    def record(self, group: PackedGroup) -> tuple[tuple[tuple[int, int], ...], set[tuple[int, int]]]:
-        """Count a gathered group; the plan, made again when due, and, after a change, the layouts outside
-        it (but the first, which serves any group) to release where compiled."""
+    def fits(self, lengths: Sequence[int]) -> bool:
+        """Whether sequences of these lengths fill at most one step of the fill layout (True without one)."""
+        from optimum_ipu_backend.runtime.packing import first_fit_decreasing
+
+        if self.fill is None:
+            return True
+        tokens, micro = self.fill
+        placements = first_fit_decreasing(lengths, tokens, None)
+        return placements is not None and 1 + max(p.row for p in placements) <= micro * self._steps_of(1, 1)
+
+    def record(self, calls: Sequence[tuple[int, ...]]) -> set[tuple[int, int]]:
+        """Count a gathered group (its calls' sequence lengths), plan again when due, and return, after a
+        change, the layouts outside the plan (but the first, which serves any group) to release."""
         owner = self._owner
         with owner._lock:
-            self._groups.append(group)
+            self._groups.append(list(calls))
             del self._groups[:-PACKED_GROUPS_KEPT]
-            self.calls += group.calls
-            covered = any(
-                layout_cost(group, layout, self.row_counts, self._steps_of) is not None
-                for layout in self.plan
-            )
+            self.calls += len(calls)
+            longest = max(n for call in calls for n in call)
+            covered = any(tokens >= longest for tokens, _ in self.plan)
             if self.calls >= self._replan_at or not covered:
                 while self._replan_at <= self.calls:
                     self._replan_at *= REPLAN_FACTOR
@@ -405,23 +407,31 @@ class PackedPlan:
             stale: set[tuple[int, int]] = set()
             if self.dirty:
                 self.dirty = False
-                stale = (
-                    {(tokens, micro) for tokens in self.row_lengths for micro in self.row_counts}
-                    - set(self.plan)
-                    - {self.first_layout}
-                )
-            return self.plan, stale
+                every = {(tokens, micro) for tokens in self.row_lengths for micro in self.row_counts}
+                stale = every - set(self.plan) - {self.first_layout}
+            return stale
 
     def _replan(self) -> None:
+        from optimum_ipu_backend.runtime.packing import first_fit_decreasing
+
+        def rows_of(lengths: Sequence[int], tokens: int) -> int | None:
+            placements = first_fit_decreasing(lengths, tokens, None)
+            return None if placements is None else 1 + max(p.row for p in placements)
+
         owner = self._owner
         unpacked = sum(len(group.plan) for group in owner._groups.values())
         slots = owner.slots - owner.reserved - unpacked
         if slots > 1:
             slots -= 1  # the first layout keeps an IPU group of its own (as a group's largest shape)
-        slots = max(1, slots)
-        candidates = [(tokens, micro) for tokens in self.row_lengths for micro in self.row_counts]
-        self.plan = plan_layouts(
-            self._groups, candidates, slots, owner.model, self.row_counts, self._steps_of, compiled=self.plan
+        self.plan, self.fill = plan_layouts(
+            self._groups[-PLANNED_GROUPS:],
+            self.row_lengths,
+            self.row_counts,
+            max(1, slots),
+            owner.model,
+            self._steps_of,
+            rows_of,
+            compiled=self.plan,
         )
         owner._save()
 
@@ -435,16 +445,10 @@ class PackedPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "groups": [
-                {
-                    "real": group.real_tokens,
-                    "rows": [[t, r] for t, r in sorted(group.rows.items())],
-                    "calls": group.calls,
-                }
-                for group in self._groups
-            ],
+            "groups": [[list(call) for call in group] for group in self._groups],
             "calls": self.calls,
             "plan": [list(layout) for layout in self.plan],
+            "fill": None if self.fill is None else list(self.fill),
         }
 
 

@@ -25,8 +25,10 @@ from optimum_ipu_backend.runtime.cost_model import (
     layout_cost,
     plan_layouts,
     plan_sizes,
+    refill,
 )
 from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, ProviderOptionError
+from optimum_ipu_backend.runtime.packing import first_fit_decreasing
 
 ATOL = 1e-5
 SIZES = (8, 16, 32, 64, 128, 256, 512)
@@ -68,21 +70,59 @@ def test_cost_model_options_override_the_estimates_and_name_their_source():
         IPUProviderOptions.parse({"device": "emulator", "cost_load_seconds": "-1"})
 
 
-def test_packed_layouts_start_with_one_that_serves_every_group():
-    def steps(rows: int, micro: int) -> int:
-        return -(-rows // micro) * micro
+def _rows_of(lengths, tokens):
+    placements = first_fit_decreasing(lengths, tokens, None)
+    return None if placements is None else 1 + max(p.row for p in placements)
 
+
+def _steps(rows: int, micro: int) -> int:
+    return -(-rows // micro) * micro
+
+
+def test_refilled_groups_stop_before_the_call_that_overflows_and_carry_the_rest():
+    def fits(lengths):
+        return sum(lengths) <= 100
+
+    arrived = [[(40,), (40,), (40,)], [(30,)], [(90,), (5, 6)]]
+    assert refill(arrived, fits) == [[(40,), (40,)], [(40,), (30,)], [(90,)], [(5, 6)]]
+
+
+def test_packed_layouts_fill_one_layout_and_add_others_only_where_they_pay():
     counts = (1, 2, 4, 8)
-    groups = [PackedGroup(100, {64: 2, 128: 1, 512: 1}), PackedGroup(700, {64: None, 128: None, 512: 2})]
-    candidates = [(tokens, micro) for tokens in (64, 128, 512) for micro in counts]
-    plan = plan_layouts(groups, candidates, 1, CostModel(), counts, steps)
-    assert len(plan) == 1
-    assert all(layout_cost(group, plan[0], counts, steps) is not None for group in groups)
-    assert plan == ((512, 2),)  # 1024 positions for the long group, 1024 for the short one
-    more = plan_layouts(groups, candidates, 4, CostModel(), counts, steps)
-    assert (512, 2) in more and len(more) == 2  # a third layout would save nothing
-    added = next(layout for layout in more if layout != (512, 2))
-    assert layout_cost(groups[0], added, counts, steps) == 128  # the short group in 128 positions
+    rng = np.random.default_rng(0)
+    # 64 groups of 16 single requests, lengths like the corpus (median ~20, a long tail to 160)
+    groups = [
+        [(int(n),) for n in np.minimum(rng.lognormal(3.0, 0.7, 16).astype(int) + 3, 160)] for _ in range(64)
+    ]
+    real = sum(n for group in groups for call in group for n in call)
+    lengths = (32, 64, 96, 128, 160, 192, 224, 256, 512)
+    plan, fill = plan_layouts(groups, lengths, counts, 3, CostModel(), _steps, _rows_of)
+    assert fill in plan and 1 <= len(plan) <= 3
+    assert fill[0] >= 160  # the fill layout holds the longest sequence
+    one, _ = plan_layouts(groups, lengths, counts, 1, CostModel(), _steps, _rows_of)
+    assert one == (fill,)
+
+    def fits(group_lengths):
+        rows = _rows_of(group_lengths, fill[0])
+        return rows is not None and rows <= fill[1]
+
+    computed = sum(
+        min(
+            cost
+            for layout in plan
+            if (
+                cost := layout_cost(
+                    PackedGroup(0, {t: _rows_of([n for c in g for n in c], t) for t in lengths}),
+                    layout,
+                    counts,
+                    _steps,
+                )
+            )
+            is not None
+        )
+        for g in refill(groups, fits)
+    )
+    assert real / computed >= 0.9  # steps filled by the batcher, padding only in each step's last rows
 
 
 # -- through a session on the emulator ---------------------------------------------------------------------
@@ -222,3 +262,35 @@ def test_a_corrupt_plan_is_ignored_and_planned_again(bert_tokens, tmp_path):
             _check_cpu(cpu, again, call)
     finally:
         again.close()
+
+
+def test_what_the_padding_proof_refuses_still_compiles_exactly_as_with_buckets(tmp_path):
+    """y = x - mean over the sequence: padding would change every element, so the sequence is compiled at
+    the length each call brings, with or without the serving plan."""
+    from onnx import TensorProto, helper, save
+
+    shape = ["batch_size", "sequence_length", 4]
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["x"], ["mean"], axes=[1], keepdims=1),
+            helper.make_node("Sub", ["x", "mean"], ["y"]),
+        ],
+        "centred",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "model.onnx")
+    rng = np.random.default_rng(0)
+    feeds = [rng.standard_normal((1, n, 4)).astype(np.float32) for n in (5, 3, 7, 5, 3, 9, 7)]
+    compiled = {}
+    for plan in ("buckets", "cost"):
+        session = emulator_session(tmp_path, tmp_path / f"cache-{plan}", serving_plan=plan, ipu_groups="4")
+        try:
+            for x in feeds:
+                (got,) = session.run(None, {"x": x})
+                np.testing.assert_allclose(got, x - x.mean(axis=1, keepdims=True), atol=ATOL)
+            assert session.wait_for_compiles(60)
+            compiled[plan] = sorted(entry["shapes"]["x"] for entry in session.compiled_executables())
+        finally:
+            session.close()
+    assert compiled["cost"] == compiled["buckets"] == sorted({x.shape for x in feeds})
