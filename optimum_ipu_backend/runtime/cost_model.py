@@ -232,20 +232,24 @@ def refill(
     groups: Sequence[Sequence[tuple[int, ...]]], fits: Callable[[Sequence[int]], bool]
 ) -> list[list[tuple[int, ...]]]:
     """The groups the dynamic batcher forms from traffic that arrived as ``groups`` (each a list of calls,
-    each call its sequences' lengths) when a group stops before the call that would not ``fits`` one
-    device step: the rest stays queued, at the head of the next group (``batcher.DynamicBatcher``'s
-    ``overflows``)."""
+    each call its sequences' lengths) when a group takes, in arrival order, only the calls it still
+    ``fits`` one device step with (``batcher.DynamicBatcher``'s ``fits``): the others stay queued, ahead
+    of the calls that arrive next."""
     formed: list[list[tuple[int, ...]]] = []
     queue: list[tuple[int, ...]] = []
     for index, arrived in enumerate(groups):
         queue.extend(arrived)
         last = index == len(groups) - 1
         while queue:
-            take = 1
-            while take < len(queue) and fits([n for call in queue[: take + 1] for n in call]):
-                take += 1
-            formed.append(queue[:take])
-            queue = queue[take:]
+            group: list[tuple[int, ...]] = []
+            left: list[tuple[int, ...]] = []
+            for call in queue:
+                if not group or fits([n for member in (*group, call) for n in member]):
+                    group.append(call)
+                else:
+                    left.append(call)
+            formed.append(group)
+            queue = left
             if not last and (not queue or fits([n for call in queue for n in call])):
                 break  # what is left waits for the calls that arrive next
     return formed

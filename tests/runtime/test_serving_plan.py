@@ -79,12 +79,12 @@ def _steps(rows: int, micro: int) -> int:
     return -(-rows // micro) * micro
 
 
-def test_refilled_groups_stop_before_the_call_that_overflows_and_carry_the_rest():
+def test_refilled_groups_take_the_calls_that_fit_and_carry_the_rest():
     def fits(lengths):
         return sum(lengths) <= 100
 
-    arrived = [[(40,), (40,), (40,)], [(30,)], [(90,), (5, 6)]]
-    assert refill(arrived, fits) == [[(40,), (40,)], [(40,), (30,)], [(90,)], [(5, 6)]]
+    arrived = [[(40,), (70,), (40,), (20,)], [(30,)], [(90,), (5, 6)]]
+    assert refill(arrived, fits) == [[(40,), (40,), (20,)], [(70,), (30,)], [(90,)], [(5, 6)]]
 
 
 def test_packed_layouts_fill_one_layout_and_add_others_only_where_they_pay():
