@@ -45,10 +45,11 @@ _logger = logging.getLogger(__name__)
 
 PLAN_FORMAT = 1
 PLAN_MODES = ("buckets", "cost")
-#: The planner plans again when a group has seen this many calls, then 4 times as many, ...: often while
-#: the histogram says little, rarely once it is stable.
+#: The planner plans again when a group has seen this many calls, then 8 times as many, ... (and when a
+#: call falls outside the plan): early while the histogram says little, rarely once it is stable, since
+#: each change may cost compiles and moves executables between IPU groups.
 FIRST_REPLAN = 8
-REPLAN_FACTOR = 4
+REPLAN_FACTOR = 8
 #: Packed groups kept in the record, and the most recent of them a plan is made from (planning is
 #: first-fit-decreasing over every candidate layout, on the batcher's thread).
 PACKED_GROUPS_KEPT = 256
