@@ -89,7 +89,7 @@ class ExecutableTable:
         self.branch_inputs = frozenset(branch_inputs)
         self._model_path = model_path
         self._entries: dict[ShapeKey, CompiledEntry] = {}
-        self._released: list[CompiledEntry] = []  # released by the serving plan, kept for statistics
+        self._released: list[dict[str, object]] = []  # statistics of those the serving plan released
         self._key_locks: dict[ShapeKey, threading.Lock] = {}
         self._lock = threading.Lock()
         self._run_lock: contextlib.AbstractContextManager = (
@@ -300,9 +300,12 @@ class ExecutableTable:
             entry = self._entries.pop(_shape_key(shapes, branches), None)
             if entry is None:
                 return False
-            self._released.append(entry)
-        with self._run_lock:
-            entry.executable.close()
+        if not self._engine.thread_safe:  # runs are serialized: none is using it now
+            with self._run_lock:
+                entry.executable.close()
+        # a thread-safe engine's run may still hold it: it closes once unreferenced (``Executable``'s
+        # finalizer); what it did stays in the statistics
+        self._released.append({**self._entry_statistics(entry), "released": True})
         _logger.info("released %s: the serving plan no longer uses it", entry.shapes)
         return True
 
@@ -320,24 +323,22 @@ class ExecutableTable:
         return "disabled" if self._cache is None else str(self._cache.root)
 
     def statistics(self) -> list[dict[str, object]]:
-        """Each executable with its shapes, where it came from, its load time and the calls it served."""
-        return [
-            {
-                "shapes": entry.shapes,
-                "branches": entry.branches,
-                "source": entry.source,
-                "compile_seconds": entry.seconds,
-                "background": entry.background,
-                "calls": entry.calls,
-                **({"kv_cache": "device"} if entry.carried is not None else {}),
-                **entry.executable.residency(),
-                **({"released": True} if released else {}),
-            }
-            for entry, released in [
-                *((entry, True) for entry in self._released),
-                *((entry, False) for entry in self._entries.values()),
-            ]
-        ]
+        """Each executable with its shapes, where it came from, its load time and the calls it served; the
+        ones the serving plan released first, marked ``released``."""
+        return [*self._released, *(self._entry_statistics(entry) for entry in list(self._entries.values()))]
+
+    @staticmethod
+    def _entry_statistics(entry: CompiledEntry) -> dict[str, object]:
+        return {
+            "shapes": entry.shapes,
+            "branches": entry.branches,
+            "source": entry.source,
+            "compile_seconds": entry.seconds,
+            "background": entry.background,
+            "calls": entry.calls,
+            **({"kv_cache": "device"} if entry.carried is not None else {}),
+            **entry.executable.residency(),
+        }
 
     def close(self) -> None:
         """Close every executable (releasing the devices they hold) and forget them."""
