@@ -129,6 +129,9 @@ class CompileOptions:
     # when there is more than one stage (``device_iterations`` then covers the stages).
     ipus_per_replica: int = 1
     layers_per_ipu: tuple[int, ...] | None = None
+    # IPU groups (of ``ipus`` IPUs) executables of this size may hold; beyond, they share the least-used
+    # one (None: one per executable while free IPUs remain). Not part of the binary.
+    device_groups: int | None = None
 
     @property
     def ipus(self) -> int:

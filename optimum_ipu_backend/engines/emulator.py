@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -203,6 +203,9 @@ class HostEmulatorEngine(Engine):
     thread_safe = True
     # It runs a sharded graph as it is: onnxruntime skips the ``__``-prefixed placement attributes.
     shards = True
+    #: A test hook: called with the graph before each compile, so a test can make a compile as slow as an
+    #: IPU's (wait on an event) without any sleep here. None in production.
+    compile_hook: Callable[[Path], None] | None = None
 
     @classmethod
     def probe(cls) -> Availability:
@@ -210,6 +213,8 @@ class HostEmulatorEngine(Engine):
 
     def compile(self, graph: Path, options: CompileOptions, artifacts: Path | None = None) -> Executable:
         self._check_open()
+        if self.compile_hook is not None:
+            self.compile_hook(graph)
         _logger.info("compiling for the host emulator (%s)", EMULATION_NOTICE)
         # onnxruntime reads the file itself (external data beside it included): no copy through Python.
         return self._track(HostEmulatorExecutable(str(graph), options))

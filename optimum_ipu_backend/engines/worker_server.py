@@ -162,10 +162,13 @@ class Server:
         if offline or not DEVICE_KINDS[device].needs_hardware:
             handle = open_device(device, ipus, offline, ipu_version, options, required=True)
             return self._add_slot(handle, ipus, shareable=False)
+        shared = [slot for slot in self.slots if slot.shareable and slot.ipus == ipus]
+        groups = options.get("device_groups")
+        if groups is not None and len(shared) >= groups:  # the session holds no more IPU groups
+            return min(shared, key=lambda slot: len(slot.members))
         handle = open_device(device, ipus, offline, ipu_version, options, required=False)
         if handle is not None:
             return self._add_slot(handle, ipus, shareable=True)
-        shared = [slot for slot in self.slots if slot.shareable and slot.ipus == ipus]
         if shared:
             return min(shared, key=lambda slot: len(slot.members))
         handle = open_device(device, ipus, offline, ipu_version, options, required=True)  # raises

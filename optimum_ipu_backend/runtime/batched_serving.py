@@ -53,8 +53,15 @@ class BatchedServing:
         self._runner = runner
         self._packed = packed
         self.packing_verdict = packing_verdict
+        plan = None if packed is None else packed.plan
         self._batcher: DynamicBatcher[QueuedCall, list[np.ndarray]] = DynamicBatcher(
-            self._run_group, max_delay_s=max_delay_s, is_full=self._is_full, name="ipu-dynamic-batcher"
+            self._run_group,
+            max_delay_s=max_delay_s,
+            is_full=self._is_full,
+            name="ipu-dynamic-batcher",
+            # with a serving plan, packed groups fill one step of its fill layout; calls that do not fit
+            # wait for the next one
+            fits=None if plan is None else self._fits,
         )
         self._rows_per_step = runner.rows_per_step()
 
@@ -82,6 +89,12 @@ class BatchedServing:
         samples = sum(_samples(call, axes) for call in calls if call.lengths is None)
         packed_capacity = 0 if self._packed is None else self._packed.longest_row * self._rows_per_step
         return (packed_capacity > 0 and tokens >= packed_capacity) or samples >= self._rows_per_step
+
+    def _fits(self, calls: list[QueuedCall]) -> bool:
+        """Whether the packed sequences of ``calls`` fit one step of the serving plan's fill layout."""
+        assert self._packed is not None and self._packed.plan is not None
+        lengths = [n for call in calls if call.lengths is not None for n in call.lengths]
+        return not lengths or self._packed.plan.fits(lengths)
 
     def _run_group(self, calls: list[QueuedCall]) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(calls)

@@ -10,7 +10,10 @@ Guarantees:
 
 - Groups are the longest prefix of the queue, in arrival order, whose shorter prefixes are not full:
   items are added until ``is_full(group)`` is true (``is_full`` sees a fresh list each time). An item
-  that alone makes a group full is run alone. ``max_delay_s == 0`` waits for nothing beyond what is
+  that alone makes a group full is run alone. With ``fits``, a group takes, in arrival order, only the
+  items it still ``fits`` with (a packed step's rows); an item skipped stays queued, ahead of later
+  ones, and the group counts as full. The oldest item always runs, so a skipped one waits for at most
+  as many groups as there are items ahead of it. ``max_delay_s == 0`` waits for nothing beyond what is
   already queued.
 - ``run_group`` returns one entry per item, in order: a result, or an exception instance for that item
   alone, which is raised in that caller's thread. If ``run_group`` raises, every caller of the group
@@ -145,6 +148,7 @@ class DynamicBatcher(Generic[T, R]):
         max_delay_s: float,
         is_full: Callable[[list[T]], bool],
         name: str = "ipu-batcher",
+        fits: Callable[[list[T]], bool] | None = None,
     ) -> None:
         if not (isinstance(max_delay_s, (int, float)) and math.isfinite(max_delay_s) and max_delay_s >= 0):
             raise ConfigurationError(
@@ -152,13 +156,14 @@ class DynamicBatcher(Generic[T, R]):
             )
         self._run_group = run_group
         self._is_full = is_full
+        self._fits = fits
         self._max_delay_s = float(max_delay_s)
         self._name = name
         self._cond = threading.Condition()
         self._queue: deque[Pending[T]] = deque()
         self._closed = False
         self._worker: threading.Thread | None = None
-        self._scanned = 0  # calls _group_size has shown is_full so far; the group if is_full raises
+        self._scanned: list[int] = []  # queue positions _group_size chose so far; the group if it raises
         self._stats = {
             "groups_run": 0,  # run_group calls
             "groups_full": 0,  # of those, groups that were run because is_full said so
@@ -299,22 +304,28 @@ class DynamicBatcher(Generic[T, R]):
                     return self._take(size), None
                 self._cond.wait(remaining)
 
-    def _group_size(self) -> tuple[int, bool]:
-        """How many queued calls the next group takes, and whether that group is full. Recounted from
+    def _group_size(self) -> tuple[list[int], bool]:
+        """The queue positions the next group takes, and whether that group is full. Recounted from
         the head on every wake, since a caller may have left the queue in between."""
         items: list[T] = []
-        self._scanned = 0
-        for pending in list(self._queue):  # a snapshot: is_full may close the batcher, clearing the queue
+        self._scanned = []
+        skipped = False
+        for index, pending in enumerate(list(self._queue)):  # a snapshot: is_full may close the batcher
+            if items and self._fits is not None and not self._fits([*items, pending.item]):
+                skipped = True  # it waits for the next group, where fewer items are ahead of it
+                continue
             items.append(pending.item)
-            self._scanned = len(items)
+            self._scanned.append(index)
             if self._is_full(list(items)):
-                return len(items), True
-        return len(items), False
+                return list(self._scanned), True
+        return list(self._scanned), skipped
 
-    def _take(self, size: int) -> list[Pending[T]]:
+    def _take(self, positions: list[int]) -> list[Pending[T]]:
         # Called under the lock.
-        size = min(size, len(self._queue))
-        group = [self._queue.popleft() for _ in range(size)]
+        queue = list(self._queue)
+        taken = set(position for position in positions if position < len(queue))
+        group = [queue[position] for position in sorted(taken)]
+        self._queue = deque(pending for position, pending in enumerate(queue) if position not in taken)
         self._stats["groups_run"] += 1
         self._stats["items_run"] += len(group)
         self._stats["largest_group"] = max(self._stats["largest_group"], len(group))

@@ -33,7 +33,8 @@ _logger = logging.getLogger(__name__)
 DESCRIPTIONS_DIR = "graphs"  # graph descriptions, keyed by the graph's content
 PROOFS_DIR = "padding-proofs"  # padding proofs, under the digest of the graph they prove
 CONFORMANCE_DIR = "conformance"  # the conformance suite's built models, exports and node cases
-STORES = (DESCRIPTIONS_DIR, PROOFS_DIR, CONFORMANCE_DIR)
+PLANS_DIR = "serving-plans"  # serving plans and their length histograms, under the graph's digest
+STORES = (DESCRIPTIONS_DIR, PROOFS_DIR, CONFORMANCE_DIR, PLANS_DIR)
 # A record of a graph no entry uses is kept this long after it was written (see ``drop_unused_records``).
 UNUSED_RECORD_SECONDS = 24 * 3600
 
@@ -122,7 +123,7 @@ def drop_unused_records(
     warm start. Removing a record costs time, never results: it reads as missing and is computed again.
     Temporary files of a write in progress go with their record (that write is then skipped)."""
     now = time.time()
-    for store, digest_of in ((DESCRIPTIONS_DIR, graph_digest), (PROOFS_DIR, str)):
+    for store, digest_of in ((DESCRIPTIONS_DIR, graph_digest), (PROOFS_DIR, str), (PLANS_DIR, str)):
         directory = root / store
         if not directory.is_dir():
             continue

@@ -60,6 +60,8 @@ class CompiledEntry:
     device_input_dtypes: dict[str, np.dtype] = field(default_factory=dict)
     #: What the executable keeps on the device between runs (a decode step's key/value cache), or None.
     carried: CarriedStatePlan | None = None
+    #: Built on a background compile thread (``runtime.serving_plan``): no call waited for it.
+    background: bool = False
 
 
 class ExecutableTable:
@@ -87,6 +89,7 @@ class ExecutableTable:
         self.branch_inputs = frozenset(branch_inputs)
         self._model_path = model_path
         self._entries: dict[ShapeKey, CompiledEntry] = {}
+        self._released: list[dict[str, object]] = []  # statistics of those the serving plan released
         self._key_locks: dict[ShapeKey, threading.Lock] = {}
         self._lock = threading.Lock()
         self._run_lock: contextlib.AbstractContextManager = (
@@ -242,8 +245,11 @@ class ExecutableTable:
         """Whether the executable for these shapes is already loaded or compiled."""
         return _shape_key(shapes, branches) in self._entries
 
-    def entry_for(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> CompiledEntry:
-        """The executable of these static shapes: in memory, from the cache, or compiled now."""
+    def entry_for(
+        self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool], *, background: bool = False
+    ) -> CompiledEntry:
+        """The executable of these static shapes: in memory, from the cache, or compiled now (``background``:
+        on a compile thread, while calls are served by others)."""
         if self._closed:
             raise EngineClosedError("this executable table was closed; create a new session to run again")
         key = _shape_key(shapes, branches)
@@ -256,6 +262,9 @@ class ExecutableTable:
             entry = self._entries.get(key)
             if entry is None:
                 entry = self._compile(dict(shapes), dict(branches))
+                entry.background = background
+                if background:
+                    _logger.info("built in the background: %s (%s)", entry.shapes, entry.source)
                 self._entries[key] = entry
         return entry
 
@@ -274,9 +283,33 @@ class ExecutableTable:
         }
         options = self._options
         with self._run_lock:
-            outputs = entry.executable.run_step(device_feed, options.device_iterations, options.replicas)
+            try:
+                outputs = entry.executable.run_step(device_feed, options.device_iterations, options.replicas)
+            except EngineClosedError:
+                if self._closed:
+                    raise
+                # the serving plan released it meanwhile (``release``): load it again for this call
+                entry = self.entry_for(micro_shapes, branches)
+                outputs = entry.executable.run_step(device_feed, options.device_iterations, options.replicas)
         entry.calls += 1  # a statistic; an occasional lost increment under threads is acceptable
         return outputs
+
+    def release(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> bool:
+        """Close the executable of these shapes and forget it (it stays in the cache), so that the IPUs it
+        shared go to the executables the serving plan keeps; its statistics stay. A call that took it
+        just before loads it again."""
+        with self._lock:
+            entry = self._entries.pop(_shape_key(shapes, branches), None)
+            if entry is None:
+                return False
+        if not self._engine.thread_safe:  # runs are serialized: none is using it now
+            with self._run_lock:
+                entry.executable.close()
+        # a thread-safe engine's run may still hold it: it closes once unreferenced (``Executable``'s
+        # finalizer); what it did stays in the statistics
+        self._released.append({**self._entry_statistics(entry), "released": True})
+        _logger.info("released %s: the serving plan no longer uses it", entry.shapes)
+        return True
 
     def write_state(self, entry: CompiledEntry, values: Mapping[str, np.ndarray]) -> None:
         """Upload new values of an executable's device state (``Executable.write_state``)."""
@@ -296,19 +329,22 @@ class ExecutableTable:
         return "disabled" if self._cache is None else str(self._cache.root)
 
     def statistics(self) -> list[dict[str, object]]:
-        """Each executable with its shapes, where it came from, its load time and the calls it served."""
-        return [
-            {
-                "shapes": entry.shapes,
-                "branches": entry.branches,
-                "source": entry.source,
-                "compile_seconds": entry.seconds,
-                "calls": entry.calls,
-                **({"kv_cache": "device"} if entry.carried is not None else {}),
-                **entry.executable.residency(),
-            }
-            for entry in self._entries.values()
-        ]
+        """Each executable with its shapes, where it came from, its load time and the calls it served; the
+        ones the serving plan released first, marked ``released``."""
+        return [*self._released, *(self._entry_statistics(entry) for entry in list(self._entries.values()))]
+
+    @staticmethod
+    def _entry_statistics(entry: CompiledEntry) -> dict[str, object]:
+        return {
+            "shapes": entry.shapes,
+            "branches": entry.branches,
+            "source": entry.source,
+            "compile_seconds": entry.seconds,
+            "background": entry.background,
+            "calls": entry.calls,
+            **({"kv_cache": "device"} if entry.carried is not None else {}),
+            **entry.executable.residency(),
+        }
 
     def close(self) -> None:
         """Close every executable (releasing the devices they hold) and forget them."""

@@ -54,6 +54,7 @@ from optimum_ipu_backend.engines.popdist import read_popdist
 from optimum_ipu_backend.engines.probe import DEVICE_KINDS, SDK_PYTHON_ENV, default_device, resolve_sdk_python
 from optimum_ipu_backend.errors import ConfigurationError
 from optimum_ipu_backend.runtime.buckets import DEFAULT_SIZES_PER_DIMENSION, BucketOptionError, parse_sizes
+from optimum_ipu_backend.runtime.cost_model import OPTION_FIELDS, CostModel, CostOptionError
 from optimum_ipu_backend.runtime.executable_cache import parse_byte_size
 from optimum_ipu_backend.runtime.progress import progress_enabled
 
@@ -409,6 +410,8 @@ COMPILE_MODES = ("lazy", "eager")
 #: encoder, short beside the latency of a request that crosses a network.
 DEFAULT_MAX_QUEUE_DELAY_MS = 2.0
 KV_CACHE_PLACES = ("device", "host")
+SERVING_PLANS = ("buckets", "cost")
+DEFAULT_COMPILE_WORKERS = 2
 
 SESSION_OPTION_HELP = {
     "device": f"one of {', '.join(DEVICE_KINDS)}; default from OPTIMUM_IPU_DEVICE, else 'ipu'",
@@ -447,6 +450,28 @@ SESSION_OPTION_HELP = {
         "positions cross the link) or 'host' (the whole cache is sent and returned every step); default "
         "device"
     ),
+    "serving_plan": (
+        "'buckets' (every call at the smallest bucket that holds it, an executable per bucket) or 'cost' "
+        "(few executables chosen from the traffic by the IPU cost model, compiled in the background and kept "
+        "resident on the session's IPU groups; docs/performance.md, 'IPU cost model'); default buckets"
+    ),
+    "ipu_groups": (
+        "IPU groups (of replication_factor x ipus_per_replica IPUs) the session holds, so the executables "
+        "it keeps resident (positive integer); default: with serving_plan='cost' 1, otherwise one per "
+        "executable while free IPUs remain"
+    ),
+    "compile_workers": (
+        "host threads that compile planned executables in the background with serving_plan='cost' "
+        "(positive integer); default 2"
+    ),
+    "cost_measured": (
+        "1 or 0: with serving_plan='cost', replace the compile and load estimates by the times this session "
+        "measured on an IPU (device 'ipu'); default 1"
+    ),
+    **{
+        option: f"the cost model's {name.replace('_', ' ')} (positive number; docs/performance.md)"
+        for option, name in OPTION_FIELDS.items()
+    },
     "sdk_python": (
         "path (or name on PATH) of the Python interpreter that runs the Poplar SDK for the popart and "
         "poptorch engines, such as the SDK's own Python with its PopTorch wheel; default from "
@@ -483,6 +508,11 @@ class IPUProviderOptions:
     # The runtime settings, with this instance's share of the replicas when PopRun started the process.
     runtime: IPURuntimeConfig = field(default_factory=IPURuntimeConfig)
     distributed: DistributedReplicas | None = None  # that share, for the engine (PopDist's environment)
+    serving_plan: str = "buckets"
+    ipu_groups: int | None = None
+    compile_workers: int = DEFAULT_COMPILE_WORKERS
+    cost_measured: bool = True
+    cost_model: CostModel = field(default_factory=CostModel)
 
     @property
     def precision(self) -> str:
@@ -519,6 +549,18 @@ class IPUProviderOptions:
             raise ProviderOptionError(
                 f"option 'kv_cache'={raw['kv_cache']!r}: {SESSION_OPTION_HELP['kv_cache']}"
             )
+        serving_plan = str(raw.get("serving_plan", "buckets")).strip().lower()
+        if serving_plan not in SERVING_PLANS:
+            raise ProviderOptionError(
+                f"option 'serving_plan'={raw['serving_plan']!r}: {SESSION_OPTION_HELP['serving_plan']}"
+            )
+        ipu_groups = _optional(raw, "ipu_groups", positive_int_or_none)
+        compile_workers = _optional(raw, "compile_workers", positive_int_or_none)
+        cost_measured = _optional(raw, "cost_measured", flag_or_none)
+        try:
+            cost_model = CostModel.from_options(raw)
+        except CostOptionError as exc:
+            raise ProviderOptionError(str(exc)) from None
         try:
             runtime = load_runtime_config(model_dir, raw, other_options=SESSION_OPTION_HELP)
         except (IPUConfigError, BucketOptionError) as exc:
@@ -547,6 +589,11 @@ class IPUProviderOptions:
             sdk_python=sdk_python,
             runtime=runtime,
             distributed=distributed,
+            serving_plan=serving_plan,
+            ipu_groups=ipu_groups if ipu_groups is not None else (1 if serving_plan == "cost" else None),
+            compile_workers=compile_workers or DEFAULT_COMPILE_WORKERS,
+            cost_measured=True if cost_measured is None else cost_measured,
+            cost_model=cost_model,
         )
 
 

@@ -33,7 +33,7 @@ from optimum_ipu_backend.runtime.buckets import (
     model_limit,
     packed_row_lengths,
 )
-from optimum_ipu_backend.runtime.cache_files import PROOFS_DIR, graph_digest
+from optimum_ipu_backend.runtime.cache_files import PLANS_DIR, PROOFS_DIR, graph_digest
 from optimum_ipu_backend.runtime.dim_expressions import parse_dim
 from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
 from optimum_ipu_backend.runtime.executables import ExecutableTable
@@ -42,8 +42,14 @@ from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, IPURuntim
 from optimum_ipu_backend.runtime.packing import PackedGraphInterface, PackedRunner
 from optimum_ipu_backend.runtime.padding import PaddingDecisions
 from optimum_ipu_backend.runtime.precompile import compile_buckets
-from optimum_ipu_backend.runtime.roles import audio_sample_dims, fill_value, generation_step_dims
+from optimum_ipu_backend.runtime.roles import (
+    audio_sample_dims,
+    fill_value,
+    generation_step_dims,
+    is_batch_dim,
+)
 from optimum_ipu_backend.runtime.serving import ServingConfig, StaticShapeRunner
+from optimum_ipu_backend.runtime.serving_plan import ServingPlanner, measured_times, settings_digest
 
 _logger = logging.getLogger(__name__)
 _emulation_announced = threading.Event()
@@ -220,6 +226,7 @@ def _compile_options(options: IPUProviderOptions, engine: Engine, threads: int |
         compile_timeout=options.compile_timeout,
         ipus_per_replica=runtime.ipus_per_replica,
         layers_per_ipu=runtime.layers_per_ipu,
+        device_groups=options.ipu_groups,
     )
 
 
@@ -283,7 +290,43 @@ def _runner(
         for name, _, elem_type in description.outputs
     }
     _logger.info("compiled sizes: %s", plan.describe())
-    return StaticShapeRunner(table, input_shapes, output_dtypes, serving, decisions)
+    planner = _planner(options, engine, compile_options, plan, cache, description.digest, table)
+    return StaticShapeRunner(table, input_shapes, output_dtypes, serving, decisions, planner)
+
+
+def _planner(
+    options: IPUProviderOptions,
+    engine: Engine,
+    compile_options: CompileOptions,
+    plan: BucketPlan,
+    cache: ExecutableCache | None,
+    digest: str,
+    table: ExecutableTable,
+) -> ServingPlanner | None:
+    """With ``serving_plan="cost"``: the planner that picks the session's few executables, its plan kept in
+    the cache under the graph and every setting the plan depends on."""
+    if options.serving_plan != "cost":
+        return None
+    slots = options.ipu_groups or 1
+    settings = {
+        "sizes": plan.to_dict(),
+        "ipu_groups": slots,
+        "engine": engine.name,
+        "binary": compile_options.binary_settings(),
+        "cost": {k: v for k, v in options.cost_model.to_dict().items() if k != "sources"},
+    }
+    store = None if cache is None else cache.root / PLANS_DIR / digest / f"{settings_digest(settings)}.json"
+    measure = None
+    if options.cost_measured and engine.device == "ipu":
+        measure = lambda: measured_times(table.statistics())  # noqa: E731
+    return ServingPlanner(
+        model=options.cost_model,
+        slots=slots,
+        candidates={dim: sizes for dim, sizes in plan.sizes.items() if not is_batch_dim(dim)},
+        store=store,
+        compile_workers=options.compile_workers,
+        measure=measure,
+    )
 
 
 def _batched_serving(
@@ -366,5 +409,6 @@ def _packed_runner(
         replicas=compile_options.replicas,
         trimming_proven=lambda: not runner.decisions.is_exact(sequence_dim),
         may_compile=may_compile,
+        planner=runner.planner,
     )
     return packed_runner, f"{packing.describe(result)}; rows of up to {packed_runner.longest_row} tokens"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from optimum_ipu_backend.runtime.boundary import to_host_dtype
 from optimum_ipu_backend.runtime.device_steps import merge_outputs, plan_steps, split_feed
 from optimum_ipu_backend.runtime.executables import ExecutableTable
 from optimum_ipu_backend.runtime.serving import ExecutableLimitError
+
+if TYPE_CHECKING:
+    from optimum_ipu_backend.runtime.serving_plan import ServingPlanner
 
 #: A pooled graph's row holds at most ``tokens // TOKENS_PER_SEGMENT`` sequences: the pooled outputs are
 #: computed for every slot, and real sequences are at least a [CLS] and a [SEP] token long.
@@ -138,6 +142,7 @@ class PackedRunner:
         replicas: int = 1,
         trimming_proven: Callable[[], bool],
         may_compile: Callable[[Mapping[str, tuple[int, ...]]], bool] = lambda shapes: True,
+        planner: ServingPlanner | None = None,
     ) -> None:
         self.interface = interface
         self._table = table
@@ -149,10 +154,25 @@ class PackedRunner:
         self._replicas = replicas
         self._trimming_proven = trimming_proven
         self._may_compile = may_compile
+        #: With ``serving_plan="cost"``: the few fixed layouts groups are packed into.
+        self._plan = (
+            None
+            if planner is None
+            else planner.packed_plan(
+                self._row_lengths,
+                self._row_counts,
+                lambda rows, micro: plan_steps(rows, micro, device_iterations, replicas).padded_samples,
+            )
+        )
 
     @property
     def table(self) -> ExecutableTable:
         return self._table
+
+    @property
+    def plan(self):  # -> serving_plan.PackedPlan | None
+        """The serving plan's packed layouts (``serving_plan="cost"``), or None."""
+        return self._plan
 
     @property
     def longest_row(self) -> int:
@@ -193,6 +213,8 @@ class PackedRunner:
         executables the session may still compile (``max_executables``)."""
         if max(lengths) > self.longest_row:
             raise ValueError(f"a sequence is longer than the longest packed row ({self.longest_row} tokens)")
+        if self._plan is not None:
+            return self._planned_layout(lengths)
         layout = choose_layout(
             lengths,
             self._row_counts,
@@ -208,6 +230,47 @@ class PackedRunner:
                 f"and the session may compile no more (max_executables); raise max_executables"
             )
         return layout
+
+    def _planned_layout(self, lengths: Sequence[int]) -> RowLayout:
+        """The planned layout of these sequences when it is compiled (or kept in the cache); else the best
+        compiled one while the planned one compiles in the background; else the first layout, which
+        serves every group (``serving_plan.PackedPlan.first_layout``)."""
+        plan = self._plan
+        assert plan is not None
+        layouts = plan.plan
+
+        def best(allowed: Callable[[int, int], bool]) -> RowLayout | None:
+            return choose_layout(
+                lengths,
+                self._row_counts,
+                self._row_lengths,
+                self.segments_per_row,
+                self._device_iterations,
+                self._replicas,
+                allowed=allowed,
+            )
+
+        def ready(tokens: int, micro: int) -> bool:
+            return self._table.has(self._shapes(tokens, micro), {})
+
+        ideal = best(lambda tokens, micro: (tokens, micro) in layouts)
+        if ideal is not None and (
+            (ideal.tokens, ideal.micro_batch) in plan.from_cache or ready(ideal.tokens, ideal.micro_batch)
+        ):
+            return ideal
+        compiled = best(ready)
+        if compiled is not None:
+            if ideal is not None:
+                shapes = self._shapes(ideal.tokens, ideal.micro_batch)
+                plan.compile_later(
+                    ("packed", ideal.tokens, ideal.micro_batch),
+                    lambda: self._table.entry_for(shapes, {}, background=True),
+                )
+            return compiled
+        # the planned layout starts once this one is built (the next group finds it compiled)
+        first = best(lambda tokens, micro: (tokens, micro) == plan.first_layout)
+        assert first is not None, "the longest rows at the most rows per micro-batch hold every group"
+        return first
 
     def _shapes(self, tokens: int, micro: int) -> dict[str, tuple[int, ...]]:
         """The compiled input shapes of packed steps of ``micro`` rows of ``tokens`` tokens."""
@@ -226,6 +289,10 @@ class PackedRunner:
             for call, (_, _, lengths) in enumerate(calls)
             for row, length in enumerate(lengths)
         ]
+        if self._plan is not None:  # the plan learns from every group; what it dropped is released
+            for tokens, micro in sorted(self._plan.record([tuple(lengths) for _, _, lengths in calls])):
+                if self._table.has(self._shapes(tokens, micro), {}):
+                    self._table.release(self._shapes(tokens, micro), {})
         layout = self.layout([length for _, _, length in sequences])
         packed = self._packed_feed(calls, sequences, layout)
         outputs = self._run_rows(packed, layout)

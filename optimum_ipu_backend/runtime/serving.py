@@ -42,6 +42,7 @@ from optimum_ipu_backend.runtime.roles import InputRole, input_role, is_batch_di
 
 if TYPE_CHECKING:
     from optimum_ipu_backend.compiler.graph_rewrites.eos_selection import SameTokenCount
+    from optimum_ipu_backend.runtime.serving_plan import ServingPlanner
 
 
 class ExecutableLimitError(DeviceError):
@@ -88,8 +89,11 @@ class StaticShapeRunner:
         output_dtypes: Mapping[str, np.dtype],
         config: ServingConfig,
         decisions: PaddingDecisions,
+        planner: ServingPlanner | None = None,
     ) -> None:
         self._table = table
+        #: With ``serving_plan="cost"``: which compiled size serves each call (``runtime.serving_plan``).
+        self.planner = planner
         self._input_shapes = dict(input_shapes)
         self._output_dtypes = dict(output_dtypes)
         self._config = config
@@ -118,6 +122,8 @@ class StaticShapeRunner:
             )
             self._decisions.settle(dims=[dim for dim in config.plan.dims if dim not in text])
         self._carried = CarriedState.for_runner(self) if config.kv_cache_on_device else None
+        if planner is not None and self._carried is not None:
+            planner.reserved = 1  # the decode executable stays resident beside the planned ones
 
     @property
     def plan(self) -> BucketPlan:
@@ -213,6 +219,8 @@ class StaticShapeRunner:
                 # The micro-batch with the fewest real samples is the one whose padding matters.
                 proof_actual[dim] = samples if samples < micro else (samples % micro or micro)
                 wanted[dim] = micro
+        if self.planner is not None and shapes is self._input_shapes and all(branches.values()):
+            wanted = self._planned(wanted, actual, micro, branches)
         call = self._decisions.decide(proof_actual, wanted, feed, branches, shapes)
         if samples is not None and not call.batch_paddable:
             micro = samples  # the graph mixes samples: run them all in one micro-batch, no repeats
@@ -229,6 +237,54 @@ class StaticShapeRunner:
             )
             for name in output_names
         ]
+
+    def _planned(
+        self,
+        wanted: dict[str, int],
+        actual: Mapping[str, int],
+        micro: int | None,
+        branches: Mapping[str, bool],
+    ) -> dict[str, int]:
+        """``wanted`` with the padded sizes the serving plan serves this call at: its planned executable,
+        or one already compiled that holds it while the planned one compiles in the background."""
+        from optimum_ipu_backend.runtime.serving_plan import GroupKey
+
+        assert self.planner is not None
+        padded = tuple(sorted(dim for dim in wanted if not is_batch_dim(dim)))
+        if not padded:
+            return wanted
+        exact = tuple(sorted((d, s) for d, s in actual.items() if d not in wanted and not is_batch_dim(d)))
+        key = GroupKey(micro, tuple(sorted(branches.items())), exact, padded)
+        batch = {dim: micro for dim in actual if is_batch_dim(dim) and micro is not None}
+
+        def shapes_of(sizes: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+            return self.shapes_at({**key.values(sizes), **batch}, branches)
+
+        def build(sizes: tuple[int, ...]) -> None:
+            self._table.entry_for(shapes_of(sizes), branches, background=True)
+
+        sizes = self.planner.targets(
+            key,
+            tuple(wanted[dim] for dim in padded),
+            ready=lambda sizes: self._table.has(shapes_of(sizes), branches),
+            build=build,
+            release=lambda sizes: self._table.release(shapes_of(sizes), branches),
+        )
+        return {**wanted, **dict(zip(padded, sizes, strict=True))}
+
+    def shapes_at(
+        self, values: Mapping[str, int], branches: Mapping[str, bool]
+    ) -> dict[str, tuple[int, ...]]:
+        """The input shapes of the executable at these dimension sizes (branch inputs are not fed)."""
+        from optimum_ipu_backend.runtime.dim_expressions import DimExpression
+
+        return {
+            name: tuple(
+                dim if isinstance(dim, int) else DimExpression.parse(dim).evaluate(values) for dim in shape
+            )
+            for name, shape in self._input_shapes.items()
+            if name not in branches
+        }
 
     def padded(
         self,
@@ -457,9 +513,6 @@ class StaticShapeRunner:
 
         from optimum_ipu_backend.runtime.dim_expressions import DimExpression
 
-        def evaluate(dim: int | str, values: Mapping[str, int]) -> int:
-            return dim if isinstance(dim, int) else DimExpression.parse(dim).evaluate(values)
-
         symbols: set[str] = set()
         for shape in self._input_shapes.values():
             for dim in shape:
@@ -492,11 +545,7 @@ class StaticShapeRunner:
                 values = {**fixed, **dict(zip(planned, sizes, strict=True))}
                 if uncached:  # placeholder past of one position (``_placeholder_past``)
                     values.update({dim: 1 for dim in values if is_past_dim(dim)})
-                shapes = {
-                    name: tuple(evaluate(dim, values) for dim in shape)
-                    for name, shape in self._input_shapes.items()
-                    if name not in branches
-                }
+                shapes = self.shapes_at(values, branches)
                 key = (tuple(sorted(shapes.items())), tuple(sorted(branches.items())))
                 signatures.setdefault(key, (shapes, dict(branches)))
         return list(signatures.values())

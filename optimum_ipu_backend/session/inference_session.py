@@ -95,7 +95,9 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
         if options is None:
             options = IPUProviderOptions.parse(None, Path(path_or_bytes).parent if is_path else None)
         self._open = open_model(path_or_bytes, options, threads=_threads_from(sess_options))
-        self._finalizer = weakref.finalize(self, _close_session, self._open.batching, self._open.engine)
+        self._finalizer = weakref.finalize(
+            self, _close_session, self._open.batching, self._open.engine, self._open.runner.planner
+        )
         self._runner = self._open.runner
         self._batching = self._open.batching
 
@@ -369,6 +371,18 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
         """What serving changed in the exported graph and what it costs (e.g. experts computed densely)."""
         return list(self._open.source.description.notes)
 
+    def serving_plan(self) -> dict[str, Any] | None:
+        """With ``serving_plan="cost"``: the plan (sizes and packed layouts per group of calls), the length
+        histograms behind it and the cost model's figures with their sources; None otherwise."""
+        planner = self._runner.planner
+        return None if planner is None else planner.report()
+
+    def wait_for_compiles(self, timeout: float | None = None) -> bool:
+        """Wait until the background compiles of the serving plan are done (True), or ``timeout`` seconds
+        pass (False); True at once without a serving plan."""
+        planner = self._runner.planner
+        return True if planner is None else planner.wait_for_compiles(timeout)
+
     def bucket_sizes(self) -> dict[str, list[int]]:
         """The compiled sizes of every padded dimension."""
         return self._runner.plan.to_dict()
@@ -379,8 +393,10 @@ class IPUInferenceSession(onnxruntime.InferenceSession):
 refuse_unimplemented(IPUInferenceSession, onnxruntime.InferenceSession)
 
 
-def _close_session(batching: BatchedServing | None, engine: Engine) -> None:
+def _close_session(batching: BatchedServing | None, engine: Engine, planner: Any = None) -> None:
     # Queued calls are released (with an error) before the engine they would run on goes.
+    if planner is not None:
+        planner.close()  # no background compile starts on a closing engine
     if batching is not None:
         batching.close()
     engine.close()

@@ -109,6 +109,16 @@ def test_more_buckets_than_ipus_switch_at_most_once_per_executable_per_call(doub
     session.close()
 
 
+def test_ipu_groups_caps_the_ipus_a_session_holds(double, model, tmp_path):
+    configure(double, ipus=4)
+    session = _session(model, tmp_path, batch_size="1,2,4,8", ipu_groups="2")
+    for batch in (1, 2, 3, 8, 1, 5):
+        _check(session, model, batch=batch, seed=batch)
+    stats = session.compiled_executables()
+    assert len(stats) == 4 and len({entry["device"] for entry in stats}) == 2  # 4 IPUs free, 2 held
+    session.close()
+
+
 # -- the executable cache --------------------------------------------------------------------------------
 
 

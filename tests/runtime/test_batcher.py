@@ -141,6 +141,21 @@ def test_group_is_the_prefix_up_to_the_first_full_one():
     }
 
 
+def test_with_fits_a_group_takes_the_items_that_fit_and_the_others_wait_in_order():
+    # a step of 10 "tokens": behind 3 and 8, the 8 waits while 4 and 2 fill the step; it leads the next
+    batcher, running, release, groups = _blocked_batcher(cap=100)
+    batcher._fits = lambda items: sum(item for item in items if item != "block") <= 10
+    outcomes: dict = {}
+    threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
+    assert running.wait(JOIN_S)
+    _queue_in_turn(batcher, (3, 8, 4, 2, 6), outcomes, threads)
+    release.set()
+    _join_all(threads)
+    batcher.close()
+    assert groups == [["block"], [3, 4, 2], [8], [6]]
+    assert outcomes == {key: ("result", f"done {key}") for key in ("block", 3, 8, 4, 2, 6)}
+
+
 def test_an_item_marked_invalid_fails_only_its_caller():
     class BadItem(ValueError):
         pass

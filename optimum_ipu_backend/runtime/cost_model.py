@@ -1,0 +1,329 @@
+"""What compiles, loads and device time cost on an IPU: the one model the serving plan minimises.
+
+On the host emulator a compile is a legalization of a few seconds and running another executable is free;
+on an IPU neither holds. A compile takes minutes, an IPU holds one loaded executable at a time, and running
+another one on the same IPUs reloads it (a *switch*, ``engines.worker_server``). So the runtime plans with
+three named estimates (docs/performance.md, "IPU cost model", gives their sources):
+
+* ``compile_seconds`` (120 s): one compile of one shape. Graphcore's own notebooks: BERT-Large "takes ~10
+  minutes to build the graph", and a cached executable brings it "to seconds instead of minutes";
+* ``load_seconds`` (2 s): one load of a compiled executable onto its IPUs, and each switch (a reload);
+  optimum-graphcore split its cache directories because loading many executables was slow;
+* ``token_seconds`` (0.5 us): device time per computed position (a padded position costs what a real one
+  does).
+
+and one assumption about the traffic: ``horizon_calls``, how many calls an executable serves over the life
+of its cache entry (10 million: a day at about a hundred calls a second). An executable beyond the first
+is worth adding only where the device time it saves over that horizon exceeds its compile and its load.
+Every figure is overridable with a provider option of the same name (``cost_compile_seconds``, ...), and
+the engines that report a compile or load time of their own replace the estimate by the measurement.
+
+The planners are pure functions of a length histogram (``plan_sizes`` for padded calls, ``plan_layouts``
+for packed rows): tested without models, used by ``runtime.serving_plan``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from optimum_ipu_backend.config import positive_float_or_none
+from optimum_ipu_backend.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A named figure of the model and where it comes from (shown in docs and reports)."""
+
+    value: float
+    source: str
+
+
+COMPILE_SECONDS = Estimate(
+    120.0,
+    "Graphcore's BERT-Large notebook: building the graph 'takes ~10 minutes', cached executables bring it "
+    "'to seconds instead of minutes' (gradient-ai/Graphcore-HuggingFace#2, #12); 2 minutes for a small "
+    "encoder",
+)
+LOAD_SECONDS = Estimate(
+    2.0,
+    "an executable's code and weights moved onto its IPUs (docs/hardware.md); optimum-graphcore split its "
+    "cache directories because loading many executables was slow (optimum-graphcore#214)",
+)
+TOKEN_SECONDS = Estimate(
+    0.5e-6,
+    "assumed: device time per computed position of a small encoder (all-MiniLM-L6-v2); only ratios "
+    "between plans depend on it",
+)
+HORIZON_CALLS = Estimate(
+    1e7, "assumed: calls one cached executable serves (a day at about a hundred calls per second)"
+)
+
+#: Provider option -> the model's field it sets.
+OPTION_FIELDS = {
+    "cost_compile_seconds": "compile_seconds",
+    "cost_load_seconds": "load_seconds",
+    "cost_token_seconds": "token_seconds",
+    "cost_horizon_calls": "horizon_calls",
+}
+
+
+class CostOptionError(ConfigurationError):
+    """A cost model option is not a positive number."""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    compile_seconds: float = COMPILE_SECONDS.value
+    load_seconds: float = LOAD_SECONDS.value
+    token_seconds: float = TOKEN_SECONDS.value
+    horizon_calls: float = HORIZON_CALLS.value
+    #: Per field, where its value came from: the estimate's source, an option, or a measurement.
+    sources: dict[str, str] = field(
+        default_factory=lambda: {
+            "compile_seconds": COMPILE_SECONDS.source,
+            "load_seconds": LOAD_SECONDS.source,
+            "token_seconds": TOKEN_SECONDS.source,
+            "horizon_calls": HORIZON_CALLS.source,
+        },
+        compare=False,
+    )
+
+    @classmethod
+    def from_options(cls, raw: Mapping[str, object]) -> CostModel:
+        """The defaults, with every ``cost_*`` provider option in ``raw`` applied."""
+        model = cls()
+        for option, name in OPTION_FIELDS.items():
+            if raw.get(option) is None:
+                continue
+            value = positive_float_or_none(raw[option])
+            if value is None:
+                raise CostOptionError(f"option {option!r}={raw[option]!r}: expected a positive number")
+            model = replace(model, **{name: value}, sources={**model.sources, name: f"option {option!r}"})
+        return model
+
+    def measured(
+        self, *, compile_seconds: float | None = None, load_seconds: float | None = None
+    ) -> CostModel:
+        """This model with the times an engine measured on its device in place of the estimates."""
+        model = self
+        for name, value in (("compile_seconds", compile_seconds), ("load_seconds", load_seconds)):
+            if value is not None and value > 0:
+                model = replace(model, **{name: value}, sources={**model.sources, name: "measured"})
+        return model
+
+    def executable_seconds(self, compiled: bool = False) -> float:
+        """What adding one executable costs: its compile (unless compiled already) and its load."""
+        return self.load_seconds + (0.0 if compiled else self.compile_seconds)
+
+    def price(
+        self, *, waited_compiles: int = 0, loads: int = 0, switches: int = 0, computed_tokens: int = 0
+    ) -> float:
+        """Modeled seconds calls spend: compiles they waited for, loads and switches, device compute.
+        Compiles in the background run on host cores beside serving and delay no call."""
+        return (
+            waited_compiles * self.compile_seconds
+            + (loads + switches) * self.load_seconds
+            + computed_tokens * self.token_seconds
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "compile_seconds": self.compile_seconds,
+            "load_seconds": self.load_seconds,
+            "token_seconds": self.token_seconds,
+            "horizon_calls": self.horizon_calls,
+            "sources": dict(self.sources),
+        }
+
+
+# -- planning padded calls --------------------------------------------------------------------------------
+
+
+def plan_sizes(
+    histogram: Mapping[int, int],
+    candidates: Sequence[int],
+    slots: int,
+    model: CostModel,
+    tokens: Callable[[int], int],
+    compiled: Iterable[int] = (),
+) -> tuple[int, ...]:
+    """The compiled sizes of one padded dimension that minimise the modeled cost of the traffic
+    ``histogram`` (needed size -> calls): ``horizon_calls`` times the expected device time per call, plus
+    compile and load of each size (only the load for sizes in ``compiled``). At most ``slots`` sizes (the
+    executables that stay resident), always the smallest candidate that holds the longest call, so that
+    every observed call is served without a compile. ``tokens(size)``: positions one call at that size
+    computes. Exact dynamic programming over the candidates (a few dozen at most)."""
+    if not histogram:
+        return ()
+    sizes = sorted(candidates)
+    longest = max(histogram)
+    top = next((index for index, size in enumerate(sizes) if size >= longest), None)
+    if top is None:
+        raise ValueError(f"no candidate size holds {longest}")
+    sizes = sizes[: top + 1]
+    calls = sum(histogram.values())
+    done = set(compiled)
+    scale = model.horizon_calls / calls * model.token_seconds
+    # needed[j]: calls that need at most sizes[j]
+    needed = [sum(count for size, count in histogram.items() if size <= bound) for bound in sizes]
+
+    def served(low: int, high: int) -> float:
+        """Modeled seconds of the calls needing (sizes[low-1], sizes[high]], served at sizes[high]."""
+        count = needed[high] - (needed[low - 1] if low > 0 else 0)
+        return count * tokens(sizes[high]) * scale + model.executable_seconds(sizes[high] in done)
+
+    slots = max(1, min(slots, len(sizes)))
+    # best[k][j]: cheapest cost of serving every call up to sizes[j] with k sizes, the last one sizes[j]
+    best = [[math.inf] * len(sizes) for _ in range(slots + 1)]
+    choice: list[list[int]] = [[-1] * len(sizes) for _ in range(slots + 1)]
+    for j in range(len(sizes)):
+        best[1][j] = served(0, j)
+    for k in range(2, slots + 1):
+        for j in range(len(sizes)):
+            for i in range(j):
+                cost = best[k - 1][i] + served(i + 1, j)
+                if cost < best[k][j]:
+                    best[k][j], choice[k][j] = cost, i
+    k = min(range(1, slots + 1), key=lambda count: best[count][top])
+    plan, j = [], top
+    while j >= 0 and k >= 1:
+        plan.append(sizes[j])
+        j, k = choice[k][j], k - 1
+    return tuple(sorted(plan))
+
+
+# -- planning packed rows ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackedGroup:
+    """One gathered group of packed sequences, as the planner needs it: per row length, the rows its
+    sequences fill (first-fit-decreasing; None where one is longer than the row)."""
+
+    real_tokens: int
+    rows: dict[int, int | None]
+    calls: int = 1
+
+
+def layout_cost(
+    group: PackedGroup,
+    layout: tuple[int, int],
+    row_counts: Sequence[int],
+    steps_of: Callable[[int, int], int],
+) -> int | None:
+    """Positions ``layout`` (row length, rows per micro-batch) computes for ``group``, or None when the
+    runtime's own rule (``runtime.packing.choose_layout``) would not use it: a sequence longer than the row,
+    or fewer rows per micro-batch than the group needs from one step. ``steps_of(rows, micro)``: computed
+    rows (``device_steps.plan_steps(...).padded_samples``)."""
+    tokens, micro = layout
+    rows = group.rows.get(tokens)
+    if rows is None:
+        return None
+    per_step_rows = steps_of(1, 1)  # rows one step of micro-batch 1 holds: device iterations x replicas
+    wanted = min(-(-rows // per_step_rows), max(row_counts))
+    if micro < wanted:
+        return None
+    return steps_of(rows, micro) * tokens
+
+
+def refill(
+    groups: Sequence[Sequence[tuple[int, ...]]], fits: Callable[[Sequence[int]], bool]
+) -> list[list[tuple[int, ...]]]:
+    """The groups the dynamic batcher forms from traffic that arrived as ``groups`` (each a list of calls,
+    each call its sequences' lengths) when a group takes, in arrival order, only the calls it still
+    ``fits`` one device step with (``batcher.DynamicBatcher``'s ``fits``): the others stay queued, ahead
+    of the calls that arrive next."""
+    formed: list[list[tuple[int, ...]]] = []
+    queue: list[tuple[int, ...]] = []
+    for index, arrived in enumerate(groups):
+        queue.extend(arrived)
+        last = index == len(groups) - 1
+        while queue:
+            group: list[tuple[int, ...]] = []
+            left: list[tuple[int, ...]] = []
+            for call in queue:
+                if not group or fits([n for member in (*group, call) for n in member]):
+                    group.append(call)
+                else:
+                    left.append(call)
+            formed.append(group)
+            queue = left
+            if not last and (not queue or fits([n for call in queue for n in call])):
+                break  # what is left waits for the calls that arrive next
+    return formed
+
+
+def plan_layouts(
+    groups: Sequence[Sequence[tuple[int, ...]]],
+    row_lengths: Sequence[int],
+    row_counts: Sequence[int],
+    slots: int,
+    model: CostModel,
+    steps_of: Callable[[int, int], int],
+    rows_of: Callable[[Sequence[int], int], int | None],
+    compiled: Iterable[tuple[int, int]] = (),
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, int] | None]:
+    """The packed layouts (row length, rows) to keep resident for traffic that arrived as ``groups`` (lists of
+    calls, each its sequences' lengths), and the *fill* layout among them: the batcher stops a group
+    before the call that would overflow one step of it, so steps run nearly full. First the fill layout
+    that serves the refilled traffic at the least cost (``refill``), then, while slots remain, the layout
+    whose saving over ``horizon_calls`` exceeds its compile and load by most (a group's tail). Greedy: the
+    exact choice is a set-cover problem, and groups differ from one run to the next anyway.
+    ``rows_of(lengths, tokens)``: rows first-fit-decreasing fills (None: a sequence is longer)."""
+    calls = sum(len(group) for group in groups)
+    if not calls:
+        return (), None
+    done = set(compiled)
+    per_step = steps_of(1, 1)
+    longest = max(n for group in groups for call in group for n in call)
+    scale = model.horizon_calls / calls * model.token_seconds
+
+    def packed(group: Sequence[tuple[int, ...]], tokens: Sequence[int]) -> PackedGroup:
+        lengths = [n for call in group for n in call]
+        return PackedGroup(sum(lengths), {t: rows_of(lengths, t) for t in tokens}, len(group))
+
+    best: tuple[float, tuple[int, int], list[list[tuple[int, ...]]]] | None = None
+    for tokens in (t for t in row_lengths if t >= longest):
+        for micro in row_counts:
+
+            def fits(lengths: Sequence[int], tokens: int = tokens, micro: int = micro) -> bool:
+                rows = rows_of(lengths, tokens)
+                return rows is not None and rows <= micro * per_step
+
+            formed = refill(groups, fits)
+            computed = 0
+            for group in formed:
+                cost = layout_cost(packed(group, (tokens,)), (tokens, micro), row_counts, steps_of)
+                computed += cost if cost is not None else math.inf
+            total = computed * scale + model.executable_seconds((tokens, micro) in done)
+            if best is None or total < best[0]:
+                best = (total, (tokens, micro), formed)
+    if best is None:
+        return (), None
+    _, fill, formed = best
+    priced = [packed(group, row_lengths) for group in formed]
+    candidates = [(tokens, micro) for tokens in row_lengths for micro in row_counts]
+    costs = {
+        layout: [layout_cost(group, layout, row_counts, steps_of) for group in priced]
+        for layout in candidates
+    }
+
+    def total(chosen: Sequence[tuple[int, int]]) -> float:
+        computed = 0
+        for index in range(len(priced)):
+            computed += min(v for layout in chosen if (v := costs[layout][index]) is not None)
+        return computed * scale + sum(model.executable_seconds(layout in done) for layout in chosen)
+
+    plan = [fill]
+    while len(plan) < slots:
+        options = [layout for layout in candidates if layout not in plan]
+        if not options:
+            break
+        current = total(plan)
+        added = min(options, key=lambda layout: total([*plan, layout]))
+        if total([*plan, added]) >= current:
+            break
+        plan.append(added)
+    return tuple(sorted(plan)), fill

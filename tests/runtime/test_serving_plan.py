@@ -1,0 +1,296 @@
+"""The serving plan of ``serving_plan="cost"``: the cost model's choices, background compiles that no call
+waits for, and the plan kept in the cache for the next process.
+
+The planners are pure functions, tested on histograms. Through a real session on the emulator, a compile
+is made as slow as the test wants with the emulator's ``compile_hook`` (an event the test holds): calls
+keep being answered by the executable already compiled, each with what CPU onnxruntime gives.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from emulator_sessions import emulator_session
+from subprocess_env import python_json
+
+from optimum_ipu_backend.engines.emulator import HostEmulatorEngine
+from optimum_ipu_backend.runtime.cost_model import (
+    CostModel,
+    PackedGroup,
+    layout_cost,
+    plan_layouts,
+    plan_sizes,
+    refill,
+)
+from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, ProviderOptionError
+from optimum_ipu_backend.runtime.packing import first_fit_decreasing
+
+ATOL = 1e-5
+SIZES = (8, 16, 32, 64, 128, 256, 512)
+
+
+def _tokens(size: int) -> int:
+    return size
+
+
+# -- the cost model and its planners ----------------------------------------------------------------------
+
+
+def test_one_slot_plans_the_smallest_size_that_holds_the_longest_call():
+    histogram = {16: 900, 32: 90, 128: 10}
+    assert plan_sizes(histogram, SIZES, 1, CostModel(), _tokens) == (128,)
+
+
+def test_more_slots_add_sizes_only_where_their_saving_pays_their_compile():
+    histogram = {16: 900, 32: 90, 128: 10}
+    plan = plan_sizes(histogram, SIZES, 4, CostModel(), _tokens)
+    assert plan[-1] == 128 and 16 in plan and len(plan) <= 4
+    # a short horizon: saving 112 positions on 90% of the calls never pays a 2-minute compile
+    short = CostModel(horizon_calls=1000)
+    assert plan_sizes(histogram, SIZES, 4, short, _tokens) == (128,)
+    # what an extra size saves, priced: horizon x calls' share x positions x seconds per position
+    saving = 1e7 * 0.9 * (128 - 16) * 0.5e-6
+    assert saving > CostModel().executable_seconds()
+
+
+def test_cost_model_options_override_the_estimates_and_name_their_source():
+    model = CostModel.from_options({"cost_compile_seconds": "600", "cost_token_seconds": 1e-6})
+    assert (model.compile_seconds, model.load_seconds, model.token_seconds) == (600.0, 2.0, 1e-6)
+    assert model.sources["compile_seconds"] == "option 'cost_compile_seconds'"
+    assert "notebook" in model.sources["load_seconds"] or "optimum-graphcore" in model.sources["load_seconds"]
+    assert model.price(waited_compiles=1, loads=2, switches=1, computed_tokens=2_000_000) == 600 + 6 + 2
+    measured = model.measured(compile_seconds=42.0, load_seconds=None)
+    assert measured.compile_seconds == 42.0 and measured.sources["compile_seconds"] == "measured"
+    with pytest.raises(ProviderOptionError, match="cost_load_seconds"):
+        IPUProviderOptions.parse({"device": "emulator", "cost_load_seconds": "-1"})
+
+
+def _rows_of(lengths, tokens):
+    placements = first_fit_decreasing(lengths, tokens, None)
+    return None if placements is None else 1 + max(p.row for p in placements)
+
+
+def _steps(rows: int, micro: int) -> int:
+    return -(-rows // micro) * micro
+
+
+def test_refilled_groups_take_the_calls_that_fit_and_carry_the_rest():
+    def fits(lengths):
+        return sum(lengths) <= 100
+
+    arrived = [[(40,), (70,), (40,), (20,)], [(30,)], [(90,), (5, 6)]]
+    assert refill(arrived, fits) == [[(40,), (40,), (20,)], [(70,), (30,)], [(90,)], [(5, 6)]]
+
+
+def test_packed_layouts_fill_one_layout_and_add_others_only_where_they_pay():
+    counts = (1, 2, 4, 8)
+    rng = np.random.default_rng(0)
+    # 64 groups of 16 single requests, lengths like the corpus (median ~20, a long tail to 160)
+    groups = [
+        [(int(n),) for n in np.minimum(rng.lognormal(3.0, 0.7, 16).astype(int) + 3, 160)] for _ in range(64)
+    ]
+    real = sum(n for group in groups for call in group for n in call)
+    lengths = (32, 64, 96, 128, 160, 192, 224, 256, 512)
+    plan, fill = plan_layouts(groups, lengths, counts, 3, CostModel(), _steps, _rows_of)
+    assert fill in plan and 1 <= len(plan) <= 3
+    assert fill[0] >= 160  # the fill layout holds the longest sequence
+    one, _ = plan_layouts(groups, lengths, counts, 1, CostModel(), _steps, _rows_of)
+    assert one == (fill,)
+
+    def fits(group_lengths):
+        rows = _rows_of(group_lengths, fill[0])
+        return rows is not None and rows <= fill[1]
+
+    computed = sum(
+        min(
+            cost
+            for layout in plan
+            if (
+                cost := layout_cost(
+                    PackedGroup(0, {t: _rows_of([n for c in g for n in c], t) for t in lengths}),
+                    layout,
+                    counts,
+                    _steps,
+                )
+            )
+            is not None
+        )
+        for g in refill(groups, fits)
+    )
+    assert real / computed >= 0.9  # steps filled by the batcher, padding only in each step's last rows
+
+
+# -- through a session on the emulator ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bert_tokens(zoo) -> Path:
+    return zoo.onnx("bert", "token-classification")
+
+
+def _calls(lengths, vocab: int = 100, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "input_ids": rng.integers(5, vocab, (1, n)),
+            "attention_mask": np.ones((1, n), np.int64),
+            "token_type_ids": np.zeros((1, n), np.int64),
+        }
+        for n in lengths
+    ]
+
+
+def _check_cpu(cpu: ort.InferenceSession, session, call) -> None:
+    got = session.run(None, call)
+    for result, reference in zip(got, cpu.run(None, call), strict=True):
+        np.testing.assert_allclose(result, reference, atol=ATOL, rtol=0)
+
+
+def test_calls_are_served_by_the_compiled_executable_while_the_planned_one_compiles(bert_tokens, tmp_path):
+    cpu = ort.InferenceSession(str(bert_tokens / "model.onnx"), providers=["CPUExecutionProvider"])
+    release = threading.Event()
+    compiles: list[str] = []
+
+    def slow_after_first(graph: Path) -> None:
+        compiles.append(str(graph))
+        if len(compiles) > 1:  # every compile after the first takes as long as the test says
+            assert release.wait(120), "the test never released the compile"
+
+    session = emulator_session(bert_tokens, tmp_path / "cache", serving_plan="cost", ipu_groups="4")
+    engine = session.engine
+    assert isinstance(engine, HostEmulatorEngine)
+    engine.compile_hook = slow_after_first
+    try:
+        calls = _calls([20, 9, 31, 14, 18, 25, 12, 30, 17, 22, 11, 28])
+        for call in calls:  # the first compiles the largest shape; the rest never wait
+            _check_cpu(cpu, session, call)
+        entries = session.compiled_executables()
+        assert [entry["shapes"]["input_ids"] for entry in entries] == [(1, 128)]
+        assert entries[0]["background"] is False and entries[0]["calls"] == len(calls)
+        assert len(compiles) >= 2, "the planned executable was started in the background"
+        release.set()
+        assert session.wait_for_compiles(120)
+        for call in calls:
+            _check_cpu(cpu, session, call)
+        entries = session.compiled_executables()
+        planned = [entry for entry in entries if entry["background"]]
+        assert planned, "the planned executables were swapped in"
+        assert all(entry["shapes"]["input_ids"][1] < 128 for entry in planned)
+        assert sum(entry["calls"] for entry in planned) == len(calls)  # the second pass: planned only
+        plan = session.serving_plan()
+        assert plan["groups"][0]["plan"] == sorted(
+            [[entry["shapes"]["input_ids"][1]] for entry in planned], key=lambda sizes: sizes[0]
+        )
+    finally:
+        release.set()
+        session.close()
+
+
+_SECOND_PROCESS = """
+import json, sys
+sys.path[:0] = {paths!r}
+import numpy as np
+from pathlib import Path
+from emulator_sessions import emulator_session
+from test_serving_plan_calls import calls
+session = emulator_session(Path({onnx!r}), Path({cache!r}), serving_plan="cost", ipu_groups="4")
+for call in calls():
+    session.run(None, call)
+print(json.dumps([
+    {{"shape": list(e["shapes"]["input_ids"]), "source": e["source"], "calls": e["calls"]}}
+    for e in session.compiled_executables()
+]))
+"""
+
+
+def test_the_plan_in_the_cache_brings_a_second_process_to_the_steady_state_without_compiling(
+    bert_tokens, tmp_path
+):
+    lengths = [20, 9, 31, 14, 18, 25, 12, 30, 17, 22, 11, 28, 70, 16]
+    (tmp_path / "test_serving_plan_calls.py").write_text(
+        "import numpy as np\n"
+        f"LENGTHS = {lengths!r}\n"
+        "def calls():\n"
+        "    rng = np.random.default_rng(0)\n"
+        "    return [{'input_ids': rng.integers(5, 100, (1, n)), 'attention_mask': np.ones((1, n), np.int64),"
+        " 'token_type_ids': np.zeros((1, n), np.int64)} for n in LENGTHS]\n"
+    )
+    cache = tmp_path / "cache"
+    session = emulator_session(bert_tokens, cache, serving_plan="cost", ipu_groups="4")
+    try:
+        for call in _calls(lengths):
+            session.run(None, call)
+        assert session.wait_for_compiles(300)
+        plan = session.serving_plan()["groups"][0]["plan"]
+    finally:
+        session.close()
+    stored = list((cache / "serving-plans").rglob("*.json"))
+    assert len(stored) == 1 and json.loads(stored[0].read_text())["body"]["groups"][0]["plan"] == plan
+    code = _SECOND_PROCESS.format(
+        paths=[str(Path(__file__).resolve().parents[1]), str(tmp_path)],
+        onnx=str(bert_tokens),
+        cache=str(cache),
+    )
+    second = python_json(code, cwd=tmp_path)
+    assert all(entry["source"] == "cache" for entry in second), second  # 0 compiles
+    assert sorted([entry["shape"][1]] for entry in second) == sorted(plan)  # only the planned ones
+    assert sum(entry["calls"] for entry in second) == len(lengths)
+
+
+def test_a_corrupt_plan_is_ignored_and_planned_again(bert_tokens, tmp_path):
+    cache = tmp_path / "cache"
+    session = emulator_session(bert_tokens, cache, serving_plan="cost")
+    try:
+        for call in _calls([10, 40]):
+            session.run(None, call)
+    finally:
+        session.close()
+    (stored,) = (cache / "serving-plans").rglob("*.json")
+    record = json.loads(stored.read_text())
+    record["body"]["groups"][0]["plan"] = [[8]]  # a plan that holds none of the calls, hash unchanged
+    stored.write_text(json.dumps(record))
+    cpu = ort.InferenceSession(str(bert_tokens / "model.onnx"), providers=["CPUExecutionProvider"])
+    again = emulator_session(bert_tokens, cache, serving_plan="cost")
+    try:
+        assert again.serving_plan()["groups"] == []  # the record failed its hash: never served
+        for call in _calls([10, 40]):
+            _check_cpu(cpu, again, call)
+    finally:
+        again.close()
+
+
+def test_what_the_padding_proof_refuses_still_compiles_exactly_as_with_buckets(tmp_path):
+    """y = x - mean over the sequence: padding would change every element, so the sequence is compiled at
+    the length each call brings, with or without the serving plan."""
+    from onnx import TensorProto, helper, save
+
+    shape = ["batch_size", "sequence_length", 4]
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["x"], ["mean"], axes=[1], keepdims=1),
+            helper.make_node("Sub", ["x", "mean"], ["y"]),
+        ],
+        "centred",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "model.onnx")
+    rng = np.random.default_rng(0)
+    feeds = [rng.standard_normal((1, n, 4)).astype(np.float32) for n in (5, 3, 7, 5, 3, 9, 7)]
+    compiled = {}
+    for plan in ("buckets", "cost"):
+        session = emulator_session(tmp_path, tmp_path / f"cache-{plan}", serving_plan=plan, ipu_groups="4")
+        try:
+            for x in feeds:
+                (got,) = session.run(None, {"x": x})
+                np.testing.assert_allclose(got, x - x.mean(axis=1, keepdims=True), atol=ATOL)
+            assert session.wait_for_compiles(60)
+            compiled[plan] = sorted(entry["shapes"]["x"] for entry in session.compiled_executables())
+        finally:
+            session.close()
+    assert compiled["cost"] == compiled["buckets"] == sorted({x.shape for x in feeds})
