@@ -18,6 +18,7 @@ import pytest
 from emulator_sessions import emulator_session
 from subprocess_env import python_json
 
+import optimum_ipu_backend
 from optimum_ipu_backend.engines.emulator import HostEmulatorEngine
 from optimum_ipu_backend.runtime.cost_model import (
     CostModel,
@@ -232,7 +233,13 @@ def test_the_plan_in_the_cache_brings_a_second_process_to_the_steady_state_witho
     stored = list((cache / "serving-plans").rglob("*.json"))
     assert len(stored) == 1 and json.loads(stored[0].read_text())["body"]["groups"][0]["plan"] == plan
     code = _SECOND_PROCESS.format(
-        paths=[str(Path(__file__).resolve().parents[1]), str(tmp_path)],
+        # the package this process imported first: under a wheel install, pytest's own directory holds
+        # the checkout's copy, whose code identity (and so every cache key) differs from the installed one
+        paths=[
+            str(Path(optimum_ipu_backend.__file__).resolve().parents[1]),
+            str(Path(__file__).resolve().parents[1]),
+            str(tmp_path),
+        ],
         onnx=str(bert_tokens),
         cache=str(cache),
     )
