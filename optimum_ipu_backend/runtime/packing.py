@@ -19,6 +19,7 @@ import numpy as np
 from optimum_ipu_backend.runtime.boundary import to_host_dtype
 from optimum_ipu_backend.runtime.device_steps import merge_outputs, plan_steps, split_feed
 from optimum_ipu_backend.runtime.executables import ExecutableTable
+from optimum_ipu_backend.runtime.row_placement import Placement, first_fit_decreasing
 from optimum_ipu_backend.runtime.serving import ExecutableLimitError
 
 if TYPE_CHECKING:
@@ -45,15 +46,6 @@ class PackedGraphInterface:
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Where one sequence went: ``row`` of the step, first token ``start``, slot ``segment`` in its row."""
-
-    row: int
-    start: int
-    segment: int
-
-
-@dataclass(frozen=True)
 class RowLayout:
     """The shape of one packed run: ``rows`` rows of ``tokens`` tokens, ``segments`` slots per row (pooled
     graphs), the placement of each sequence, the compiled micro-batch of rows, and the rows the device
@@ -65,33 +57,6 @@ class RowLayout:
     rows: int
     micro_batch: int
     computed_rows: int
-
-
-def first_fit_decreasing(lengths: Sequence[int], tokens: int, segments: int | None) -> list[Placement] | None:
-    """Each sequence placed in the first row with room for it (longest first); None when one is longer
-    than a row."""
-    if any(length > tokens for length in lengths):
-        return None
-    used: list[int] = []  # tokens used per row
-    count: list[int] = []  # sequences per row
-    placements: dict[int, Placement] = {}
-    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        length = lengths[index]
-        row = next(
-            (
-                r
-                for r in range(len(used))
-                if used[r] + length <= tokens and (segments is None or count[r] < segments)
-            ),
-            len(used),
-        )
-        if row == len(used):
-            used.append(0)
-            count.append(0)
-        placements[index] = Placement(row, used[row], count[row])
-        used[row] += length
-        count[row] += 1
-    return [placements[i] for i in range(len(lengths))]
 
 
 def choose_layout(

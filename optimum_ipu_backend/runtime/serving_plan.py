@@ -40,6 +40,7 @@ from typing import Any
 
 from optimum_ipu_backend.runtime.cache_files import read_record, write_record
 from optimum_ipu_backend.runtime.cost_model import CostModel, plan_layouts, plan_sizes
+from optimum_ipu_backend.runtime.row_placement import first_fit_decreasing
 
 _logger = logging.getLogger(__name__)
 
@@ -382,8 +383,6 @@ class PackedPlan:
 
     def fits(self, lengths: Sequence[int]) -> bool:
         """Whether sequences of these lengths fill at most one step of the fill layout (True without one)."""
-        from optimum_ipu_backend.runtime.packing import first_fit_decreasing
-
         if self.fill is None:
             return True
         tokens, micro = self.fill
@@ -413,8 +412,6 @@ class PackedPlan:
             return stale
 
     def _replan(self) -> None:
-        from optimum_ipu_backend.runtime.packing import first_fit_decreasing
-
         def rows_of(lengths: Sequence[int], tokens: int) -> int | None:
             placements = first_fit_decreasing(lengths, tokens, None)
             return None if placements is None else 1 + max(p.row for p in placements)
