@@ -180,14 +180,8 @@ class PackedRunner:
             raise ValueError(f"a sequence is longer than the longest packed row ({self.longest_row} tokens)")
         if self._plan is not None:
             return self._planned_layout(lengths)
-        layout = choose_layout(
-            lengths,
-            self._row_counts,
-            self._row_lengths,
-            self.segments_per_row,
-            self._device_iterations,
-            self._replicas,
-            allowed=lambda tokens, micro: self._may_compile(self._shapes(tokens, micro)),
+        layout = self._best_layout(
+            lengths, lambda tokens, micro: self._may_compile(self._shapes(tokens, micro))
         )
         if layout is None:
             raise ExecutableLimitError(
@@ -195,6 +189,18 @@ class PackedRunner:
                 f"and the session may compile no more (max_executables); raise max_executables"
             )
         return layout
+
+    def _best_layout(self, lengths: Sequence[int], allowed: Callable[[int, int], bool]) -> RowLayout | None:
+        """``choose_layout`` over this runner's row counts and lengths, among the layouts ``allowed``."""
+        return choose_layout(
+            lengths,
+            self._row_counts,
+            self._row_lengths,
+            self.segments_per_row,
+            self._device_iterations,
+            self._replicas,
+            allowed=allowed,
+        )
 
     def _planned_layout(self, lengths: Sequence[int]) -> RowLayout:
         """The planned layout of these sequences when it is compiled (or kept in the cache); else the best
@@ -205,15 +211,7 @@ class PackedRunner:
         layouts = plan.plan
 
         def best(allowed: Callable[[int, int], bool]) -> RowLayout | None:
-            return choose_layout(
-                lengths,
-                self._row_counts,
-                self._row_lengths,
-                self.segments_per_row,
-                self._device_iterations,
-                self._replicas,
-                allowed=allowed,
-            )
+            return self._best_layout(lengths, allowed)
 
         def ready(tokens: int, micro: int) -> bool:
             return self._table.has(self._shapes(tokens, micro), {})
