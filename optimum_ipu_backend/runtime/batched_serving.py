@@ -116,7 +116,7 @@ class BatchedServing:
         assert packed is not None
         requests = [(call.feed, call.names, call.lengths or ()) for call in calls]
         try:
-            return list(packed.run(requests))
+            return list(packed.run(requests, clients=self._batcher.outstanding))
         except Exception as exc:
             if len(calls) == 1:
                 return [exc]  # its own error; the group's unpacked calls are not failed with it

@@ -164,6 +164,9 @@ class DynamicBatcher(Generic[T, R]):
         self._closed = False
         self._worker: threading.Thread | None = None
         self._scanned: list[int] = []  # queue positions _group_size chose so far; the group if it raises
+        self._running = 0  # calls of the group being run
+        self._peak = 0  # most calls outstanding (queued or running) at once since the last group was formed
+        self._formed_peak = 0  # that figure for the window that ended when the running group was formed
         self._stats = {
             "groups_run": 0,  # run_group calls
             "groups_full": 0,  # of those, groups that were run because is_full said so
@@ -191,6 +194,7 @@ class DynamicBatcher(Generic[T, R]):
                     "would wait for the thread that must run it"
                 )
             self._queue.append(pending)
+            self._peak = max(self._peak, len(self._queue) + self._running)
             self._start_worker()
             self._cond.notify_all()
         try:
@@ -245,6 +249,13 @@ class DynamicBatcher(Generic[T, R]):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def outstanding(self) -> int:
+        """The most calls that were outstanding at once (queued or running) between the last two groups'
+        forming: with callers that wait for their answers, how many callers there are."""
+        with self._cond:
+            return self._formed_peak
 
     # -- worker's side -----------------------------------------------------------------------------
 
@@ -329,6 +340,9 @@ class DynamicBatcher(Generic[T, R]):
         self._stats["groups_run"] += 1
         self._stats["items_run"] += len(group)
         self._stats["largest_group"] = max(self._stats["largest_group"], len(group))
+        self._formed_peak = max(self._peak, len(queue))
+        self._running = len(group)
+        self._peak = len(self._queue) + self._running
         return group
 
     def _run(self, group: list[Pending[T]]) -> list[Any]:
@@ -371,3 +385,4 @@ class DynamicBatcher(Generic[T, R]):
                 pending._deliver(result=outcome)
         with self._cond:
             self._stats["items_failed"] += failed
+            self._running = 0

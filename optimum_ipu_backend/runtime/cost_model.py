@@ -255,6 +255,40 @@ def refill(
     return formed
 
 
+def closed_loop(
+    calls: Sequence[tuple[int, ...]], clients: int, fits: Callable[[Sequence[int]], bool]
+) -> list[list[tuple[int, ...]]]:
+    """The groups the dynamic batcher forms when ``clients`` callers each wait for their answer before they
+    call again (threads or connections of a server), the calls taken in the order of ``calls``.
+
+    The batcher runs one group at a time and forms the next as soon as one is delivered: a call the last
+    group skipped (it did not ``fits``) is queued and past its delay, so it forms the next group alone with
+    whatever else was skipped, while the callers just answered call again during that step. A fill layout
+    that 16 threads overflow now and then therefore alternates full and nearly empty steps; one that half of
+    them fill runs full steps in turn. Simulated over every call once."""
+    if not calls:
+        return []
+    clients = max(1, min(clients, len(calls)))
+    stream = iter(calls[clients:])
+    queue = list(calls[:clients])
+    returning: list[tuple[int, ...]] = []  # callers of the group just run, calling again
+    formed: list[list[tuple[int, ...]]] = []
+    while queue or returning:
+        if not queue:
+            queue, returning = returning, []
+        group: list[tuple[int, ...]] = []
+        left: list[tuple[int, ...]] = []
+        for call in queue:
+            if not group or fits([n for member in (*group, call) for n in member]):
+                group.append(call)
+            else:
+                left.append(call)
+        formed.append(group)
+        queue = left + returning  # the last group's callers called again during this step
+        returning = [call for call in (next(stream, None) for _ in group) if call is not None]
+    return formed
+
+
 def plan_layouts(
     groups: Sequence[Sequence[tuple[int, ...]]],
     row_lengths: Sequence[int],
@@ -264,17 +298,21 @@ def plan_layouts(
     steps_of: Callable[[int, int], int],
     rows_of: Callable[[Sequence[int], int], int | None],
     compiled: Iterable[tuple[int, int]] = (),
+    clients: int | None = None,
 ) -> tuple[tuple[tuple[int, int], ...], tuple[int, int] | None]:
     """The packed layouts (row length, rows) to keep resident for traffic that arrived as ``groups`` (lists of
     calls, each its sequences' lengths), and the *fill* layout among them: the batcher stops a group
     before the call that would overflow one step of it, so steps run nearly full. First the fill layout
-    that serves the refilled traffic at the least cost (``refill``), then, while slots remain, the layout
-    whose saving over ``horizon_calls`` exceeds its compile and load by most (a group's tail). Greedy: the
-    exact choice is a set-cover problem, and groups differ from one run to the next anyway.
+    that serves the traffic at the least cost, then, while slots remain, the layout whose saving over
+    ``horizon_calls`` exceeds its compile and load by most (a group's tail). Greedy: the exact choice is a
+    set-cover problem, and groups differ from one run to the next anyway. The traffic is replayed as the
+    batcher would group it under each fill layout: by ``clients`` callers that wait for their answers
+    (``closed_loop``) when the batcher counted them, else as calls arriving in these groups (``refill``).
     ``rows_of(lengths, tokens)``: rows first-fit-decreasing fills (None: a sequence is longer)."""
     calls = sum(len(group) for group in groups)
     if not calls:
         return (), None
+    arrivals = [call for group in groups for call in group]
     done = set(compiled)
     per_step = steps_of(1, 1)
     longest = max(n for group in groups for call in group for n in call)
@@ -292,7 +330,7 @@ def plan_layouts(
                 rows = rows_of(lengths, tokens)
                 return rows is not None and rows <= micro * per_step
 
-            formed = refill(groups, fits)
+            formed = refill(groups, fits) if clients is None else closed_loop(arrivals, clients, fits)
             computed = 0
             for group in formed:
                 cost = layout_cost(packed(group, (tokens,)), (tokens, micro), row_counts, steps_of)

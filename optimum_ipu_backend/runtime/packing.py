@@ -244,16 +244,20 @@ class PackedRunner:
         }
 
     def run(
-        self, calls: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str], Sequence[int]]]
+        self,
+        calls: Sequence[tuple[Mapping[str, np.ndarray], Sequence[str], Sequence[int]]],
+        clients: int | None = None,
     ) -> list[list[np.ndarray]]:
-        """The outputs of each call ``(feed, output names, row lengths)``, all run as packed rows."""
+        """The outputs of each call ``(feed, output names, row lengths)``, all run as packed rows.
+        ``clients``: how many callers the dynamic batcher counted outstanding at once (the serving plan
+        replays its traffic with that many)."""
         sequences = [
             (call, row, length)
             for call, (_, _, lengths) in enumerate(calls)
             for row, length in enumerate(lengths)
         ]
         if self._plan is not None:  # the plan learns from every group; what it dropped is released
-            for tokens, micro in sorted(self._plan.record([tuple(lengths) for _, _, lengths in calls])):
+            for tokens, micro in sorted(self._plan.record([tuple(lengths) for _, _, lengths in calls], clients)):
                 if self._table.has(self._shapes(tokens, micro), {}):
                     self._table.release(self._shapes(tokens, micro), {})
         layout = self.layout([length for _, _, length in sequences])

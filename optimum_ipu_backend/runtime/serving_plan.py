@@ -44,7 +44,7 @@ from optimum_ipu_backend.runtime.row_placement import first_fit_decreasing
 
 _logger = logging.getLogger(__name__)
 
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2  # 2: packed groups keep the callers the batcher counted
 PLAN_MODES = ("buckets", "cost")
 #: The planner plans again when a group has seen this many calls, then 8 times as many, ... (and when a
 #: call falls outside the plan): early while the histogram says little, rarely once it is stable, since
@@ -354,6 +354,7 @@ class PackedPlan:
         self.row_counts = tuple(row_counts)
         self._steps_of = steps_of
         self._groups: list[list[tuple[int, ...]]] = []  # calls of each gathered group, their lengths
+        self._clients: list[int | None] = []  # per group, the callers the batcher counted (None: unknown)
         self.calls = 0
         self.plan: tuple[tuple[int, int], ...] = ()
         self.fill: tuple[int, int] | None = None
@@ -363,6 +364,9 @@ class PackedPlan:
         if stored:
             try:
                 self._groups = [[tuple(int(n) for n in call) for call in group] for group in stored["groups"]]
+                self._clients = [None if n is None else int(n) for n in stored["clients"]]
+                if len(self._clients) != len(self._groups):
+                    raise ValueError("one client count per group")
                 self.calls = int(stored["calls"])
                 self.plan = tuple((int(t), int(m)) for t, m in stored["plan"])
                 self.fill = (
@@ -373,7 +377,7 @@ class PackedPlan:
                     self._replan_at *= REPLAN_FACTOR
             except (KeyError, TypeError, ValueError, IndexError) as exc:
                 _logger.warning("ignoring the stored packed plan (%s); planning again", exc)
-                self._groups, self.calls, self.plan, self.fill = [], 0, (), None
+                self._groups, self._clients, self.calls, self.plan, self.fill = [], [], 0, (), None
 
     @property
     def first_layout(self) -> tuple[int, int]:
@@ -389,13 +393,16 @@ class PackedPlan:
         placements = first_fit_decreasing(lengths, tokens, None)
         return placements is not None and 1 + max(p.row for p in placements) <= micro * self._steps_of(1, 1)
 
-    def record(self, calls: Sequence[tuple[int, ...]]) -> set[tuple[int, int]]:
-        """Count a gathered group (its calls' sequence lengths), plan again when due, and return, after a
-        change, the layouts outside the plan (but the first, which serves any group) to release."""
+    def record(self, calls: Sequence[tuple[int, ...]], clients: int | None = None) -> set[tuple[int, int]]:
+        """Count a gathered group (its calls' sequence lengths, and how many callers were outstanding
+        while it formed), plan again when due, and return, after a change, the layouts outside the plan (but
+        the first, which serves any group) to release."""
         owner = self._owner
         with owner._lock:
             self._groups.append(list(calls))
+            self._clients.append(clients if clients and clients > 0 else None)
             del self._groups[:-PACKED_GROUPS_KEPT]
+            del self._clients[:-PACKED_GROUPS_KEPT]
             self.calls += len(calls)
             longest = max(n for call in calls for n in call)
             covered = any(tokens >= longest for tokens, _ in self.plan)
@@ -421,6 +428,7 @@ class PackedPlan:
         slots = owner.slots - owner.reserved - unpacked
         if slots > 1:
             slots -= 1  # the first layout keeps an IPU group of its own (as a group's largest shape)
+        counted = [n for n in self._clients[-PLANNED_GROUPS:] if n is not None]
         self.plan, self.fill = plan_layouts(
             self._groups[-PLANNED_GROUPS:],
             self.row_lengths,
@@ -430,6 +438,7 @@ class PackedPlan:
             self._steps_of,
             rows_of,
             compiled=self.plan,
+            clients=max(counted, default=None),
         )
         owner._save()
 
@@ -444,6 +453,7 @@ class PackedPlan:
     def to_json(self) -> dict[str, Any]:
         return {
             "groups": [[list(call) for call in group] for group in self._groups],
+            "clients": list(self._clients),
             "calls": self.calls,
             "plan": [list(layout) for layout in self.plan],
             "fill": None if self.fill is None else list(self.fill),

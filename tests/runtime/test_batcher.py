@@ -156,6 +156,28 @@ def test_with_fits_a_group_takes_the_items_that_fit_and_the_others_wait_in_order
     assert outcomes == {key: ("result", f"done {key}") for key in ("block", 3, 8, 4, 2, 6)}
 
 
+def test_outstanding_counts_the_calls_queued_and_running_between_two_groups():
+    """1 call running and 5 queued behind it: the group formed next reports 6 callers outstanding."""
+    batcher, running, release, groups = _blocked_batcher(cap=100)
+    seen: list[int] = []
+    inner = batcher._run_group
+
+    def run_group(items):
+        seen.append(batcher.outstanding)
+        return inner(items)
+
+    batcher._run_group = run_group
+    outcomes: dict = {}
+    threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
+    assert running.wait(JOIN_S)
+    _queue_in_turn(batcher, (1, 2, 3, 4, 5), outcomes, threads)
+    release.set()
+    _join_all(threads)
+    batcher.close()
+    assert groups == [["block"], [1, 2, 3, 4, 5]]
+    assert seen == [1, 6]
+
+
 def test_an_item_marked_invalid_fails_only_its_caller():
     class BadItem(ValueError):
         pass

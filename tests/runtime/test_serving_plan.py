@@ -23,6 +23,7 @@ from optimum_ipu_backend.engines.emulator import HostEmulatorEngine
 from optimum_ipu_backend.runtime.cost_model import (
     CostModel,
     PackedGroup,
+    closed_loop,
     layout_cost,
     plan_layouts,
     plan_sizes,
@@ -124,6 +125,52 @@ def test_packed_layouts_fill_one_layout_and_add_others_only_where_they_pay():
         for g in refill(groups, fits)
     )
     assert real / computed >= 0.9  # steps filled by the batcher, padding only in each step's last rows
+
+
+def test_callers_that_wait_for_answers_see_a_skipped_call_run_alone_next():
+    def fits(lengths):
+        return sum(lengths) <= 100
+
+    calls = [(60,), (30,), (50,), (10,), (20,), (70,)]
+    # 3 callers: (60, 30) fit, (50) is skipped and runs alone next while the first two call again
+    assert closed_loop(calls, 3, fits) == [[(60,), (30,)], [(50,)], [(10,), (20,)], [(70,)]]
+
+
+def _packed_efficiency(groups, plan, fill, clients, lengths, counts) -> float:
+    """real/computed of ``groups``' calls grouped by ``clients`` waiting callers under ``fill``."""
+
+    def fits(group_lengths):
+        rows = _rows_of(group_lengths, fill[0])
+        return rows is not None and rows <= fill[1]
+
+    calls = [call for group in groups for call in group]
+    real = sum(n for call in calls for n in call)
+    computed = 0
+    for group in closed_loop(calls, clients, fits):
+        packed = PackedGroup(0, {t: _rows_of([n for c in group for n in c], t) for t in lengths})
+        computed += min(c for layout in plan if (c := layout_cost(packed, layout, counts, _steps)) is not None)
+    return real / computed
+
+
+def test_packed_plan_for_waiting_callers_keeps_their_steps_full():
+    """16 threads that each wait for their answer: a fill layout they overflow now and then alternates
+    full and nearly empty steps (the plan made from the groups as arrivals); planned for 16 waiting callers,
+    the steps stay full."""
+    counts = (1, 2, 4, 8, 16)
+    lengths = (32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 384, 448, 512)
+    as_arrivals, as_callers = [], []
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        groups = [
+            [(int(n),) for n in np.minimum(rng.lognormal(3.0, 0.7, 16).astype(int) + 3, 160)]
+            for _ in range(32)
+        ]
+        for clients, results in ((None, as_arrivals), (16, as_callers)):
+            plan, fill = plan_layouts(groups, lengths, counts, 3, CostModel(), _steps, _rows_of, clients=clients)
+            assert len(plan) <= 3 and fill in plan
+            results.append(_packed_efficiency(groups, plan, fill, 16, lengths, counts))
+    assert min(as_callers) >= 0.94, as_callers  # 0.950 to 0.962; the benchmark holds the 0.95 target
+    assert min(as_arrivals) < 0.7, as_arrivals  # what planning from arrivals gave these callers
 
 
 # -- through a session on the emulator ---------------------------------------------------------------------
