@@ -257,7 +257,9 @@ class PackedRunner:
             for row, length in enumerate(lengths)
         ]
         if self._plan is not None:  # the plan learns from every group; what it dropped is released
-            for tokens, micro in sorted(self._plan.record([tuple(lengths) for _, _, lengths in calls], clients)):
+            for tokens, micro in sorted(
+                self._plan.record([tuple(lengths) for _, _, lengths in calls], clients)
+            ):
                 if self._table.has(self._shapes(tokens, micro), {}):
                     self._table.release(self._shapes(tokens, micro), {})
         layout = self.layout([length for _, _, length in sequences])

@@ -148,7 +148,9 @@ def _packed_efficiency(groups, plan, fill, clients, lengths, counts) -> float:
     computed = 0
     for group in closed_loop(calls, clients, fits):
         packed = PackedGroup(0, {t: _rows_of([n for c in group for n in c], t) for t in lengths})
-        computed += min(c for layout in plan if (c := layout_cost(packed, layout, counts, _steps)) is not None)
+        computed += min(
+            c for layout in plan if (c := layout_cost(packed, layout, counts, _steps)) is not None
+        )
     return real / computed
 
 
@@ -166,7 +168,9 @@ def test_packed_plan_for_waiting_callers_keeps_their_steps_full():
             for _ in range(32)
         ]
         for clients, results in ((None, as_arrivals), (16, as_callers)):
-            plan, fill = plan_layouts(groups, lengths, counts, 3, CostModel(), _steps, _rows_of, clients=clients)
+            plan, fill = plan_layouts(
+                groups, lengths, counts, 3, CostModel(), _steps, _rows_of, clients=clients
+            )
             assert len(plan) <= 3 and fill in plan
             results.append(_packed_efficiency(groups, plan, fill, 16, lengths, counts))
     assert min(as_callers) >= 0.94, as_callers  # 0.950 to 0.962; the benchmark holds the 0.95 target
