@@ -1,6 +1,6 @@
 """One tiny model for each ORTModel class optimum-onnx exports beyond the conformance matrix, and the
 diffusion pipelines (``CLASS_CASES``): test data for tests/integration/test_ortmodel_classes.py and the
-engine matrix (tests/engines/test_ortmodels_on_engines.py).
+engine matrix (tests/engines/ortmodels_on_engines.py).
 
 Test-only, beside the conformance zoo (``optimum_ipu_backend.conformance.zoo``), whose sizes, seeds,
 tokenizers and exporter these share: each model is built from a small config with random weights and

@@ -46,7 +46,7 @@ def test_every_matrix_module_is_found():
     """The search above finds the matrices (a module renamed away from it would escape this check)."""
     names = {path.relative_to(TESTS_DIR).as_posix() for path in MODULES}
     assert {
-        "engines/test_ortmodels_on_engines.py",
+        "engines/ortmodels_on_engines.py",
         "engines/test_kv_cache_on_engines.py",
         "integration/test_optimized_models.py",
     } <= names, names

@@ -376,6 +376,8 @@ class DynamicBatcher(Generic[T, R]):
         return [type(error)(*error.args) for _ in group]
 
     def _deliver(self, group: list[Pending[T]], outcomes: list[Any]) -> None:
+        with self._cond:
+            self._running = 0  # before its callers wake: one that calls again is counted once
         failed = 0
         for pending, outcome in zip(group, outcomes, strict=True):
             if isinstance(outcome, BaseException):
@@ -385,4 +387,3 @@ class DynamicBatcher(Generic[T, R]):
                 pending._deliver(result=outcome)
         with self._cond:
             self._stats["items_failed"] += failed
-            self._running = 0

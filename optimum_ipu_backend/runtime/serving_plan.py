@@ -55,6 +55,8 @@ REPLAN_FACTOR = 8
 #: first-fit-decreasing over every candidate layout, on the batcher's thread).
 PACKED_GROUPS_KEPT = 256
 PLANNED_GROUPS = 32
+#: The packed layouts are first planned once each caller the batcher counted has called this many times.
+PACKED_PLAN_ROUNDS = 4
 
 Sizes = tuple[int, ...]
 
@@ -405,8 +407,12 @@ class PackedPlan:
             del self._clients[:-PACKED_GROUPS_KEPT]
             self.calls += len(calls)
             longest = max(n for call in calls for n in call)
-            covered = any(tokens >= longest for tokens, _ in self.plan)
-            if self.calls >= self._replan_at or not covered:
+            outside = bool(self.plan) and not any(tokens >= longest for tokens, _ in self.plan)
+            # the first plan waits for a few rounds of every caller: what the batcher gathers while the
+            # first layout serves says little more than the lengths seen (the first layout serves meanwhile)
+            clients = max((n for n in self._clients if n is not None), default=1)
+            due = self.calls >= self._replan_at and self.calls >= PACKED_PLAN_ROUNDS * clients
+            if due or outside:
                 while self._replan_at <= self.calls:
                     self._replan_at *= REPLAN_FACTOR
                 self._replan()

@@ -1,4 +1,5 @@
-"""Run in a fresh interpreter by test_ortmodels_on_engines.py: the cases of
+"""Run in a fresh interpreter by ortmodels_on_engines.py (for test_ortmodels_on_popart.py and
+test_ortmodels_on_poptorch.py): the cases of
 tests/integration/ortmodel_checks.py (the main matrix) and tests/integration/ortmodel_class_checks.py
 (CLASS_CASES of tests/class_zoo.py: the other ORTModel classes and the diffusion pipelines) with
 provider="ipu" on the Poplar SDK engines (the SDK double on the path) instead of the emulator.

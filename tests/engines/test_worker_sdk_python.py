@@ -333,7 +333,7 @@ def ortmodel_results(sdk_python, tmp_path_factory, zoo) -> dict:
 def test_ortmodels_match_cpu_with_the_worker_on_the_sdk_python(
     ortmodel_results, sdk_python, name, device, engine
 ):
-    from engines.test_ortmodels_on_engines import TORCH_RTOL, _check_sessions
+    from engines.ortmodels_on_engines import TORCH_RTOL, _check_sessions
     from integration.test_ortmodels import ATOL
 
     result = ortmodel_results[f"{device}/{engine}/{name}"]

@@ -31,7 +31,7 @@ DIFFUSION = [name for name, case in CLASS_CASES.items() if case.kind == "diffusi
 
 def class_case_specs(zoo, scratch: Path) -> dict[str, dict]:
     """The spec of every CLASS_CASES case for ortmodel_class_checks.py (also run on the SDK engines by
-    tests/engines/test_ortmodels_on_engines.py), built beside the session's ``zoo``; inputs are written
+    tests/engines/ortmodels_on_engines.py), built beside the session's ``zoo``; inputs are written
     to ``scratch``."""
     zoo = class_zoo(zoo)
     cases = {}

@@ -11,8 +11,10 @@ engine's cases alternate between the two devices, so every class runs and each e
 generation cases on both devices. ``OPTIMUM_IPU_FULL_MATRIX=1`` runs every case on both devices
 of both engines (the release check).
 
-One fresh interpreter per engine (so the two run in parallel under xdist); each serves every model of
-both devices from one shared worker process.
+One fresh interpreter per engine, each engine's test in a module of its own
+(tests/engines/test_ortmodels_on_popart.py, test_ortmodels_on_poptorch.py), so that pytest-xdist, which
+keeps a module on one worker, runs the two in parallel; each serves every model of both devices from one
+shared worker process.
 """
 
 from __future__ import annotations
@@ -206,19 +208,16 @@ def _check_modes_and_cache(result: dict) -> None:
             ), verdict
 
 
-def test_every_ortmodel_class_on_popart(tmp_path_factory, zoo):
-    """One test per engine, so that xdist runs the two engines' subprocesses in parallel."""
-    results, log = _run(tmp_path_factory, zoo, "popart")
-    failures = _failures(results, "popart")
+def check_engine(tmp_path_factory, zoo, engine: str) -> None:
+    """Every run of the matrix on ``engine`` in one interpreter, judged case by case, then the SDK calls
+    the engine made (PopART's documented call order; PopTorch's options)."""
+    results, log = _run(tmp_path_factory, zoo, engine)
+    failures = _failures(results, engine)
     assert not failures, "\n\n".join(failures)
-    _check_popart_call_log(log)
-
-
-def test_every_ortmodel_class_on_poptorch(tmp_path_factory, zoo):
-    results, log = _run(tmp_path_factory, zoo, "poptorch")
-    failures = _failures(results, "poptorch")
-    assert not failures, "\n\n".join(failures)
-    _check_poptorch_options(log)
+    if engine == "popart":
+        _check_popart_call_log(log)
+    else:
+        _check_poptorch_options(log)
 
 
 def _check_popart_call_log(log: list[dict]) -> None:
