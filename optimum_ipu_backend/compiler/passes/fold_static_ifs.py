@@ -118,7 +118,7 @@ def _branch_nodes_with_if_names(
         and branch_output not in outer_names
     }
     nodes = list(branch.node)
-    for node in (inner for top in nodes for inner in iter_nodes_including(top)):
+    for node in (inner for top in nodes for inner in _with_nested_nodes(top)):
         for slots in (node.input, node.output):
             for index, name in enumerate(slots):
                 if name in renames:
@@ -133,17 +133,14 @@ def _branch_nodes_with_if_names(
     return nodes
 
 
-def iter_nodes_including(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+def _with_nested_nodes(node: onnx.NodeProto) -> list[onnx.NodeProto]:
     """``node`` and every node of the subgraphs it holds, at any depth."""
     return [node, *(inner for sub in subgraphs_of(node) for inner in iter_nodes(sub))]
 
 
-def inline_constant_ifs(graph: onnx.GraphProto, value_of: ValueOf | None = None) -> int:
-    """Replace, in place, each top-level If whose condition ``value_of`` knows by the branch it takes.
-
-    Without ``value_of`` a condition is known when it is a constant (an initializer or a Constant node;
-    an inlined branch's initializers may hold a later If's condition). Returns how many were inlined.
-    """
+def inline_known_ifs(graph: onnx.GraphProto, value_of: ValueOf) -> int:
+    """Replace, in place, each top-level If whose condition ``value_of`` knows by the branch it takes;
+    return how many were replaced."""
     outer_names = {name for node in graph.node for name in node.output} | {
         value.name for value in (*graph.input, *graph.initializer)
     }
@@ -152,7 +149,7 @@ def inline_constant_ifs(graph: onnx.GraphProto, value_of: ValueOf | None = None)
     for node in graph.node:
         condition = None
         if node.op_type == "If":
-            condition = (value_of or GraphView(graph).constant)(node.input[0])
+            condition = value_of(node.input[0])
         if condition is None or condition.size != 1:
             nodes.append(node)
             continue
@@ -223,7 +220,7 @@ class FoldStaticIfs(GraphPass):
         inlined = 0
         while True:
             values = StaticValues(model)
-            done = inline_constant_ifs(model.graph, values.value)
+            done = inline_known_ifs(model.graph, values.value)
             if not done:
                 break
             inlined += done
