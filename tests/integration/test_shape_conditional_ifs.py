@@ -19,7 +19,8 @@ import torch
 from emulator_sessions import cpu_outputs, emulator_session
 
 from optimum_ipu_backend.compiler import LegalizationError, legalize
-from optimum_ipu_backend.compiler.errors import PATTERN_RUNTIME_BRANCH
+from optimum_ipu_backend.compiler.errors import PATTERN_RUNTIME_BRANCH, SHAPE_INDEPENDENT_PATTERNS
+from optimum_ipu_backend.compiler.passes.fold_static_ifs import FoldStaticIfs
 from optimum_ipu_backend.session.failures import UnsupportedShapeError
 
 HIDDEN = 32
@@ -135,3 +136,22 @@ def test_an_if_chosen_by_the_data_is_refused_naming_the_node(tmp_path):
     assert f"its condition {if_node.input[0]!r} is computed at run time from input(s) ['x']" in text
     assert "depends on the branch taken" in text and "torch.where" in text
     assert "input dimension" not in text  # no advice about sizes
+
+
+def test_a_failure_not_caused_by_the_sizes_is_not_reported_as_the_calls_sizes(
+    squeezed_export, tmp_path, monkeypatch
+):
+    """Without the folding, the Ifs' outputs stay dynamic and the checker finds their untyped branch
+    outputs: faults of the graph at the static sizes of a call that chose them, not of those sizes."""
+    monkeypatch.setattr(FoldStaticIfs, "run", lambda self, model, ctx: model)
+    session = emulator_session(squeezed_export, tmp_path / "cache")
+    # sizes no other test compiles: the process keeps the graphs it legalized, by graph and sizes
+    feed = {
+        "x": np.zeros((BATCH - 1, SEQUENCE, HIDDEN), np.float32),
+        "query": np.zeros((BATCH - 1, 1, 1, HIDDEN), np.float32),
+    }
+    with pytest.raises(LegalizationError, match="has a dynamic shape") as raised:
+        session.run(None, feed)
+    assert not isinstance(raised.value, UnsupportedShapeError)
+    assert {node.pattern for node in raised.value.nodes} <= SHAPE_INDEPENDENT_PATTERNS
+    assert "input dimension" not in str(raised.value)  # no advice about sizes
