@@ -74,6 +74,20 @@ executables, `benchmarks/bench_audio_lengths.py`), and the outputs are cut to th
 encoders that normalise over time, and x-vector heads, are compiled at each length a clip comes in
 (docs/user-guide.md, "Audio sizes").
 """  # noqa: E501 (Markdown table rows)
+# Constructs tried in modules of their own (tests/integration), outside the ORTModel matrix.
+_OTHER_EXPORTS = """
+## Layers exported outside optimum
+
+Constructs that architectures export outside optimum's exporter, each in a small torch module exported
+with torch's TorchScript exporter (`torch.onnx.export(..., dynamo=False)`) and served with
+`provider="ipu"` on the host emulator against `CPUExecutionProvider` on the export:
+
+| construct | sizes | compared | tolerance | test |
+|---|---|---|---|---|
+| `x.squeeze(1).squeeze(1)` on dimensions that may be 1 (two `If`s on shapes, the second on the first's output), in attention over the sequence | batch 3, 512 tokens; the query's dimension 1 and 4 | every output | atol 1e-5 | `test_shape_conditional_ifs.py::test_shape_conditional_ifs_fold_into_the_branch_taken_and_match_cpu` |
+| an `If` chosen by the data (`torch.jit.script`), branches of different shapes | batch 3, 512 tokens | refused, naming the node | - | `test_shape_conditional_ifs.py::test_an_if_chosen_by_the_data_is_refused_naming_the_node` |
+| transformers' `DeepseekV3MoE`: group-limited router (8 experts in 4 groups, top-2 groups, top-2 experts), tied scores | batch 3 x 512 and 2 x 300 tokens | experts chosen; layer output | identical; atol 1e-6 | `test_group_limited_experts.py::test_group_limited_routing_chooses_the_cpu_experts_and_matches_its_output` |
+"""  # noqa: E501 (Markdown table rows)
 _COLUMNS = ("ORTModel class", "architecture", "export task", "compared", "tolerance", "result", "test")
 
 
@@ -198,7 +212,7 @@ def render(rows: list[Row], results: Mapping[str, str]) -> str:
     classes = sorted({row.ort_class for row in rows})
     lines.append("")
     lines.append(f"{len(rows)} rows, {len(classes)} classes; {counts['passed']} passed in the run above.")
-    return "\n".join(lines) + "\n" + _REAL_SIZES
+    return "\n".join(lines) + "\n" + _REAL_SIZES + _OTHER_EXPORTS
 
 
 def documented_results(text: str) -> dict[str, str]:

@@ -18,6 +18,7 @@ from optimum_ipu_backend.compiler.op_table import dtype_name
 from optimum_ipu_backend.compiler.passes.base import PassContext
 from optimum_ipu_backend.compiler.passes.fix_shapes import FixShapes, dim_labels
 from optimum_ipu_backend.compiler.passes.fold_constants import FoldConstants
+from optimum_ipu_backend.compiler.passes.fold_static_ifs import FoldStaticIfs
 
 _TWO_GIB = 2**31 - 1
 #: Files a reproduction carries besides the graphs: what sizes and exports are read from, no weights.
@@ -111,7 +112,8 @@ def _fixed_views(
         return [(shape_view(model), f"{label} (input sizes could not be fixed)")]
     views = [(fixed, f"{label} (shapes after fixing the input sizes)")]
     try:
-        folded = FoldConstants().run(onnx.ModelProto.FromString(fixed.SerializeToString()), context)
+        copy = onnx.ModelProto.FromString(fixed.SerializeToString())
+        folded = FoldConstants().run(FoldStaticIfs().run(copy, context), context)
     except Exception:  # noqa: BLE001 - the fixed view still explains the node; legalize reports the rest
         return views
     return [(folded, f"{label} (shapes after fixing the input sizes and folding constants)"), *views]

@@ -18,11 +18,13 @@ PATTERN_CUSTOM_DOMAIN = "custom-domain operator"
 PATTERN_MISSING_OPERATOR = "operator PopART lacks"
 PATTERN_NO_LOWERING = "no opset-11 lowering"
 PATTERN_RUNTIME_OPERAND = "compile-time operand computed at run time"
+PATTERN_RUNTIME_BRANCH = "If branch chosen at run time"
 PATTERN_DEVICE_DTYPE = "type Poplar cannot hold"
 PATTERN_DYNAMIC_SHAPE = "shape not static"
 PATTERN_INPUT_SIZE = "input size"
 PATTERN_INT32_RANGE = "int64 value beyond int32"
 PATTERN_INVALID_GRAPH = "invalid ONNX"
+PATTERN_SHAPE_INFERENCE = "shapes that do not fit"
 PATTERN_OPSET = "opset PopART cannot import"
 PATTERN_PASS_FAILURE = "compiler pass failed"
 PATTERN_QUANTIZATION = "quantization the IPU cannot compute exactly"
@@ -37,6 +39,13 @@ SHAPE_INDEPENDENT_PATTERNS = frozenset(
         PATTERN_OPSET,
         PATTERN_PASS_FAILURE,
         PATTERN_QUANTIZATION,
+        # an If whose condition the static sizes fix is folded: one left is chosen by the data
+        PATTERN_RUNTIME_BRANCH,
+        # the graph is legalized at static input sizes: a shape still dynamic is computed from the data,
+        # and a structural fault (a missing field) is the graph's; sizes that do not fit an operator fail
+        # shape inference instead (PATTERN_SHAPE_INFERENCE), which does depend on them
+        PATTERN_DYNAMIC_SHAPE,
+        PATTERN_INVALID_GRAPH,
     }
 )
 
@@ -51,6 +60,15 @@ DEFAULT_HINTS = (
     "try the other precision (precision='fp32' or 'fp16')",
     "file an issue with the model id and this message so the missing rewrite can be added",
 )
+
+
+def branch_binding_hint(choosing: list[str]) -> str:
+    """The advice for a graph that picks an If branch from boolean inputs (a merged decoder)."""
+    return (
+        f"this graph picks an If branch from the input(s) {choosing}: the branches of a merged decoder "
+        "return outputs of different shapes, so bind the input first, e.g. "
+        "bind_constant_inputs(model, {'use_cache_branch': True}), and legalize each binding"
+    )
 
 
 @dataclass(frozen=True)

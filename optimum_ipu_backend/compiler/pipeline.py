@@ -23,6 +23,7 @@ from .op_table import dtype_name
 from .passes.base import GraphPass, PassContext, PassReport
 from .passes.fix_shapes import FixShapes, dim_labels
 from .passes.fold_constants import FoldConstants
+from .passes.fold_static_ifs import FoldStaticIfs
 from .passes.int64_to_int32 import Int64ToInt32, to_int32_values
 from .passes.lower_opset11 import LowerToOpset11
 from .passes.precision_fp16 import ToFloat16, to_float16_values
@@ -55,6 +56,7 @@ def build_passes(precision: str, sharding: Sharding | None = None) -> list[Graph
     """The passes in the order they run for ``precision`` (and ``sharding`` over several IPUs)."""
     passes: list[GraphPass] = [
         FixShapes(),
+        FoldStaticIfs(),
         FoldConstants(),
         LowerToOpset11(),
         FoldConstants(name="fold_constants (cleanup)"),

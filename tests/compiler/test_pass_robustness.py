@@ -233,7 +233,7 @@ def test_a_crashing_pass_is_a_compiler_bug_naming_the_pass(monkeypatch):
     assert "model file: unusual/model.onnx" in text
     assert "bug in optimum-ipu-backend" in text and "file an issue" in text
     assert "dimension" not in text  # never advice about shapes
-    assert [report.name for report in error.reports] == ["fix_shapes"]
+    assert [report.name for report in error.reports] == ["fix_shapes", "fold_static_ifs"]
 
 
 def test_a_model_the_converter_cannot_take_is_an_opset_conversion_error():

@@ -132,44 +132,11 @@ def fold_control_flow(model: onnx.ModelProto) -> None:
             sub.CopyFrom(_fold_subgraph(sub, outer_types, outer_initializers, model))
 
 
-def inline_constant_ifs(graph: onnx.GraphProto) -> int:
-    """Replace, in place, each top-level If whose condition is a constant by the branch it takes.
-
-    Returns how many were inlined. The branch's nodes and initializers move up unchanged (ONNX names are
-    unique across scopes) and an Identity maps each branch output to the If's output where names differ.
-    """
-    inlined = 0
-    nodes: list[onnx.NodeProto] = []
-    for node in graph.node:
-        # a fresh view each time: an inlined branch's initializers may hold the next If's condition
-        condition = GraphView(graph).constant(node.input[0]) if node.op_type == "If" else None
-        if condition is None or condition.size != 1:
-            nodes.append(node)
-            continue
-        taken = "then_branch" if bool(condition.reshape(())) else "else_branch"
-        branch = attribute(node, taken)
-        nodes.extend(branch.node)
-        graph.initializer.extend(branch.initializer)
-        for branch_output, if_output in zip(branch.output, node.output, strict=True):
-            if branch_output.name == if_output:
-                continue  # optimum names branch outputs like the If's: the branch node already makes it
-            nodes.append(
-                onnx.helper.make_node(
-                    "Identity", [branch_output.name], [if_output], name=f"{if_output}__from_{taken}"
-                )
-            )
-        inlined += 1
-    if inlined:
-        del graph.node[:]
-        graph.node.extend(nodes)
-    return inlined
-
-
 def bind_constant_inputs(model: onnx.ModelProto, values: Mapping[str, ArrayLike]) -> onnx.ModelProto:
     """A copy of ``model`` where the named graph inputs are constants with the given values.
 
     With ``{"use_cache_branch": True}`` an optimum merged decoder becomes the plain decoder-with-past:
-    FoldConstants then inlines the If branch taken, and the graph can be static (the two branches of a
+    FoldStaticIfs then inlines the If branch taken, and the graph can be static (the two branches of a
     merged decoder return present key/values of different lengths, so the If itself never is).
     """
     bound = onnx.ModelProto()
@@ -239,10 +206,10 @@ def fold_top_level(model: onnx.ModelProto, *, everywhere: bool) -> int:
             continue
         if node.op_type in ("Shape", "Size"):
             view = view or GraphView.of_model(model)
-            shape_value = _static_shape_value(node, view.shape(node.input[0]))
+            shape_value = static_shape_value(node, view.shape(node.input[0]))
             values = None if shape_value is None else [shape_value]
         else:
-            values = _evaluated(node, value_of, model.opset_import)
+            values = evaluated_outputs(node, value_of, model.opset_import)
         if values is None:
             nodes.append(node)
             continue
@@ -263,7 +230,7 @@ def fold_top_level(model: onnx.ModelProto, *, everywhere: bool) -> int:
     return folded
 
 
-def _evaluated(
+def evaluated_outputs(
     node: onnx.NodeProto, value_of: Callable[[str], np.ndarray | None], opset_import: Any
 ) -> list[np.ndarray] | None:
     """The outputs of a node that computes from known values only, evaluated with onnxruntime; else None."""
@@ -306,7 +273,7 @@ def _drop_unread_constants(graph: onnx.GraphProto) -> None:
         graph.node.extend(kept)
 
 
-def _static_shape_value(node: onnx.NodeProto, shape: tuple[int | None, ...] | None) -> np.ndarray | None:
+def static_shape_value(node: onnx.NodeProto, shape: tuple[int | None, ...] | None) -> np.ndarray | None:
     """What a Shape (with its start and end) or Size node gives for an input of a static shape."""
     if shape is None or any(dim is None for dim in shape):
         return None
@@ -338,9 +305,6 @@ class FoldConstants(GraphPass):
 
     def run(self, model: onnx.ModelProto, ctx: PassContext) -> onnx.ModelProto:
         self.notes = []
-        inlined = inline_constant_ifs(model.graph)
-        if inlined:
-            self.notes.append(f"inlined {inlined} If with a constant condition")
         if has_subgraphs(model.graph):
             fold_control_flow(model)
             folded = fold_top_level(model, everywhere=True)
@@ -349,8 +313,6 @@ class FoldConstants(GraphPass):
             if folded:
                 self.notes.append(f"folded {folded} top-level node(s) around the control flow")
             return refresh_shapes(model)
-        if inlined:
-            model = refresh_shapes(model)
         model = _slim(model)
         folded = fold_top_level(model, everywhere=False)
         if folded:

@@ -13,8 +13,10 @@ from ..errors import (
     PATTERN_MISSING_OPERATOR,
     PATTERN_OPSET,
     PATTERN_RUNTIME_OPERAND,
+    PATTERN_SHAPE_INFERENCE,
     LegalizationError,
     UnsupportedNode,
+    branch_binding_hint,
 )
 from ..graphs import GraphView, attribute, infer_shapes, iter_graphs, iter_nodes
 from ..op_table import (
@@ -47,7 +49,7 @@ def _strict_inference(
                 "shape inference",
                 "",
                 f"strict shape inference failed: {error}",
-                PATTERN_INVALID_GRAPH,
+                PATTERN_SHAPE_INFERENCE,
             )
         )
         return model, False
@@ -61,7 +63,14 @@ def _check(model: onnx.ModelProto, problems: list[UnsupportedNode]) -> None:
         onnx.checker.check_model(model, full_check=True)
     except Exception as error:
         reason = str(error).strip().splitlines()[0]
-        problems.append(UnsupportedNode("<graph>", "onnx.checker", "", reason, PATTERN_INVALID_GRAPH))
+        # the full check ends with strict shape inference, whose failure may be the sizes'; the rest of
+        # the checker's findings are faults of the graph's structure
+        pattern = (
+            PATTERN_SHAPE_INFERENCE
+            if isinstance(error, onnx.shape_inference.InferenceError)
+            else PATTERN_INVALID_GRAPH
+        )
+        problems.append(UnsupportedNode("<graph>", "onnx.checker", "", reason, pattern))
 
 
 def _opset_problems(model: onnx.ModelProto) -> list[UnsupportedNode]:
@@ -228,12 +237,7 @@ class VerifyPopartReady(GraphPass):
             hints = None
             choosing = branch_inputs(model)
             if choosing:
-                hints = [
-                    f"this graph picks an If branch from the input(s) {choosing}: the branches of a "
-                    "merged decoder return outputs of different shapes, so bind the input first, e.g. "
-                    "bind_constant_inputs(model, {'use_cache_branch': True}), and legalize each binding",
-                    *DEFAULT_HINTS,
-                ]
+                hints = [branch_binding_hint(choosing), *DEFAULT_HINTS]
             raise LegalizationError("The graph is not PopART-ready.", problems, hints)
         self.notes.append("PopART-ready")
         return inferred
