@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -231,6 +231,8 @@ class LoopFacts:
     accepted: int = 0  # candidates accepted
     crops: int = 0  # caches cut after rejected tokens (the verifier's and the draft's)
     draft_multi_token_calls: int = 0
+    logits: list[torch.Tensor] = field(default_factory=list)  # of every call of the verifying model
+    largest_difference: float = 0.0  # between those logits on ipu and on CPU
 
 
 class DraftCandidates:
@@ -287,10 +289,12 @@ def speculative(
     sequence = stepper.start()
     start = len(sequence)
     logits, past = stepper.step(sequence, None)
+    facts.logits.append(logits)
     sequence.append(int(logits[-1].argmax()))
     while len(sequence) - start < NEW_TOKENS:
         candidates = propose(sequence)
         logits, past = stepper.step(sequence[-1:] + candidates, past)
+        facts.logits.append(logits)
         chosen = logits.argmax(-1).tolist()
         kept = 0
         while kept < len(candidates) and candidates[kept] == chosen[kept]:
@@ -331,10 +335,14 @@ def _speculative_case(model: Loaded, draft: bool) -> LoopFacts:
             return lambda facts: DraftCandidates(Stepper(drafter, inputs, model.seq2seq), facts)
         return lambda facts: PromptLookupCandidates(eos)
 
-    expected, _ = speculative(model.cpu, candidates(model.draft_cpu), model, inputs)
+    expected, on_cpu = speculative(model.cpu, candidates(model.draft_cpu), model, inputs)
     with kv_cache_checks.counted_uploads() as uploads:
         got, facts = speculative(model.ipu, candidates(model.draft_ipu), model, inputs)
     assert got == expected
+    facts.largest_difference = max(
+        float((a - b).abs().max()) for a, b in zip(facts.logits, on_cpu.logits, strict=True)
+    )
+    assert facts.largest_difference <= kv_cache_checks.LOGITS_ATOL, facts.largest_difference
     plain = new_part(greedy(model.cpu, inputs), model, inputs)[0].tolist()
     # assisted greedy decoding is greedy decoding (generate() stops at EOS, the loop goes on)
     common = min(len(plain), len(expected))
