@@ -62,6 +62,7 @@ MODES = (
     "assisted",
     "prompt-lookup",
     "speculative-draft",
+    "speculative-self-draft",
     "speculative-prompt-lookup",
     "contrastive",
     "group-beam",
@@ -80,6 +81,7 @@ DEFAULT_SHARE = {
     ("assisted", "gpt2"),
     ("prompt-lookup", "gpt2"),
     ("speculative-draft", "gpt2"),
+    ("speculative-self-draft", "t5"),
     ("speculative-prompt-lookup", "t5"),
     ("contrastive", "gpt2"),
     ("group-beam", "t5"),
@@ -326,18 +328,33 @@ def check_assisted(model: Loaded) -> None:
     assert got == expected, (got[:2], expected[:2])
 
 
-def _speculative_case(model: Loaded, draft: bool) -> LoopFacts:
+def _speculative_case(model: Loaded, candidates_from: str) -> LoopFacts:
+    """``candidates_from``: "draft" (the smaller model: its candidates are rejected), "self-draft" (the
+    model itself: its candidates are accepted, so the draft is fed two new tokens at a time) or
+    "prompt-lookup"."""
     inputs = prompt(model)
     eos = int(model.cpu.config.eos_token_id)
+    draft = candidates_from != "prompt-lookup"
+    # the model itself drafts from its own session: one decode executable serves both caches in turn
+    drafters = (
+        (model.cpu, model.ipu) if candidates_from == "self-draft" else (model.draft_cpu, model.draft_ipu)
+    )
 
     def candidates(drafter: Any) -> Callable[[LoopFacts], Callable[[list[int]], list[int]]]:
         if draft:
             return lambda facts: DraftCandidates(Stepper(drafter, inputs, model.seq2seq), facts)
         return lambda facts: PromptLookupCandidates(eos)
 
-    expected, on_cpu = speculative(model.cpu, candidates(model.draft_cpu), model, inputs)
+    def served_on_device() -> int:
+        sessions = kv_cache_checks.decoder_sessions(drafters[1])
+        return sum(
+            e["calls"] for s in sessions for e in s.compiled_executables() if e.get("kv_cache") == "device"
+        )
+
+    expected, on_cpu = speculative(model.cpu, candidates(drafters[0]), model, inputs)
+    served_before = served_on_device()
     with kv_cache_checks.counted_uploads() as uploads:
-        got, facts = speculative(model.ipu, candidates(model.draft_ipu), model, inputs)
+        got, facts = speculative(model.ipu, candidates(drafters[1]), model, inputs)
     assert got == expected
     facts.largest_difference = max(
         float((a - b).abs().max()) for a, b in zip(facts.logits, on_cpu.logits, strict=True)
@@ -348,18 +365,18 @@ def _speculative_case(model: Loaded, draft: bool) -> LoopFacts:
     common = min(len(plain), len(expected))
     assert common >= 12 and plain[:common] == expected[:common], (plain, expected)
     assert len(set(expected)) >= 4, "degenerate generation cannot tell providers apart"
-    assert facts.verifying_calls >= 4 and facts.crops >= 1, facts
-    if not draft:
+    assert facts.verifying_calls >= 4, facts
+    if candidates_from == "self-draft":
+        assert facts.accepted >= NEW_TOKENS // 2 and facts.draft_multi_token_calls >= 2, facts
+    else:
+        assert facts.crops >= 1, facts
+    if candidates_from == "prompt-lookup":
         assert facts.accepted >= 1, facts  # n-gram candidates of a looping decoder are partly accepted
     else:
-        # the draft's single-token steps ran with its cache on the device, re-uploaded after crops
-        served = [
-            e["calls"]
-            for s in kv_cache_checks.decoder_sessions(model.draft_ipu)
-            for e in s.compiled_executables()
-            if e.get("kv_cache") == "device"
-        ]
-        assert sum(served) >= NEW_TOKENS, served
+        # the draft's one-token steps ran with its cache on the device, uploaded again after each crop
+        # or step of several tokens
+        served = served_on_device() - served_before
+        assert served >= NEW_TOKENS // 2, served
         assert len(uploads) >= 2, uploads
     return facts
 
@@ -504,7 +521,7 @@ def test_generation_mode_matches_cpu(loaded, mode, model_name):
     elif mode == "prompt-lookup":
         _check_library_mode(model, {"prompt_lookup_num_tokens": DRAFT_TOKENS})
     elif mode.startswith("speculative-"):
-        _speculative_case(model, draft=mode == "speculative-draft")
+        _speculative_case(model, mode.removeprefix("speculative-"))
     elif mode in HUB_MODES:
         check_hub_mode(model, mode, HUB_MODES[mode][1])
     else:
