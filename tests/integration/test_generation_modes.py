@@ -98,7 +98,8 @@ MATRIX: Matrix[tuple[str, str]] = Matrix(
     share=DEFAULT_SHARE,
     covers={"mode": lambda case: case[0], "model": lambda case: case[1]},
     why="each further pair compiles its own prefill, decode and verifying executables on the emulator "
-    "(a draft model's too), 5 to 15 s each on two cores; every mode and both models run by default",
+    "(a draft model's too), and each verifying call of a new length runs its own padding proof (about "
+    "0.3 s on two cores): the product takes 245 s here, the share 128 s",
 )
 
 
