@@ -88,6 +88,25 @@ with torch's TorchScript exporter (`torch.onnx.export(..., dynamo=False)`) and s
 | an `If` chosen by the data (`torch.jit.script`), branches of different shapes | batch 3, 512 tokens | refused, naming the node | - | `test_shape_conditional_ifs.py::test_an_if_chosen_by_the_data_is_refused_naming_the_node` |
 | transformers' `DeepseekV3MoE`: group-limited router (8 experts in 4 groups, top-2 groups, top-2 experts), tied scores | batch 3 x 512 and 2 x 300 tokens | experts chosen; layer output | identical; atol 1e-6 | `test_group_limited_experts.py::test_group_limited_routing_chooses_the_cpu_experts_and_matches_its_output` |
 """  # noqa: E501 (Markdown table rows)
+# The generation modes beside greedy decoding (tests/integration/test_generation_modes.py).
+_GENERATION_MODES = """
+## Generation modes
+
+`tests/integration/test_generation_modes.py` runs every mode of `generate()` on GPT-2 (1,024 positions,
+320-token prompts) and T5 (320-token inputs) with their key/value caches, 32 new tokens, against
+`CPUExecutionProvider` (its `Matrix` runs every mode and both models by default, the rest in the release
+check):
+
+| mode | compared | result |
+|---|---|---|
+| greedy, beam search, seeded sampling | generated tokens | identical (`test_kv_cache_on_device.py`) |
+| the calls of assisted generation: a draft model's candidates, or prompt-lookup (n-gram) candidates, verified in one call of several new tokens with a past, the caches cropped after rejected tokens | generated tokens, and the verifying calls' logits | identical, logits within 1e-4; also equal to greedy decoding |
+| `assistant_model=`, `prompt_lookup_num_tokens=` | the outcome | the same error on both providers: transformers crops the cache with `Cache.crop`, which the tuples optimum-onnx returns lack |
+| contrastive search, group (diverse) beam search, constrained beam search | the outcome | the same error on both providers: transformers 4.56 and later load them from the Hub (`trust_remote_code=True`), so they need the network |
+| `TextIteratorStreamer` (generation in a thread) | tokens and the streamed text | identical |
+| `stop_strings` with a tokenizer, a custom `StoppingCriteria`, an EOS token ending one row of a batch of two mixed-length prompts | generated tokens | identical |
+| `max_time` | tokens generated before the time ran out | CPU's greedy tokens |
+"""  # noqa: E501 (Markdown table rows)
 _COLUMNS = ("ORTModel class", "architecture", "export task", "compared", "tolerance", "result", "test")
 
 
@@ -212,7 +231,7 @@ def render(rows: list[Row], results: Mapping[str, str]) -> str:
     classes = sorted({row.ort_class for row in rows})
     lines.append("")
     lines.append(f"{len(rows)} rows, {len(classes)} classes; {counts['passed']} passed in the run above.")
-    return "\n".join(lines) + "\n" + _REAL_SIZES + _OTHER_EXPORTS
+    return "\n".join(lines) + "\n" + _REAL_SIZES + _OTHER_EXPORTS + _GENERATION_MODES
 
 
 def documented_results(text: str) -> dict[str, str]:
