@@ -57,7 +57,10 @@ def _session_facts(model) -> dict:
         "decoder",
         "decoder_with_past",
         "text_encoder",
+        "text_encoder_2",
+        "text_encoder_3",
         "unet",
+        "transformer",
         "vae_encoder",
         "vae_decoder",
     )
