@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from class_zoo import clip_bpe_tokenizer
 
 from optimum_ipu_backend.conformance.zoo import (
     TINY_FFN,
@@ -31,8 +32,6 @@ from optimum_ipu_backend.conformance.zoo import (
     seed_for,
     unigram_tokenizer,
 )
-
-from class_zoo import _clip_bpe_tokenizer
 
 #: The images' side in pixels. With the VAE's three downsamplings the latents are 32x32, those of a
 #: released pipeline drawing 256x256 images; the tiny denoisers keep that fast on the CPU.
@@ -49,12 +48,6 @@ class DiffusionCase(NamedTuple):
     mode: str  # "text-to-image", "image-to-image" or "inpainting": what ``diffusion_call`` passes
     steps: int  # denoising steps (before image-to-image's strength)
     guidance_scale: float
-
-
-class TinyPipeline(NamedTuple):
-    architecture: str  # the diffusers pipeline and its components, as docs/models.md lists them
-    scheduler: str
-    build: Callable[[], Any]  # returns the diffusers pipeline
 
 
 def _clip_text(tokenizer, projection: bool, **sizes: int):
@@ -122,7 +115,7 @@ def _sdxl(scratch: Path):
     sizes feed the UNet's added time embedding) and a UNet whose second level cross-attends to both."""
     import diffusers
 
-    tokenizer = _clip_bpe_tokenizer(scratch)
+    tokenizer = clip_bpe_tokenizer(scratch)
     unet = diffusers.UNet2DConditionModel(
         sample_size=IMAGE_SIDE // 8,
         in_channels=4,
@@ -136,7 +129,6 @@ def _sdxl(scratch: Path):
         use_linear_projection=True,
         addition_embed_type="text_time",
         addition_time_embed_dim=8,
-        transformer_layers_per_block=(1, 2),
         projection_class_embeddings_input_dim=6 * 8 + TINY_HIDDEN,  # six sizes, the pooled text
         cross_attention_dim=2 * TINY_HIDDEN,  # both encoders' hidden states side by side
     ).eval()
@@ -159,7 +151,7 @@ def _lcm(scratch: Path):
     (``timestep_cond``) instead of running the batch twice, and the LCM scheduler."""
     import diffusers
 
-    tokenizer = _clip_bpe_tokenizer(scratch)
+    tokenizer = clip_bpe_tokenizer(scratch)
     unet = diffusers.UNet2DConditionModel(
         sample_size=IMAGE_SIDE // 8,
         in_channels=4,
@@ -191,7 +183,7 @@ def _sd3(scratch: Path):
     image patches and text), denoised by flow matching."""
     import diffusers
 
-    tokenizer = _clip_bpe_tokenizer(scratch)
+    tokenizer = clip_bpe_tokenizer(scratch)
     t5_tokenizer, t5 = _t5_encoder(scratch)
     transformer = diffusers.SD3Transformer2DModel(
         sample_size=IMAGE_SIDE // 8,
@@ -209,7 +201,9 @@ def _sd3(scratch: Path):
     return diffusers.StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=_vae(16, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5),
+        vae=_vae(
+            16, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5
+        ),
         text_encoder=_clip_text(tokenizer, projection=True, projection_dim=TINY_HIDDEN),
         tokenizer=tokenizer,
         text_encoder_2=_clip_text(tokenizer, projection=True, projection_dim=TINY_HIDDEN),
@@ -224,7 +218,7 @@ def _flux(scratch: Path):
     single-stream blocks with rotary positions over 2x2-packed latents, denoised by flow matching."""
     import diffusers
 
-    tokenizer = _clip_bpe_tokenizer(scratch)
+    tokenizer = clip_bpe_tokenizer(scratch)
     t5_tokenizer, t5 = _t5_encoder(scratch)
     transformer = diffusers.FluxTransformer2DModel(
         patch_size=1,
@@ -248,23 +242,36 @@ def _flux(scratch: Path):
     )
 
 
-PIPELINES: Mapping[str, Callable[[Path], Any]] = {
-    "tiny-sdxl": _sdxl,
-    "tiny-lcm": _lcm,
-    "tiny-sd3": _sd3,
-    "tiny-flux": _flux,
-}
+class TinyPipeline(NamedTuple):
+    build: Callable[[Path], Any]  # returns the diffusers pipeline; tokenizer files go to the given folder
+    architecture: str  # the diffusers pipeline and its components, as docs/models.md lists them
+    scheduler: str  # the scheduler's steps, as docs/models.md names them
 
-#: The architecture column of docs/models.md, per pipeline.
-ARCHITECTURES: Mapping[str, str] = {
-    "tiny-sdxl": "StableDiffusionXLPipeline (CLIPTextModel, CLIPTextModelWithProjection, "
-    "UNet2DConditionModel, AutoencoderKL, EulerDiscreteScheduler)",
-    "tiny-lcm": "LatentConsistencyModelPipeline (CLIPTextModel, UNet2DConditionModel with time_cond_proj_dim, "
-    "AutoencoderKL, LCMScheduler)",
-    "tiny-sd3": "StableDiffusion3Pipeline (2 CLIPTextModelWithProjection, T5EncoderModel, "
-    "SD3Transformer2DModel, AutoencoderKL, FlowMatchEulerDiscreteScheduler)",
-    "tiny-flux": "FluxPipeline (CLIPTextModel, T5EncoderModel, FluxTransformer2DModel, AutoencoderKL, "
-    "FlowMatchEulerDiscreteScheduler)",
+
+PIPELINES: Mapping[str, TinyPipeline] = {
+    "tiny-sdxl": TinyPipeline(
+        _sdxl,
+        "StableDiffusionXLPipeline (CLIPTextModel, CLIPTextModelWithProjection, UNet2DConditionModel "
+        "with text_time embedding, AutoencoderKL)",
+        "Euler",
+    ),
+    "tiny-lcm": TinyPipeline(
+        _lcm,
+        "LatentConsistencyModelPipeline (CLIPTextModel, UNet2DConditionModel with time_cond_proj_dim, "
+        "AutoencoderKL)",
+        "LCM",
+    ),
+    "tiny-sd3": TinyPipeline(
+        _sd3,
+        "StableDiffusion3Pipeline (2 CLIPTextModelWithProjection, T5EncoderModel, SD3Transformer2DModel, "
+        "AutoencoderKL)",
+        "flow-matching Euler",
+    ),
+    "tiny-flux": TinyPipeline(
+        _flux,
+        "FluxPipeline (CLIPTextModel, T5EncoderModel, FluxTransformer2DModel, AutoencoderKL)",
+        "flow-matching Euler",
+    ),
 }
 
 DIFFUSION_CASES: Mapping[str, DiffusionCase] = {
@@ -316,7 +323,7 @@ def build_pipeline(name: str, root: Path) -> Path:
 
         torch.manual_seed(seed_for(name, "text-to-image"))
         with tempfile.TemporaryDirectory(dir=root) as scratch:
-            pipeline = PIPELINES[name](Path(scratch))
+            pipeline = PIPELINES[name].build(Path(scratch))
             pipeline.save_pretrained(staging)
 
     Path(root).mkdir(parents=True, exist_ok=True)
