@@ -72,6 +72,8 @@ def _session_facts(model) -> dict:
             continue  # whisper's `model` attribute is a torch stand-in, not a session
         facts.append(
             {
+                # one session can sit in two parts (a seq2seq model's `model` is its encoder)
+                "id": id(session),
                 "type": type(session).__name__,
                 # what optimum-onnx's own tests and user code check
                 "is_inference_session": isinstance(session, onnxruntime.InferenceSession),

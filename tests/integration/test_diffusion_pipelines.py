@@ -75,3 +75,15 @@ def test_pipeline_draws_the_cpu_image(results, name):
         components.discard("vae_encoder")
     ran = [session for session in result["sessions"] if session["compiled_shapes"]]
     assert len(ran) == len(components), (sorted(components), result["sessions"])
+
+
+@pytest.mark.parametrize(
+    "name", [name for name in MATRIX.cases if DIFFUSION_CASES[name].pipeline == "tiny-sd3"]
+)
+def test_sd3_transformer_batch_is_compiled_exactly_naming_its_timestep_tie(results, name):
+    """SD3's transformer adds its timestep (axis "step") to each row of the batch, so the batch cannot be
+    padded alone: the padding proof refuses it naming the node, not through an error of its own."""
+    verdicts = [session["padding"].get("batch_size", "") for session in _case(results, name)["sessions"]]
+    tied = [verdict for verdict in verdicts if "ties a padded axis to one that is not padded" in verdict]
+    assert len(tied) == 1 and tied[0].startswith("exact"), verdicts
+    assert not any("could not follow the graph" in verdict for verdict in verdicts), verdicts
