@@ -37,6 +37,8 @@ from optimum_ipu_backend.conformance.zoo import (
 #: released pipeline drawing 256x256 images; the tiny denoisers keep that fast on the CPU.
 IMAGE_SIDE = 256
 _PROMPTS = ["a red car", "the lazy dog"]
+#: optimum's export task of every pipeline here; each ORT pipeline class loads the same export.
+EXPORT_TASK = "text-to-image"
 _VAE_LEVELS = {"block_out_channels": (8, 8, 16, 16), "norm_num_groups": 4, "layers_per_block": 1}
 
 
@@ -321,7 +323,7 @@ def build_pipeline(name: str, root: Path) -> Path:
     def build(staging: Path) -> None:
         import torch
 
-        torch.manual_seed(seed_for(name, "text-to-image"))
+        torch.manual_seed(seed_for(name, EXPORT_TASK))
         with tempfile.TemporaryDirectory(dir=root) as scratch:
             pipeline = PIPELINES[name].build(Path(scratch))
             pipeline.save_pretrained(staging)
@@ -345,6 +347,4 @@ class DiffusionZoo:
 
     def onnx(self, name: str) -> Path:
         """The export of pipeline ``name``: a folder per component, from the diffusers library."""
-        return export_onnx(
-            self.model(name), "text-to-image", self.root / "onnx" / name, library_name="diffusers"
-        )
+        return export_onnx(self.model(name), EXPORT_TASK, self.root / "onnx" / name, library_name="diffusers")

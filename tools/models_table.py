@@ -187,11 +187,10 @@ def matrix_rows() -> list[Row]:
         call, _ = pipelines.diffusion_call(name)
         steps = int(call["num_inference_steps"] * call.get("strength", 1.0))
         tiny, side = pipelines.PIPELINES[case.pipeline], pipelines.IMAGE_SIDE
-        compared = f"{side}x{side} images after {steps} {tiny.scheduler} steps, one seed"
+        compared = f"{case.mode}: {side}x{side} images after {steps} {tiny.scheduler} steps, one seed"
         test = _node(diffusion, "test_pipeline_draws_the_cpu_image", name)
-        rows.append(
-            Row(case.ort_class, tiny.architecture, case.mode, compared, _atol(diffusion.IMAGE_ATOL), test)
-        )
+        task = pipelines.EXPORT_TASK
+        rows.append(Row(case.ort_class, tiny.architecture, task, compared, _atol(diffusion.IMAGE_ATOL), test))
     return rows
 
 
