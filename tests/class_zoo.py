@@ -303,7 +303,7 @@ def _wav2vec2_head(class_name: str, **config_kwargs: Any) -> Callable[[Path], tr
     return build
 
 
-def _clip_bpe_tokenizer(out_dir: Path) -> transformers.CLIPTokenizer:
+def clip_bpe_tokenizer(out_dir: Path) -> transformers.CLIPTokenizer:
     """CLIP's byte-level BPE with no merges: one token per byte (and per byte ending a word), 514 ids."""
     import transformers
     from transformers.models.clip.tokenization_clip import bytes_to_unicode
@@ -332,7 +332,7 @@ def build_diffusion_pipeline(root: Path, inpainting: bool = False) -> Path:
         import transformers
 
         with tempfile.TemporaryDirectory(dir=root) as scratch:
-            tokenizer = _clip_bpe_tokenizer(Path(scratch))
+            tokenizer = clip_bpe_tokenizer(Path(scratch))
         torch.manual_seed(seed_for("tiny-sd", "text-to-image"))
         end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
         text_encoder = transformers.CLIPTextModel(

@@ -2,17 +2,22 @@
 the host emulator against CPU onnxruntime, with what is compared, the tolerance, and the result of a test
 run.
 
-The rows come from the matrix's own definition, the case tables of the four test modules that run
+The rows come from the matrix's own definition, the case tables of the five test modules that run
 ORTModel classes end to end (``test_ortmodels.py``: the main matrix; ``test_padding_patterns.py``: the
-padding patterns; ``test_ortmodel_classes.py``: one model per remaining class and the diffusion
-pipeline; ``test_bart_classification.py``: BART-family sequence classification and the zero-shot
-pipeline on it), so a case added there is a row here. The results come from a JUnit XML report of a run of
-those modules::
+padding patterns; ``test_ortmodel_classes.py``: one model per remaining class and the Stable Diffusion
+1.x pipelines; ``test_bart_classification.py``: BART-family sequence classification and the zero-shot
+pipeline on it; ``test_diffusion_pipelines.py``: the SDXL, LCM, SD3 and Flux pipelines), so a case added
+there is a row here. The results come from a JUnit XML report of a run of those modules (with
+``OPTIMUM_IPU_FULL_MATRIX=1``, so that the release-only diffusion cases run too)::
 
-    OPTIMUM_IPU_TEST_ZOO=/tmp/zoo python -m pytest tests/integration/test_ortmodels.py \\
-        tests/integration/test_padding_patterns.py tests/integration/test_ortmodel_classes.py \\
-        tests/integration/test_bart_classification.py --junitxml=/tmp/models.xml
+    OPTIMUM_IPU_FULL_MATRIX=1 OPTIMUM_IPU_TEST_ZOO=/tmp/zoo python -m pytest \\
+        tests/integration/test_ortmodels.py tests/integration/test_padding_patterns.py \\
+        tests/integration/test_ortmodel_classes.py tests/integration/test_bart_classification.py \\
+        tests/integration/test_diffusion_pipelines.py --junitxml=/tmp/models.xml
     python tools/models_table.py --junit /tmp/models.xml --output docs/models.md
+
+``--keep-documented`` keeps the committed result of each row the report does not hold (a run of some of
+the modules).
 
 ``tests/test_models_doc.py`` checks that the committed file lists exactly the rows the matrix defines.
 """
@@ -30,7 +35,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "models.md"
-MODULES = ("test_ortmodels", "test_padding_patterns", "test_ortmodel_classes", "test_bart_classification")
+MODULES = (
+    "test_ortmodels",
+    "test_padding_patterns",
+    "test_ortmodel_classes",
+    "test_bart_classification",
+    "test_diffusion_pipelines",
+)
 NOT_RUN = "not run"
 
 _HEADER = """# Models tried on the IPU provider
@@ -46,9 +57,10 @@ file was generated from.
 Regenerate after changing the matrix:
 
 ```bash
-OPTIMUM_IPU_TEST_ZOO=/tmp/zoo python -m pytest tests/integration/test_ortmodels.py \\
-    tests/integration/test_padding_patterns.py tests/integration/test_ortmodel_classes.py \\
-    tests/integration/test_bart_classification.py --junitxml=/tmp/models.xml
+OPTIMUM_IPU_FULL_MATRIX=1 OPTIMUM_IPU_TEST_ZOO=/tmp/zoo python -m pytest \\
+    tests/integration/test_ortmodels.py tests/integration/test_padding_patterns.py \\
+    tests/integration/test_ortmodel_classes.py tests/integration/test_bart_classification.py \\
+    tests/integration/test_diffusion_pipelines.py --junitxml=/tmp/models.xml
 python tools/models_table.py --junit /tmp/models.xml --output docs/models.md
 ```
 """
@@ -160,7 +172,7 @@ def _pattern_tests(module) -> dict[str, str]:
 
 def matrix_rows() -> list[Row]:
     """Every row the test matrix defines, in the order of its modules and their case tables."""
-    main, patterns, classes, eos = (_load(name) for name in MODULES)
+    main, patterns, classes, eos, diffusion = (_load(name) for name in MODULES)
     rows = []
     for case, (ort_class, model, task) in main.FORWARD.items():
         rows.append(
@@ -203,6 +215,15 @@ def matrix_rows() -> list[Row]:
         pipeline = _node(eos, "test_zero_shot_classification_matches_cpu", model)
         scores = ("zero-shot-classification pipeline scores", _atol(eos.ATOL))
         rows.append(Row(eos.ORT_CLASS, model, eos.TASK, *scores, pipeline))
+    pipelines = importlib.import_module("diffusion_zoo")  # tests/, on the path since _load
+    for name, case in pipelines.DIFFUSION_CASES.items():
+        call, _ = pipelines.diffusion_call(name)
+        steps = int(call["num_inference_steps"] * call.get("strength", 1.0))
+        tiny, side = pipelines.PIPELINES[case.pipeline], pipelines.IMAGE_SIDE
+        compared = f"{case.mode}: {side}x{side} images after {steps} {tiny.scheduler} steps, one seed"
+        test = _node(diffusion, "test_pipeline_draws_the_cpu_image", name)
+        task = pipelines.EXPORT_TASK
+        rows.append(Row(case.ort_class, tiny.architecture, task, compared, _atol(diffusion.IMAGE_ATOL), test))
     return rows
 
 
@@ -253,8 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--junit", type=Path, help="JUnit XML report of a run of the matrix's tests")
     parser.add_argument("--output", type=Path, default=DOC)
+    parser.add_argument(
+        "--keep-documented",
+        action="store_true",
+        help="keep the committed result of each row the report does not hold",
+    )
     args = parser.parse_args(argv)
-    results = junit_results(args.junit) if args.junit else {}
+    results = documented_results(DOC.read_text(encoding="utf-8")) if args.keep_documented else {}
+    results.update(junit_results(args.junit) if args.junit else {})
     args.output.write_text(render(matrix_rows(), results), encoding="utf-8")
     return 0
 

@@ -57,7 +57,10 @@ def _session_facts(model) -> dict:
         "decoder",
         "decoder_with_past",
         "text_encoder",
+        "text_encoder_2",
+        "text_encoder_3",
         "unet",
+        "transformer",
         "vae_encoder",
         "vae_decoder",
     )
@@ -69,6 +72,8 @@ def _session_facts(model) -> dict:
             continue  # whisper's `model` attribute is a torch stand-in, not a session
         facts.append(
             {
+                # one session can sit in two parts (a seq2seq model's `model` is its encoder)
+                "id": id(session),
                 "type": type(session).__name__,
                 # what optimum-onnx's own tests and user code check
                 "is_inference_session": isinstance(session, onnxruntime.InferenceSession),

@@ -84,8 +84,12 @@ def generate_case(case: dict) -> dict:
 
 
 def diffusion_case(case: dict) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for class_zoo
-    from class_zoo import diffusion_call
+    import importlib
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for the zoos
+    # the module whose diffusion_call gives the case's arguments: class_zoo (Stable Diffusion 1.x) or
+    # diffusion_zoo (the SDXL, LCM, SD3 and Flux pipelines)
+    diffusion_call = importlib.import_module(case.get("calls", "class_zoo")).diffusion_call
 
     cls = getattr(ort_models, case["class"])
     cpu = cls.from_pretrained(case["onnx_dir"], **checks.CPU)
@@ -97,6 +101,7 @@ def diffusion_case(case: dict) -> dict:
     )
     return {
         "max_abs_diff": float(np.abs(expected - got).max()),
+        "max_abs_expected": float(np.abs(expected).max()),
         "image_shape": list(expected.shape),
         "image_std": float(expected.std()),
         **_session_facts(ipu),

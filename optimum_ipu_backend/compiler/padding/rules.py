@@ -161,8 +161,20 @@ def elementwise(
     rank = max(_rank(op) for op in operands)
     shapes_p = [(1,) * (rank - _rank(op)) + _shape(op, "p") for op in operands]
     shapes_u = [(1,) * (rank - _rank(op)) + _shape(op, "u") for op in operands]
-    out_p = tuple(np.broadcast_shapes(*shapes_p))
-    out_u = tuple(np.broadcast_shapes(*shapes_u))
+    try:
+        out_p = tuple(np.broadcast_shapes(*shapes_p))
+        out_u = tuple(np.broadcast_shapes(*shapes_u))
+    except ValueError as error:
+        # The graph ties an axis the runtime pads to one it does not (SD3's transformer adds its
+        # ``timestep``, axis "step", to rows of axis "batch_size"): at the probed sizes the operands do
+        # not broadcast, so no padded call of this graph can run.
+        raise ProofAborted(
+            describe(
+                node,
+                f"broadcasts operands of shapes {shapes_p} padded ({shapes_u} real), which do not agree: "
+                "the graph ties a padded axis to one that is not padded",
+            )
+        ) from error
     maps: list[AxisMap] = []
     for axis in range(rank):
         axis_map: AxisMap = None
