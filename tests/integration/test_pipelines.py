@@ -45,6 +45,8 @@ class Task(NamedTuple):
     ort_class: str
     model: str  # what the docs call the model
     call: Callable[[], tuple[Any, dict[str, Any]]]  # the pipeline's input and call arguments
+    fed: str = ""  # the inputs, as docs/models.md lists them
+    compared: str = ""  # what must be identical (and, for "scores" and the like, within ``atol``)
     atol: float = ATOL  # for every float the pipeline returns
 
 
@@ -57,6 +59,8 @@ TASKS: Mapping[str, Task] = {
         "ORTModelForSequenceClassification",
         "bert",
         lambda: (texts([200, 30, 5, 60]), {"top_k": None, "batch_size": 2, "truncation": True}),
+        fed="4 texts of 5 to 200 words (truncated to the model's 128 tokens), batch_size 2",
+        compared="labels and their order identical, scores",
     ),
     "zero-shot-classification": Task(
         "ORTModelForSequenceClassification",
@@ -65,6 +69,8 @@ TASKS: Mapping[str, Task] = {
             texts([480, 12]),
             {"candidate_labels": ["weather", "animals", "travel"], "multi_label": False, "batch_size": 4},
         ),
+        fed="a 512-token text (truncated from 544) and a short one, 3 candidate labels, batch_size 4",
+        compared="labels and their order identical, scores",
     ),
     "feature-extraction": Task(
         "ORTModelForFeatureExtraction",
@@ -74,6 +80,8 @@ TASKS: Mapping[str, Task] = {
         # real tokens only and their layer norms amplify rounding (tests/integration/test_real_sizes.py
         # holds them to the same 1e-4).
         atol=MASKED_POSITIONS_ATOL,
+        fed="texts of 512 (truncated), 12 and 100 tokens, batch_size 2",
+        compared="every embedding of every position",
     ),
     "fill-mask": Task(
         "ORTModelForMaskedLM",
@@ -82,6 +90,8 @@ TASKS: Mapping[str, Task] = {
             [f"{text} [MASK] {text}" for text in texts([32, 3], offset=2)],
             {"top_k": 3, "batch_size": 2},
         ),
+        fed="a 121-token and a 25-token text with one mask each, top_k 3, batch_size 2",
+        compared="tokens and sequences identical, scores",
     ),
     "token-classification": Task(
         "ORTModelForTokenClassification",
@@ -90,6 +100,11 @@ TASKS: Mapping[str, Task] = {
             texts([240, 7]),
             {"aggregation_strategy": "simple", "stride": 32, "batch_size": 2},
         ),
+        fed=(
+            "a 512-token text cut by the pipeline's stride 32 into 128-token windows, and a short one, "
+            "aggregation simple, batch_size 2"
+        ),
+        compared="entity groups, words and character spans identical, scores",
     ),
     "question-answering": Task(
         "ORTModelForQuestionAnswering",
@@ -101,16 +116,25 @@ TASKS: Mapping[str, Task] = {
             },
             {"top_k": 3, "max_seq_len": 128, "doc_stride": 32, "batch_size": 2},
         ),
+        fed=(
+            "2 questions, a 512-token context cut by doc_stride 32 into 128-token windows and an "
+            "81-token one, top_k 3, batch_size 2"
+        ),
+        compared="answers and character spans identical, scores",
     ),
     "text-generation": Task(
         "ORTModelForCausalLM",
         "gpt2",
         lambda: (texts([4, 30, 17]), {**_generation(), "batch_size": 2}),
+        fed="3 prompts of 14 to 84 tokens (left-padded batches), 16 new tokens greedy, batch_size 2",
+        compared="generated text identical",
     ),
     "text2text-generation": Task(
         "ORTModelForSeq2SeqLM",
         "t5",
-        lambda: (texts([90, 6, 30]), {**_generation(num_beams=2), "batch_size": 2}),
+        lambda: (texts([90, 6, 30]), {**_generation(num_beams=2, max_new_tokens=8), "batch_size": 2}),
+        fed="3 inputs of 6 to 90 words, 8 new tokens, 2 beams, batch_size 2",
+        compared="generated text identical",
     ),
     "summarization": Task(
         "ORTModelForSeq2SeqLM",
@@ -118,46 +142,72 @@ TASKS: Mapping[str, Task] = {
         lambda: (
             texts([100, 25]),
             # the pipeline's own generation defaults otherwise (transformers' summarization: 4 beams)
-            {"max_new_tokens": 20, "min_new_tokens": 6, "batch_size": 2, "truncation": True},
+            {"max_new_tokens": 10, "min_new_tokens": 4, "batch_size": 2, "truncation": True},
         ),
+        fed=(
+            "inputs of 100 and 25 words (truncated to 128 tokens), 4 to 10 new tokens with the "
+            "pipeline's 4 beams, batch_size 2"
+        ),
+        compared="summary text identical",
     ),
     "translation": Task(
         "ORTModelForSeq2SeqLM",
         "t5",
         lambda: (texts([40, 8], offset=5), {**_generation(), "batch_size": 2}),
+        fed="inputs of 40 and 8 words, 16 new tokens greedy, batch_size 2",
+        compared="translation text identical",
     ),
     "image-classification": Task(
         "ORTModelForImageClassification",
         "vit (224x224, patch 16)",
         lambda: (images([(224, 224), (320, 240), (160, 200)]), {"top_k": 4, "batch_size": 2}),
+        fed="images of 224x224, 320x240 and 160x200 (resized to 224), top_k 4, batch_size 2",
+        compared="labels and their order identical, scores",
     ),
     "image-segmentation": Task(
         "ORTModelForSemanticSegmentation",
         "segformer",
         lambda: (images([(224, 224), (300, 200)], seed=1), {"subtask": "semantic", "batch_size": 2}),
+        fed="images of 224x224 and 300x200 (resized to 224), semantic, batch_size 2",
+        compared="labels identical, masks identical pixel for pixel",
     ),
     "image-to-text": Task(
         "ORTModelForVision2Seq",
         "vit-gpt2",
-        lambda: (images([(224, 224), (256, 192)], seed=2), {"max_new_tokens": 16, "batch_size": 2}),
+        # 6 new tokens: the decoder's past is compiled at each length (positions counted from it)
+        lambda: (images([(224, 224), (256, 192)], seed=2), {"max_new_tokens": 6, "batch_size": 2}),
+        fed="images of 224x224 and 256x192 (resized to 32), 6 new tokens, batch_size 2",
+        compared="generated text identical",
     ),
     "automatic-speech-recognition (CTC)": Task(
         "ORTModelForCTC",
         "wavlm-ctc (layer-norm feature encoder, real strides)",
         lambda: (audio([25.0, 3.2]), {"chunk_length_s": 10, "stride_length_s": 2, "batch_size": 2}),
+        fed="25 s of 16 kHz audio cut by chunk_length_s 10 with 2 s strides, and a 3.2 s clip, batch_size 2",
+        compared="transcription identical",
     ),
     "automatic-speech-recognition (Whisper)": Task(
         "ORTModelForSpeechSeq2Seq",
         "whisper",
         lambda: (
             audio([42.0, 5.0], seed=3),
-            {"chunk_length_s": 30, "batch_size": 2, "generate_kwargs": {"max_new_tokens": 12}},
+            {"chunk_length_s": 30, "batch_size": 2, "generate_kwargs": {"max_new_tokens": 8}},
         ),
+        fed=(
+            "42 s of 16 kHz audio cut by chunk_length_s 30 into 30 s windows, and a 5 s clip, 8 new "
+            "tokens, batch_size 2"
+        ),
+        compared="transcription identical",
     ),
     "audio-classification": Task(
         "ORTModelForAudioClassification",
         "wavlm-audio-classification (layer-norm feature encoder, real strides)",
         lambda: (audio([1.0, 4.5, 10.0], seed=4), {"top_k": 5, "batch_size": 2}),
+        fed=(
+            "clips of 1, 4.5 and 10 s at 16 kHz, top_k 5, batch_size 2 (padded to the longest clip of "
+            "each batch)"
+        ),
+        compared="labels and their order identical, scores",
     ),
     "zero-shot-image-classification": Task(
         "ORTModelForZeroShotImageClassification",
@@ -166,11 +216,15 @@ TASKS: Mapping[str, Task] = {
             images([(224, 224), (250, 300)], seed=5),
             {"candidate_labels": ["dog", "car", "river bridge"], "batch_size": 2},
         ),
+        fed="images of 224x224 and 250x300 (resized to 30), 3 candidate labels, batch_size 2",
+        compared="labels and their order identical, scores",
     ),
     "image-to-image": Task(
         "ORTModelForImageToImage",
         "swin2sr (x2 upscaling)",
         lambda: (images([(224, 224), (96, 64)], seed=6), {"batch_size": 1}),
+        fed="images of 224x224 and 96x64, upscaled x2",
+        compared="images identical in size, pixels within 1 of 255",
     ),
 }
 
@@ -400,3 +454,28 @@ def test_pipeline_matches_cpu(loaded, cpu_results, task, entry):
     assert_informative(expected)
     difference = compare(found, expected, TASKS[task].atol)
     print(f"{task} via {entry}: largest difference {difference:.3g}")
+
+
+def test_clip_scores_a_different_number_of_images_and_texts(zoo):
+    """CLIP's export has two batch dimensions (``image_batch_size``, ``text_batch_size``); the
+    zero-shot image pipeline feeds them different sizes (images against candidate labels). Such a call
+    runs whole, each compiled at its size: cut into device steps along one of them it was refused
+    ("the array has 2 samples on axis 0, the plan 3"), and repeating rows would pair wrong ones."""
+    from class_zoo import class_inputs
+    from optimum.onnxruntime import ORTModelForZeroShotImageClassification
+
+    classes = class_zoo(zoo)
+    feed = class_inputs("clip", classes.class_model("clip"), batch=3)
+    feed["pixel_values"] = feed["pixel_values"][:2]
+    onnx_dir = classes.class_onnx("clip")
+    cpu = ORTModelForZeroShotImageClassification.from_pretrained(onnx_dir)
+    ipu = ORTModelForZeroShotImageClassification.from_pretrained(onnx_dir, **IPU)
+    expected, found = cpu.model.run(None, feed), ipu.model.run(None, feed)
+    names = [output.name for output in cpu.model.get_outputs()]
+    for name, want, got in zip(names, expected, found, strict=True):
+        assert got.shape == want.shape, name
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4, err_msg=name)
+    logits = dict(zip(names, expected, strict=True))["logits_per_image"]
+    assert logits.shape == (2, 3) and np.ptp(logits) > 1e-3
+    (entry,) = ipu.model.compiled_executables()
+    assert entry["shapes"]["pixel_values"][0] == 2 and entry["shapes"]["input_ids"][0] == 3
