@@ -14,6 +14,9 @@ those modules::
         tests/integration/test_bart_classification.py --junitxml=/tmp/models.xml
     python tools/models_table.py --junit /tmp/models.xml --output docs/models.md
 
+The pipeline section after them lists ``test_pipelines.TASKS``, the pipeline tasks, with the inputs each
+is fed and what is compared (no results: the run that fills the table's last column does not include it).
+
 ``tests/test_models_doc.py`` checks that the committed file lists exactly the rows the matrix defines.
 """
 
