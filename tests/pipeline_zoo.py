@@ -46,7 +46,7 @@ def ctc_tokenizer(root: Path) -> transformers.Wav2Vec2CTCTokenizer:
     return transformers.Wav2Vec2CTCTokenizer(str(directory / "vocab.json"))
 
 
-def clip_processor(root: Path, image_size: int) -> transformers.CLIPProcessor:
+def clip_processor(image_size: int) -> transformers.CLIPProcessor:
     """CLIP's processor for the class zoo's CLIP: a word-level tokenizer of the corpus' words (ids 3 to 97,
     unknown words 2) that wraps every text in <|startoftext|> ... <|endoftext|>, and CLIP's image
     processor at ``image_size``."""

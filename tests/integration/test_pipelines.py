@@ -154,7 +154,7 @@ TASKS: Mapping[str, Task] = {
         "ORTModelForSeq2SeqLM",
         "t5",
         lambda: (texts([40, 8], offset=5), {**_generation(), "batch_size": 2}),
-        fed="inputs of 40 and 8 words, 16 new tokens greedy, batch_size 2",
+        fed="inputs of 40 and 8 words, 16 new tokens with the pipeline's 4 beams, batch_size 2",
         compared="translation text identical",
     ),
     "image-classification": Task(
@@ -195,7 +195,7 @@ TASKS: Mapping[str, Task] = {
         ),
         fed=(
             "42 s of 16 kHz audio cut by chunk_length_s 30 (5 s strides) into two windows run as one "
-            "batch, 8 new tokens, batch_size 2"
+            "batch, 8 new tokens with the pipeline's 5 beams, batch_size 2"
         ),
         compared="transcription identical",
     ),
@@ -260,8 +260,7 @@ def _load(zoo, task: str) -> Loaded:
     classes, sizes = class_zoo(zoo), real_size_zoo(zoo)
     tokenizer = transformers.AutoTokenizer.from_pretrained
     if task in ("text-classification", "fill-mask", "token-classification", "question-answering"):
-        export = {"text-classification": "text-classification"}.get(task, task)
-        onnx_dir = zoo.onnx("bert", export)
+        onnx_dir = zoo.onnx("bert", task)
         return Loaded(onnx_dir, {"tokenizer": tokenizer(onnx_dir)})
     if task == "zero-shot-classification":
         onnx_dir = zoo.onnx("mbart", "text-classification")
@@ -290,8 +289,9 @@ def _load(zoo, task: str) -> Loaded:
     if task == "image-to-text":
         onnx_dir = classes.class_onnx("vit-gpt2")
         processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
-        # GPT-2's byte-level tokenizer: the decoder's 99 ids are its first byte symbols
-        return Loaded(onnx_dir, {"image_processor": processor, "tokenizer": tokenizer(zoo.model("gpt2"))})
+        # the zoo GPT-2's byte-level tokenizer: the decoder's 99 ids are its first byte symbols
+        gpt2 = tokenizer(zoo.onnx("gpt2", "text-generation-with-past"))
+        return Loaded(onnx_dir, {"image_processor": processor, "tokenizer": gpt2})
     if task == "automatic-speech-recognition (CTC)":
         onnx_dir = sizes.onnx("wavlm-layer-ctc")
         extractor = transformers.AutoFeatureExtractor.from_pretrained(onnx_dir)
@@ -308,7 +308,7 @@ def _load(zoo, task: str) -> Loaded:
         return Loaded(onnx_dir, {"feature_extractor": extractor})
     if task == "zero-shot-image-classification":
         onnx_dir = classes.class_onnx("clip")
-        processor = clip_processor(zoo.root, image_size=30)
+        processor = clip_processor(image_size=30)
         return Loaded(
             onnx_dir, {"tokenizer": processor.tokenizer, "image_processor": processor.image_processor}
         )
