@@ -240,8 +240,8 @@ MATRIX = Matrix(
     share=_SHARE,
     covers={"task": lambda case: case[0], "entry point": lambda case: case[1]},
     why="each task through its other entry point: the same pipeline code on the same export, loaded once "
-    "more (only the ORTModel class lookup and loading differ): 0.1 to 7 s a case with the first entry "
-    "point's executables in the cache, where the first took 1 to 75 s",
+    "more (only the ORTModel class lookup and loading differ): 0.1 to 5 s a case with the first entry "
+    "point's executables in the cache, where the first took 1 to 18 s",
 )
 
 
