@@ -19,6 +19,9 @@ there is a row here. The results come from a JUnit XML report of a run of those 
 ``--keep-documented`` keeps the committed result of each row the report does not hold (a run of some of
 the modules).
 
+The pipeline section after them lists ``test_pipelines.TASKS``, the pipeline tasks, with the inputs each
+is fed and what is compared (no results: the run that fills the table's last column does not include it).
+
 ``tests/test_models_doc.py`` checks that the committed file lists exactly the rows the matrix defines.
 """
 
@@ -227,6 +230,42 @@ def matrix_rows() -> list[Row]:
     return rows
 
 
+_PIPELINES_HEADER = """
+## Pipeline tasks
+
+`tests/integration/test_pipelines.py` runs every task of optimum-onnx's `ORT_TASKS_MAPPING` as a pipeline
+with `provider="ipu"` on the host emulator, through `transformers.pipeline(task, model=<ORTModel>)` and
+through `optimum.pipelines.pipeline(task, model=<export directory>, accelerator="ort",
+model_kwargs={"provider": "ipu", ...})`, against `transformers.pipeline` on the same export with
+`CPUExecutionProvider`, called with the same inputs and arguments. Labels, tokens, spans, words and
+generated text must be identical; scores and embeddings agree within the tolerance. The README's test
+command runs each task through the entry point named first; the release check runs both.
+"""
+
+
+def pipeline_section() -> str:
+    """The pipeline tasks of ``test_pipelines.TASKS``, with the entry points each tier runs them through."""
+    module = _load("test_pipelines")
+    lines = [
+        _PIPELINES_HEADER,
+        "| pipeline task | ORTModel class | model | entry points | inputs | compared | tolerance |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, task in module.TASKS.items():
+        share = [entry for entry in module.ENTRY_POINTS if (name, entry) in module.MATRIX.share]
+        release = [entry for entry in module.ENTRY_POINTS if (name, entry) in module.MATRIX.release_only]
+        entries = ", ".join(share) + "".join(f", {entry} (release check)" for entry in release)
+        if name == "image-to-image":
+            tolerance = f"{module.PIXEL_ATOL} of 255"
+        elif "scores" in task.compared or "embedding" in task.compared:
+            tolerance = _atol(task.atol)
+        else:
+            tolerance = "identical"
+        cells = (name, task.ort_class, task.model, entries, task.fed, task.compared, tolerance)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def junit_results(path: Path) -> dict[str, str]:
     """Per pytest node id of a JUnit XML report: passed, failed, error or skipped."""
     from junitparser import Error, Failure, JUnitXml, Skipped
@@ -252,7 +291,7 @@ def render(rows: list[Row], results: Mapping[str, str]) -> str:
     classes = sorted({row.ort_class for row in rows})
     lines.append("")
     lines.append(f"{len(rows)} rows, {len(classes)} classes; {counts['passed']} passed in the run above.")
-    return "\n".join(lines) + "\n" + _REAL_SIZES + _OTHER_EXPORTS + _GENERATION_MODES
+    return "\n".join(lines) + "\n" + _REAL_SIZES + _OTHER_EXPORTS + _GENERATION_MODES + pipeline_section()
 
 
 def documented_results(text: str) -> dict[str, str]:

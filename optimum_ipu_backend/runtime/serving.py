@@ -79,6 +79,16 @@ def _batch_axis(shape: SymbolicShape) -> int | None:
     return None
 
 
+def aligned_samples(actual: Mapping[str, int]) -> int | None:
+    """The samples a call's batch dimensions share, which device steps cut and fill up; None when it has no
+    batch dimension, or when its batch dimensions differ in size (CLIP scores 2 images against 3 texts:
+    ``image_batch_size`` and ``text_batch_size``), whose rows do not belong together, so that cutting or
+    repeating them along one axis would pair an image with the wrong texts. Such a call runs whole in
+    one micro-batch, each batch dimension compiled at the size it comes in."""
+    sizes = {size for dim, size in actual.items() if is_batch_dim(dim)}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
 class StaticShapeRunner:
     """Runs a feed of any supported size on fixed-shape executables and returns exact results."""
 
@@ -209,7 +219,7 @@ class StaticShapeRunner:
         if branches and not all(branches.values()):
             feed = self._placeholder_past(feed)  # a merged decoder called without its cache
         shapes, actual = self.call_dims(feed) if dims is None else dims
-        samples = next((size for dim, size in actual.items() if is_batch_dim(dim)), None)
+        samples = aligned_samples(actual)
         wanted = self.compiled_sizes(actual, branches)
         proof_actual = dict(actual)
         micro = None
