@@ -1,8 +1,11 @@
 """A generic dynamic batcher: calls from many threads gathered into one device step.
 
 Triton-style dynamic batching for a session: each ``submit`` queues one call and blocks its thread; one
-worker thread takes the oldest queued call, waits until ``max_delay_s`` after that call was submitted or
-until the group is full, whichever comes first, and hands the group to ``run_group`` once. What an item
+worker thread takes the oldest queued call, waits until ``max_delay_s`` after that call was submitted (or
+after the previous group was delivered, if later) or until the group is full, whichever comes first, and
+hands the group to ``run_group`` once. Counting the delay from the last delivery too lets the callers just
+answered, who call again at once, join the calls left queued, instead of those running alone in a step
+they cannot fill: each call still waits at most ``max_delay_s`` once the device is free for it. What an item
 is and when a group is full (rows of a device step, tokens of packed rows) is the caller's business; this
 module only keeps the queue, so it is tested without any model and knows nothing of sessions.
 
@@ -165,6 +168,7 @@ class DynamicBatcher(Generic[T, R]):
         self._worker: threading.Thread | None = None
         self._scanned: list[int] = []  # queue positions _group_size chose so far; the group if it raises
         self._running = 0  # calls of the group being run
+        self._delivered_at = 0.0  # when the last group's callers got their outcomes (monotonic)
         self._peak = 0  # most calls outstanding (queued or running) at once since the last group was formed
         self._formed_peak = 0  # that figure for the window that ended when the running group was formed
         self._stats = {
@@ -308,7 +312,8 @@ class DynamicBatcher(Generic[T, R]):
                     while not self._queue and not self._closed:
                         self._cond.wait()
                     continue
-                remaining = self._queue[0].submitted_at + self._max_delay_s - time.monotonic()
+                since = max(self._queue[0].submitted_at, self._delivered_at)
+                remaining = since + self._max_delay_s - time.monotonic()
                 if full or remaining <= 0:
                     if full:
                         self._stats["groups_full"] += 1
@@ -378,6 +383,7 @@ class DynamicBatcher(Generic[T, R]):
     def _deliver(self, group: list[Pending[T]], outcomes: list[Any]) -> None:
         with self._cond:
             self._running = 0  # before its callers wake: one that calls again is counted once
+            self._delivered_at = time.monotonic()
         failed = 0
         for pending, outcome in zip(group, outcomes, strict=True):
             if isinstance(outcome, BaseException):

@@ -261,21 +261,18 @@ def closed_loop(
     """The groups the dynamic batcher forms when ``clients`` callers each wait for their answer before they
     call again (threads or connections of a server), the calls taken in the order of ``calls``.
 
-    The batcher runs one group at a time and forms the next as soon as one is delivered: a call the last
-    group skipped (it did not ``fits``) is queued and past its delay, so it forms the next group alone with
-    whatever else was skipped, while the callers just answered call again during that step. A fill layout
-    that 16 threads overflow now and then therefore alternates full and nearly empty steps; one that half of
-    them fill runs full steps in turn. Simulated over every call once."""
+    The batcher runs one group at a time; the next takes, in arrival order, the calls that ``fits`` one
+    step: those the last group left queued, then the calls of the callers it answered, who call again
+    within the batcher's delay (``batcher.DynamicBatcher``). So a step holds at most the calls of
+    ``clients`` callers: a fill layout larger than that runs part empty. Simulated over every call once.
+    """
     if not calls:
         return []
     clients = max(1, min(clients, len(calls)))
     stream = iter(calls[clients:])
     queue = list(calls[:clients])
-    returning: list[tuple[int, ...]] = []  # callers of the group just run, calling again
     formed: list[list[tuple[int, ...]]] = []
-    while queue or returning:
-        if not queue:
-            queue, returning = returning, []
+    while queue:
         group: list[tuple[int, ...]] = []
         left: list[tuple[int, ...]] = []
         for call in queue:
@@ -284,8 +281,7 @@ def closed_loop(
             else:
                 left.append(call)
         formed.append(group)
-        queue = left + returning  # the last group's callers called again during this step
-        returning = [call for call in (next(stream, None) for _ in group) if call is not None]
+        queue = left + [call for call in (next(stream, None) for _ in group) if call is not None]
     return formed
 
 

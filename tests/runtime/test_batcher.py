@@ -178,6 +178,29 @@ def test_outstanding_counts_the_calls_queued_and_running_between_two_groups():
     assert seen == [1, 6]
 
 
+def test_a_call_left_queued_waits_the_delay_for_the_callers_just_answered():
+    """A step of 10: 6 runs, 7 is left queued; 6's caller calls again at once with 3, which joins 7 within
+    the delay counted from 6's delivery, instead of 7 running alone."""
+    batcher, running, release, groups = _blocked_batcher(max_delay_s=0.5, cap=100)
+    batcher._fits = lambda items: sum(item for item in items if item != "block") <= 10
+    outcomes: dict = {}
+
+    def six_then_three() -> None:
+        _submit_into(batcher, 6, outcomes, 6)
+        _submit_into(batcher, 3, outcomes, 3)
+
+    threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
+    assert running.wait(JOIN_S)
+    threads.append(_start(six_then_three))
+    _wait_for(lambda: batcher.statistics["queued"] == 1, "6 is queued")
+    _queue_in_turn(batcher, (7,), outcomes, threads)
+    release.set()
+    _join_all(threads)
+    batcher.close()
+    assert groups == [["block"], [6], [7, 3]]
+    assert outcomes == {key: ("result", f"done {key}") for key in ("block", 6, 7, 3)}
+
+
 def test_an_item_marked_invalid_fails_only_its_caller():
     class BadItem(ValueError):
         pass
