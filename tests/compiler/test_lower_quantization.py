@@ -133,6 +133,33 @@ def test_constant_weights_and_int32_bias_are_dequantized_at_compile_time():
     assert lt.op_types(lowered) == {"MatMul", "Add"}
 
 
+def test_a_one_element_scale_is_per_tensor_whatever_its_axis():
+    """ORTQuantizer writes a [1] scale beside a scalar zero point, with axis=1, for the rank-1
+    LayerNormalization biases it quantizes per channel: onnxruntime reads one scale as per-tensor, on a
+    constant and on activations alike."""
+    rng = np.random.default_rng(3)
+    nodes = [
+        helper.make_node("DequantizeLinear", ["b", "b_scale", "b_zero"], ["bf"], axis=1),
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"], axis=1),
+        helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xf"], axis=1),
+        helper.make_node("Add", ["xf", "bf"], ["y"]),
+    ]
+    initializers = {
+        "b": rng.integers(-128, 128, size=8).astype(np.int8),
+        "b_scale": np.array([0.02], np.float32),
+        "b_zero": np.int8(0),
+        "x_scale": np.array([0.05], np.float32),
+        "x_zero": np.uint8(128),
+    }
+    model = make_model(
+        nodes, [tensor_info("x", TensorProto.FLOAT, [8])], [tensor_info("y", TensorProto.FLOAT, [8])],
+        initializers, opset=13,
+    )  # fmt: skip
+    x = rng.uniform(-8, 8, size=8).astype(np.float32)
+    lowered = lt.lower_and_compare(model, {"x": x}, atol=0.0)
+    assert not {"QuantizeLinear", "DequantizeLinear"} & lt.op_types(lowered)
+
+
 def _refused(model: onnx.ModelProto, match: str) -> None:
     lt.assert_refused(model, match)
 

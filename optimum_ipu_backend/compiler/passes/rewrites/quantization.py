@@ -81,6 +81,11 @@ def _quantization(node: onnx.NodeProto, scope: GraphScope, quantized_type: int |
         zero_type = onnx.helper.np_dtype_to_tensor_dtype(zero.dtype)
     else:
         zero, zero_type = np.zeros_like(scale, dtype=np.int64), None
+    if scale.size == 1 and zero.size == 1:
+        # One scale is per-tensor whatever its shape and axis, as onnxruntime reads it (a scalar or a
+        # 1-element vector): ORTQuantizer writes a [1] scale beside a scalar zero point, with an axis
+        # beyond a rank-1 input, for the LayerNormalization biases it quantizes per channel.
+        scale, zero = scale.reshape(()), zero.reshape(())
     elem_type = quantized_type or zero_type or int(attribute(node, "output_dtype", 0)) or TensorProto.UINT8
     if elem_type not in _INTEGER_RANGES and elem_type != TensorProto.INT32:
         raise CannotLower(
