@@ -160,6 +160,27 @@ def test_a_one_element_scale_is_per_tensor_whatever_its_axis():
     assert not {"QuantizeLinear", "DequantizeLinear"} & lt.op_types(lowered)
 
 
+def test_a_quantized_weight_too_large_to_dequantize_while_compiling_is_refused_by_name():
+    """Weights of WEIGHT_MIN_BYTES or more are held without values while legalizing (a real model's
+    quantized MatMul weights): the refusal names the weight and the limit, not a run-time computation."""
+    from optimum_ipu_backend.compiler.errors import LegalizationError
+    from optimum_ipu_backend.compiler.graphs import WEIGHT_MIN_BYTES
+    from optimum_ipu_backend.compiler.pipeline import legalize
+
+    weights = np.ones((256, WEIGHT_MIN_BYTES // 256), np.int8)
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w", "w_scale", "w_zero"], ["wf"], name="weights_dequantize"),
+        helper.make_node("MatMul", ["x", "wf"], ["y"]),
+    ]
+    initializers = {"w": weights, "w_scale": np.float32(0.01), "w_zero": np.int8(0)}
+    model = make_model(
+        nodes, [tensor_info("x", TensorProto.FLOAT, [2, 256])],
+        [tensor_info("y", TensorProto.FLOAT, [2, weights.shape[1]])], initializers, opset=13,
+    )  # fmt: skip
+    with pytest.raises(LegalizationError, match="'w' is a quantized weight of 64 KiB or more"):
+        legalize(model, {"x": (2, 256)})
+
+
 def _refused(model: onnx.ModelProto, match: str) -> None:
     lt.assert_refused(model, match)
 

@@ -14,7 +14,8 @@ Rounding is built from Floor, comparisons and exact products rather than PopART'
 rounds halves to even, but Poplar's ROUND (what PopART's Round maps to) is the one TensorFlow's IPU
 backend maps XLA's round-half-away-from-zero onto, so a value at a midpoint would differ.
 
-Per-tensor and per-axis scales are lowered; block quantization, float8/int4/float4 types, float16
+Quantized weights are dequantized below ``WEIGHT_MIN_BYTES`` only (larger ones are held without values while
+legalizing). Per-tensor and per-axis scales are lowered; block quantization, float8/int4/float4 types, float16
 inputs or scales, and scales or zero points computed at run time are refused with the reason.
 """
 
@@ -26,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from ...graphs import attribute
+from ...graphs import WEIGHT_MIN_BYTES, attribute
 from .common import CannotLower, GraphScope, Rewrite, input_at
 from .emit import NodeEmitter
 
@@ -193,6 +194,15 @@ class QuantizeLinearRewrite(Rewrite):
         producer = scope.producer.get(q)
         from_lowered_quantize = producer is not None and producer.op_type == "QuantizeLinear"
         q_value = None if from_lowered_quantize else scope.constant(q)
+        if not from_lowered_quantize and q_value is None and q in scope.graph_inputs:
+            # a weight: legalization holds weights of WEIGHT_MIN_BYTES or more as typed inputs without
+            # values (graphs.weight_free_copy), so their dequantized values cannot be computed here
+            raise CannotLower(
+                f"its integer input '{q}' is a quantized weight of {WEIGHT_MIN_BYTES // 1024} KiB or more "
+                "(or an input of the graph): only quantized weights below that size are dequantized while "
+                "compiling, larger ones are not served yet; load the unquantized model instead (with "
+                'provider_options={"precision": "fp16"} for half its weights)'
+            )
         if not from_lowered_quantize and q_value is None:
             raise CannotLower(
                 f"its integer input '{q}' is computed at run time and not by a QuantizeLinear: the IPU holds "
