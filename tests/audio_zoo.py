@@ -161,6 +161,8 @@ VARIANTS: Mapping[str, Variant] = {
     "gpt2-1040-positions": Variant("gpt2", "text-generation-with-past", {"n_positions": 1040}),
     # 144 key/value tensors of one shape, whose state positions (891 to 1,035) cross a digit count (issue 36).
     "gpt2-72-layers": Variant("gpt2", "text-generation-with-past", {"n_layer": 72}),
+    # BERT with room for 512-token texts (the tiny zoo's BERT stops at 128), for static quantization.
+    "bert-512-positions": Variant("bert", "feature-extraction", {"max_position_embeddings": 512}),
     "vit-224": Variant("vit", "image-classification", {"image_size": 224, "patch_size": 16}),
     "vit-384": Variant("vit", "image-classification", {"image_size": 384, "patch_size": 16}),
 }
@@ -173,9 +175,10 @@ def _variant_preprocessors(variant: Variant, out_dir: Path) -> None:
     if "image_size" in variant.overrides:
         side = variant.overrides["image_size"]
         transformers.ViTImageProcessor(size={"height": side, "width": side}).save_pretrained(out_dir)
-    if "n_positions" in variant.overrides:
+    positions = variant.overrides.get("n_positions", variant.overrides.get("max_position_embeddings"))
+    if positions is not None:
         tokenizer = transformers.AutoTokenizer.from_pretrained(out_dir)
-        tokenizer.model_max_length = variant.overrides["n_positions"]
+        tokenizer.model_max_length = positions
         tokenizer.save_pretrained(out_dir)
 
 

@@ -12,10 +12,16 @@ import os
 import sys
 
 # The one list of what we patch: each optimum-onnx module and the globals in it that integration/patches.py
-# replaces. The finder below watches these modules; the patches derive their targets from it.
+# replaces ("Class.method": a method of a class there). The finder below watches these modules; the
+# patches derive their targets from it.
 PATCHED_GLOBALS = {
     "optimum.onnxruntime.utils": ("validate_provider_availability",),
-    "optimum.onnxruntime.base": ("validate_provider_availability", "IOBinding"),
+    "optimum.onnxruntime.base": (
+        "validate_provider_availability",
+        "IOBinding",
+        "ORTSessionMixin.to",
+        "ORTParentMixin.to",
+    ),
     "optimum.onnxruntime.modeling": ("InferenceSession",),
     "optimum.onnxruntime.modeling_decoder": ("InferenceSession",),
     "optimum.onnxruntime.modeling_seq2seq": ("InferenceSession",),

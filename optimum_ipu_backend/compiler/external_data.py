@@ -59,7 +59,11 @@ def _locate(tensor: onnx.TensorProto, weights_dir: Path | None) -> tuple[Path, i
     relative = PurePosixPath(location.replace("\\", "/"))
     inside = bool(location) and ".." not in relative.parts
     if inside and relative.is_absolute():
-        inside = Path(location).resolve().is_relative_to(weights_dir.resolve())
+        # the path as written (a model file linked into its directory, as the Hugging Face cache links a
+        # snapshot's files to its blobs, stays beside the model) or the file it resolves to
+        inside = Path(os.path.abspath(location)).is_relative_to(os.path.abspath(weights_dir)) or Path(
+            location
+        ).resolve().is_relative_to(weights_dir.resolve())
     if not inside:
         raise ValueError(
             f"initializer {tensor.name!r} points to external data {location!r}, which is not a file beside "
@@ -123,7 +127,8 @@ def _absolute_locations(model: onnx.ModelProto, weights_dir: Path) -> None:
     for tensor in _external_tensors(model):
         for entry in tensor.external_data:
             if entry.key == "location" and not PurePosixPath(entry.value).is_absolute():
-                entry.value = str((weights_dir / entry.value).resolve())
+                # absolute, without following links: a linked model file keeps its directory
+                entry.value = os.path.abspath(weights_dir / entry.value)
 
 
 # -- weights inside the model file -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from .errors import PATTERN_PASS_FAILURE, CompilerBugError, LegalizationError, UnsupportedNode
@@ -122,8 +123,15 @@ def _run_pass(
     return result
 
 
+#: Integer weights whose every value float32 holds exactly (quantized weights, retyped by the QDQ lowering).
+_EXACT_IN_FLOAT = frozenset(
+    {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16}
+)
+
+
 def _converted_weight(tensor: onnx.TensorProto, elem_type: int, weights_dir: Path | None) -> onnx.TensorProto:
-    """The weight in the type the passes gave its stand-in input (fp16 / int32 conversions). A weight
+    """The weight in the type the passes gave its stand-in input (fp16 / int32 / quantized-to-float32
+    conversions). A weight
     that keeps its type stays where it is (an external one is still a reference into the export's file);
     a converted one is read (mapped, one at a time) and held converted in memory."""
     if elem_type == tensor.data_type:
@@ -131,6 +139,8 @@ def _converted_weight(tensor: onnx.TensorProto, elem_type: int, weights_dir: Pat
     values = read_weight(tensor, weights_dir) if is_external(tensor) else onnx.numpy_helper.to_array(tensor)
     if tensor.data_type == onnx.TensorProto.FLOAT and elem_type == onnx.TensorProto.FLOAT16:
         converted, _ = to_float16_values(values)
+    elif tensor.data_type in _EXACT_IN_FLOAT and elem_type == onnx.TensorProto.FLOAT:
+        converted = values.astype(np.float32)  # a quantized weight, dequantized on the device
     elif tensor.data_type == onnx.TensorProto.INT64 and elem_type == onnx.TensorProto.INT32:
         problems: list[UnsupportedNode] = []
         converted = to_int32_values(values, tensor.name, problems)

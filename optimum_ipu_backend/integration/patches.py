@@ -10,6 +10,8 @@ listed once, in the bootstrap's ``PATCHED_GLOBALS``:
 * ``InferenceSession`` in each modeling module: dispatch plugin providers to their session factory
   and resolve ``"auto"`` (``integration/auto.py``).
 * ``base.IOBinding``: plugin sessions have no C ``_sess``; they hand out their own binding.
+* ``base.ORTSessionMixin.to`` and ``base.ORTParentMixin.to``: move a plugin model to a new onnxruntime
+  session, refuse devices no provider serves (``integration/model_moves.py``).
 
 The patches fail closed. Validation accepts a plugin provider only when the module that asked is one
 whose ``InferenceSession`` is patched; onnxruntime's own ``InferenceSession`` refuses any plugin
@@ -119,6 +121,18 @@ def _wrap(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable
     return wrapper
 
 
+def _lookup(module: ModuleType, name: str) -> Any:
+    """The global ``name`` of ``module``, or the method ``Class.method``; None when missing."""
+    owner_name, _, attr = name.rpartition(".")
+    owner = getattr(module, owner_name, None) if owner_name else module
+    return getattr(owner, attr, None)
+
+
+def _replace(module: ModuleType, name: str, value: Any) -> None:
+    owner_name, _, attr = name.rpartition(".")
+    setattr(getattr(module, owner_name) if owner_name else module, attr, value)
+
+
 def patch_module(module: ModuleType) -> None:
     """Patch one optimum-onnx module in place. Idempotent; records missing names instead of raising."""
     name = module.__name__
@@ -127,7 +141,7 @@ def patch_module(module: ModuleType) -> None:
         return
     _check_version_once()
     _guard_onnxruntime()
-    missing = tuple(attr for attr in expected if not hasattr(module, attr))
+    missing = tuple(attr for attr in expected if _lookup(module, attr) is None)
     if missing:
         _missing[name] = missing
         _logger.warning(
@@ -141,9 +155,9 @@ def patch_module(module: ModuleType) -> None:
         return
     _missing.pop(name, None)
     for attr in expected:
-        current = getattr(module, attr)
+        current = _lookup(module, attr)
         if not _is_wrapper(current):
-            setattr(module, attr, _WRAPPERS[attr](current))
+            _replace(module, attr, _WRAPPERS[attr](current))
 
 
 def patch_report() -> dict[str, str]:
@@ -155,7 +169,7 @@ def patch_report() -> dict[str, str]:
             report[name] = "missing " + ", ".join(_missing[name])
         elif module is None:
             report[name] = "not imported yet"
-        elif all(_is_wrapper(getattr(module, attr, None)) for attr in expected):
+        elif all(_is_wrapper(_lookup(module, attr)) for attr in expected):
             report[name] = "patched: " + ", ".join(expected)
         else:
             report[name] = "not patched"
@@ -318,10 +332,26 @@ def _make_io_binding(original: Callable[..., Any]) -> Callable[..., Any]:
     return _wrap(original, IOBinding)
 
 
+def _make_to(move: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A wrapper of optimum-onnx's ``to`` method that hands the call to ``integration.model_moves.<move>``."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+            from optimum_ipu_backend.integration import model_moves
+
+            return getattr(model_moves, move)(self, original, args, kwargs)
+
+        return _wrap(original, to)
+
+    return make
+
+
 _WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "validate_provider_availability": _make_validate,
     "InferenceSession": _make_session_factory,
     "IOBinding": _make_io_binding,
+    "ORTSessionMixin.to": _make_to("move_session"),
+    "ORTParentMixin.to": _make_to("move_parts"),
 }
 
 

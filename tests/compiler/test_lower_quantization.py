@@ -133,6 +133,77 @@ def test_constant_weights_and_int32_bias_are_dequantized_at_compile_time():
     assert lt.op_types(lowered) == {"MatMul", "Add"}
 
 
+def test_a_one_element_scale_is_per_tensor_whatever_its_axis():
+    """ORTQuantizer writes a [1] scale beside a scalar zero point, with axis=1, for the rank-1
+    LayerNormalization biases it quantizes per channel: onnxruntime reads one scale as per-tensor, on a
+    constant and on activations alike."""
+    rng = np.random.default_rng(3)
+    nodes = [
+        helper.make_node("DequantizeLinear", ["b", "b_scale", "b_zero"], ["bf"], axis=1),
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"], axis=1),
+        helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xf"], axis=1),
+        helper.make_node("Add", ["xf", "bf"], ["y"]),
+    ]
+    initializers = {
+        "b": rng.integers(-128, 128, size=8).astype(np.int8),
+        "b_scale": np.array([0.02], np.float32),
+        "b_zero": np.int8(0),
+        "x_scale": np.array([0.05], np.float32),
+        "x_zero": np.uint8(128),
+    }
+    model = make_model(
+        nodes, [tensor_info("x", TensorProto.FLOAT, [8])], [tensor_info("y", TensorProto.FLOAT, [8])],
+        initializers, opset=13,
+    )  # fmt: skip
+    x = rng.uniform(-8, 8, size=8).astype(np.float32)
+    lowered = lt.lower_and_compare(model, {"x": x}, atol=0.0)
+    assert not {"QuantizeLinear", "DequantizeLinear"} & lt.op_types(lowered)
+
+
+def test_a_quantized_weight_too_large_to_dequantize_while_compiling_is_dequantized_on_the_device():
+    """Weights of WEIGHT_MIN_BYTES or more are held without values while legalizing (a real model's
+    quantized MatMul weights and embeddings): attached as float32 holding the same integers, and
+    dequantized by the graph, exactly as onnxruntime dequantizes them."""
+    from optimum_ipu_backend.compiler.graphs import WEIGHT_MIN_BYTES, tensor_bytes
+    from optimum_ipu_backend.compiler.pipeline import legalize
+
+    rng = np.random.default_rng(5)
+    columns = WEIGHT_MIN_BYTES // 256
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w", "w_scale", "w_zero"], ["wf"], axis=1, name="weights"),
+        helper.make_node("MatMul", ["x", "wf"], ["y"]),
+        helper.make_node("DequantizeLinear", ["e", "e_scale", "e_zero"], ["ef"], name="table"),
+        helper.make_node("Gather", ["ef", "ids"], ["rows"]),
+    ]
+    initializers = {
+        "w": rng.integers(-128, 128, size=(256, columns)).astype(np.int8),
+        "w_scale": rng.uniform(1e-3, 1e-2, size=columns).astype(np.float32),
+        "w_zero": np.zeros(columns, np.int8),
+        "e": rng.integers(0, 256, size=(columns, 256)).astype(np.uint8),
+        "e_scale": np.float32(0.037),
+        "e_zero": np.uint8(131),
+    }
+    model = make_model(
+        nodes,
+        [tensor_info("x", TensorProto.FLOAT, [2, 256]), tensor_info("ids", TensorProto.INT64, [2, 3])],
+        [
+            tensor_info("y", TensorProto.FLOAT, [2, columns]),
+            tensor_info("rows", TensorProto.FLOAT, [2, 3, 256]),
+        ],
+        initializers, opset=13,
+    )  # fmt: skip
+    assert all(tensor_bytes(t) >= WEIGHT_MIN_BYTES for t in model.graph.initializer if t.name in ("w", "e"))
+    legalized = legalize(model, {"x": (2, 256), "ids": (2, 3)})
+    types = {t.name: t.data_type for t in legalized.model.graph.initializer}
+    assert types["w"] == types["e"] == TensorProto.FLOAT
+    assert not {"QuantizeLinear", "DequantizeLinear"} & lt.op_types(legalized.model)
+    feed = {"x": rng.standard_normal((2, 256)).astype(np.float32), "ids": np.array([[0, 5, 9], [255, 1, 7]])}
+    expected = run_ort(model, feed)
+    got = run_ort(legalized.model, {"x": feed["x"], "ids": feed["ids"].astype(np.int32)})
+    np.testing.assert_array_equal(got["rows"], expected["rows"])
+    np.testing.assert_allclose(got["y"], expected["y"], rtol=0, atol=1e-5)  # MatMul's order of summation
+
+
 def _refused(model: onnx.ModelProto, match: str) -> None:
     lt.assert_refused(model, match)
 

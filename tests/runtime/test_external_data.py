@@ -196,6 +196,27 @@ def test_a_single_file_export_is_read_without_parsing_its_weights(export, tmp_pa
     np.testing.assert_allclose(got, cpu_outputs(export, feed)[0], atol=ATOL)
 
 
+@pytest.mark.parametrize("layout", ["external data", "single file"])
+def test_model_files_linked_from_elsewhere_are_served(export, tmp_path, layout, monkeypatch):
+    """The Hugging Face cache links each file of a snapshot to a blob in another directory: the links'
+    directory is the model's, wherever the links point."""
+    from optimum_ipu_backend.compiler import external_data
+
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshot"
+    if layout == "single file":
+        blobs.mkdir()
+        onnx.save_model(onnx.load(export / "model.onnx"), blobs / "model.onnx")  # weights inside the file
+        monkeypatch.setattr(external_data, "SINGLE_FILE_SCAN_BYTES", 0)  # referenced in place, not parsed
+    else:
+        copy_export(export, blobs)
+    snapshot.mkdir()
+    for item in blobs.iterdir():
+        (snapshot / item.name).symlink_to(item)
+    feed = sample_feed(2, 7)
+    got = emulator_session(snapshot, tmp_path / "cache").run(None, feed)[0]
+    np.testing.assert_allclose(got, cpu_outputs(export, feed)[0], atol=ATOL)
+
+
 def test_weights_outside_the_model_directory_are_refused(export, tmp_path):
     from optimum_ipu_backend.compiler.external_data import read_weight
 

@@ -246,6 +246,13 @@ _FAST: dict[str, Callable] = {
 }
 
 
+#: Operators whose reference implementation (onnx.reference) starts at a later opset than the operator:
+#: evaluated with that version, which computes the same for every input the earlier opsets allow.
+#: DequantizeLinear: onnx implements only version 19 and later; 19 adds float8 inputs and float16 scales to
+#: version 13 (and 13 the axis of per-axis scales to 10), nothing else.
+_REFERENCE_SINCE: dict[str, int] = {"DequantizeLinear": 19}
+
+
 class Evaluator:
     """Evaluates nodes of one model concretely (reference implementations are built once per node)."""
 
@@ -279,6 +286,8 @@ class Evaluator:
         if op is None:
             domain = node.domain or ""
             version = self._opsets.get(domain, self._opsets.get("ai.onnx", 18))
+            if domain == "":
+                version = max(version, _REFERENCE_SINCE.get(node.op_type, version))
             cls = load_op(domain, node.op_type, version)
             op = cls(
                 node,

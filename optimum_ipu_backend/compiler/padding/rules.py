@@ -1607,11 +1607,10 @@ def _right_padded_window(
     return axis, out_map, window_exact
 
 
-def _shapes_by_zeros(
-    ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Output shapes in both runs, by running the node on zeros of the input shapes."""
-    shapes = []
+def _run_on_zeros(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[list[np.ndarray]]:
+    """The node's outputs in both runs (padded, then unpadded), computed on zeros of the input shapes and
+    types: what an operator without a rule is known by (its output shapes and types)."""
+    results = []
     for run in ("p", "u"):
         arrays: list[np.ndarray | None] = []
         for value in inputs:
@@ -1626,10 +1625,18 @@ def _shapes_by_zeros(
                 dtype = onnx.helper.tensor_dtype_to_np_dtype(value.elem_type)
                 arrays.append(np.zeros(shape, dtype=dtype))
         try:
-            shapes.append(tuple(ctx.evaluator.run(node, arrays)[0].shape))
+            results.append(ctx.evaluator.run(node, arrays))
         except EvaluationError as error:
             raise ProofAborted(describe(node, f"its output shape cannot be derived: {error}")) from error
-    return shapes[0], shapes[1]
+    return results
+
+
+def _shapes_by_zeros(
+    ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The first output's shapes in both runs, by running the node on zeros of the input shapes."""
+    padded, unpadded = _run_on_zeros(ctx, node, inputs)
+    return tuple(padded[0].shape), tuple(unpadded[0].shape)
 
 
 def rule_one_hot(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
@@ -1674,15 +1681,12 @@ def rule_not_followed(ctx: Context, node: onnx.NodeProto, inputs: list[Value | N
             )
         )
     template = next(v for v in inputs if isinstance(v, Data))
-    out_p, out_u = _shapes_by_zeros(ctx, node, inputs)
+    blame = describe(node, f"has no padding rule ({node.domain or 'ai.onnx'}::{node.op_type})")
+    padded, unpadded = _run_on_zeros(ctx, node, inputs)
+    # each output with its own shapes and type (QuantizeLinear turns floats into 8-bit integers)
     return [
-        _opaque(
-            template,
-            out_p,
-            out_u,
-            describe(node, f"has no padding rule ({node.domain or 'ai.onnx'}::{node.op_type})"),
-        )
-        for _ in node.output
+        replace(_opaque(template, p.shape, u.shape, blame), elem_type=elem_type_of(p))
+        for p, u in zip(padded, unpadded, strict=False)
     ]
 
 

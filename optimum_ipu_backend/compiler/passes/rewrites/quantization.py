@@ -14,7 +14,9 @@ Rounding is built from Floor, comparisons and exact products rather than PopART'
 rounds halves to even, but Poplar's ROUND (what PopART's Round maps to) is the one TensorFlow's IPU
 backend maps XLA's round-half-away-from-zero onto, so a value at a midpoint would differ.
 
-Per-tensor and per-axis scales are lowered; block quantization, float8/int4/float4 types, float16
+A quantized weight below ``WEIGHT_MIN_BYTES`` is dequantized here; a larger one (held without its values while
+legalizing) is attached as float32 holding its integers and dequantized on the device, by the same Sub and
+Mul. Per-tensor and per-axis scales are lowered; block quantization, float8/int4/float4 types, float16
 inputs or scales, and scales or zero points computed at run time are refused with the reason.
 """
 
@@ -81,6 +83,11 @@ def _quantization(node: onnx.NodeProto, scope: GraphScope, quantized_type: int |
         zero_type = onnx.helper.np_dtype_to_tensor_dtype(zero.dtype)
     else:
         zero, zero_type = np.zeros_like(scale, dtype=np.int64), None
+    if scale.size == 1 and zero.size == 1:
+        # One scale is per-tensor whatever its shape and axis, as onnxruntime reads it (a scalar or a
+        # 1-element vector): ORTQuantizer writes a [1] scale beside a scalar zero point, with an axis
+        # beyond a rank-1 input, for the LayerNormalization biases it quantizes per channel.
+        scale, zero = scale.reshape(()), zero.reshape(())
     elem_type = quantized_type or zero_type or int(attribute(node, "output_dtype", 0)) or TensorProto.UINT8
     if elem_type not in _INTEGER_RANGES and elem_type != TensorProto.INT32:
         raise CannotLower(
@@ -188,7 +195,10 @@ class QuantizeLinearRewrite(Rewrite):
         producer = scope.producer.get(q)
         from_lowered_quantize = producer is not None and producer.op_type == "QuantizeLinear"
         q_value = None if from_lowered_quantize else scope.constant(q)
-        if not from_lowered_quantize and q_value is None:
+        weight = not from_lowered_quantize and q_value is None and q in scope.graph_inputs
+        if weight:
+            _float_weight(scope, q)
+        if not from_lowered_quantize and q_value is None and not weight:
             raise CannotLower(
                 f"its integer input '{q}' is computed at run time and not by a QuantizeLinear: the IPU holds "
                 "no int8 tensors, so only constant quantized values and QuantizeLinear outputs are lowered"
@@ -211,6 +221,30 @@ class QuantizeLinearRewrite(Rewrite):
         shifted = emit("Sub", [q, emit.constant(zero.astype(np.float32), np.float32, "zero_point")], "sub")
         emit("Mul", [shifted, emit.constant(scale, np.float32, "scale")], "mul", output)
         return emit.nodes
+
+
+def _float_weight(scope: GraphScope, name: str) -> None:
+    """A quantized weight of ``WEIGHT_MIN_BYTES`` or more, which legalization holds as a typed input without
+    its values (graphs.weight_free_copy): retyped float32, so that the pipeline attaches it as float32
+    holding the same integers (exact for 8- and 16-bit types) and the DequantizeLinear that reads it is
+    computed on the device. A weight read by anything else, or an int32 one, is refused."""
+    declared = next((value for value in scope.graph.input if value.name == name), None)
+    elem_type = None if declared is None else declared.type.tensor_type.elem_type
+    if elem_type == _FLOAT:
+        return  # retyped already, for another DequantizeLinear of the same weight
+    if elem_type not in _INTEGER_RANGES:
+        kind = "unknown" if elem_type is None else _type_name(elem_type)
+        raise CannotLower(
+            f"its integer input '{name}' is a graph input or a weight of type {kind}: only 8- and 16-bit "
+            "weights are dequantized on the device (their integers are exact in float32)"
+        )
+    if not scope.only_feeds(name, frozenset({("DequantizeLinear", 0)})):
+        raise CannotLower(
+            f"its quantized weight '{name}' is also read by {sorted({s[0] for s in scope.slots(name)})}: "
+            "only a weight read by DequantizeLinear nodes alone is held as float32"
+        )
+    declared.type.tensor_type.elem_type = _FLOAT
+    _retype_float(scope, name)
 
 
 def _retype_float(scope: GraphScope, name: str) -> None:
