@@ -23,8 +23,8 @@ PATCHED_GLOBALS = {
         "ORTParentMixin.to",
     ),
     "optimum.onnxruntime.modeling": ("InferenceSession",),
-    "optimum.onnxruntime.modeling_decoder": ("InferenceSession",),
-    "optimum.onnxruntime.modeling_seq2seq": ("InferenceSession",),
+    "optimum.onnxruntime.modeling_decoder": ("InferenceSession", "ORTModelForCausalLM.generate"),
+    "optimum.onnxruntime.modeling_seq2seq": ("InferenceSession", "ORTModelForConditionalGeneration.generate"),
     "optimum.onnxruntime.modeling_diffusion": ("InferenceSession",),
 }
 TARGET_MODULES = frozenset(PATCHED_GLOBALS)

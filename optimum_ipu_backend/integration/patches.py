@@ -12,6 +12,8 @@ listed once, in the bootstrap's ``PATCHED_GLOBALS``:
 * ``base.IOBinding``: plugin sessions have no C ``_sess``; they hand out their own binding.
 * ``base.ORTSessionMixin.to`` and ``base.ORTParentMixin.to``: move a plugin model to a new onnxruntime
   session, refuse devices no provider serves (``integration/model_moves.py``).
+* ``ORTModelForCausalLM.generate`` and ``ORTModelForConditionalGeneration.generate``: on a plugin model,
+  name the generation mode optimum-onnx cannot serve on any provider (``integration/generation_modes.py``).
 
 The patches fail closed. Validation accepts a plugin provider only when the module that asked is one
 whose ``InferenceSession`` is patched; onnxruntime's own ``InferenceSession`` refuses any plugin
@@ -346,12 +348,25 @@ def _make_to(move: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return make
 
 
+def _make_generate(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A wrapper of ``generate`` that hands the call to ``integration.generation_modes.generate``."""
+
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from optimum_ipu_backend.integration import generation_modes
+
+        return generation_modes.generate(self, original, args, kwargs)
+
+    return _wrap(original, generate)
+
+
 _WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "validate_provider_availability": _make_validate,
     "InferenceSession": _make_session_factory,
     "IOBinding": _make_io_binding,
     "ORTSessionMixin.to": _make_to("move_session"),
     "ORTParentMixin.to": _make_to("move_parts"),
+    "ORTModelForCausalLM.generate": _make_generate,
+    "ORTModelForConditionalGeneration.generate": _make_generate,
 }
 
 

@@ -6,8 +6,9 @@ What transformers 4.57 and optimum-onnx 0.1 serve offline, and what each case co
 * **assisted generation** (``assistant_model=``) and **prompt-lookup decoding**
   (``prompt_lookup_num_tokens=``) fail inside transformers on either provider: assisted decoding crops
   ``outputs.past_key_values`` with ``Cache.crop`` and optimum-onnx returns the cache as tuples
-  (``AttributeError: 'tuple' object has no attribute 'crop'``). The cases require the ipu outcome to equal
-  CPU's, tokens or error, so they compare tokens once either library serves the mode. The calls these
+  (``AttributeError: 'tuple' object has no attribute 'crop'``). On ipu that failure is raised as
+  ``UnsupportedGenerationModeError`` naming the mode (integration/generation_modes.py); the cases compare
+  tokens once optimum-onnx serves the mode on CPU. The calls these
   modes make of a model are checked by ``speculative-*``: the same loop driven step by step here (draft or
   n-gram candidates, one verifying call with several new tokens and a past, the caches cropped after the
   rejected tokens), on ipu and on CPU, whose tokens must also equal plain greedy decoding.
@@ -34,6 +35,7 @@ from transformers import StoppingCriteria
 
 from integration import kv_cache_checks
 from optimum_ipu_backend.conformance.zoo import CORPUS
+from optimum_ipu_backend.integration.generation_modes import CACHE_CROPPING_MODES
 
 PROMPT_TOKENS = 320
 NEW_TOKENS = 32
@@ -314,19 +316,22 @@ def speculative(
 # -- the cases --------------------------------------------------------------------------------------
 
 
-def _check_library_mode(model: Loaded, extra: dict[str, Any]) -> tuple:
+def check_cache_cropping_mode(model: Loaded, argument: str) -> None:
+    """Assisted generation or prompt-lookup decoding: CPU's tokens, or, where optimum-onnx's tuple cache
+    fails to crop on CPU too, the ipu provider's refusal naming the mode."""
     inputs = prompt(model)
-    expected = outcome(lambda: greedy(model.cpu, inputs, **extra))
-    got = outcome(lambda: greedy(model.ipu, inputs, **extra))
-    assert got == expected, (got[:2], expected[:2])
-    return expected
-
-
-def check_assisted(model: Loaded) -> None:
-    inputs = prompt(model)
-    expected = outcome(lambda: greedy(model.cpu, inputs, assistant_model=model.draft_cpu))
-    got = outcome(lambda: greedy(model.ipu, inputs, assistant_model=model.draft_ipu))
-    assert got == expected, (got[:2], expected[:2])
+    cpu, ipu = (
+        ({"assistant_model": model.draft_cpu}, {"assistant_model": model.draft_ipu})
+        if argument == "assistant_model"
+        else ({argument: DRAFT_TOKENS}, {argument: DRAFT_TOKENS})
+    )
+    expected = outcome(lambda: greedy(model.cpu, inputs, **cpu))
+    got = outcome(lambda: greedy(model.ipu, inputs, **ipu))
+    if expected[0] == "error" and expected[1] == "AttributeError" and "crop" in expected[2]:
+        assert got[:2] == ("error", "UnsupportedGenerationModeError"), got
+        assert CACHE_CROPPING_MODES[argument] in got[2] and "every provider" in got[2], got
+    else:
+        assert got == expected, (got[:2], expected[:2])
 
 
 def _speculative_case(model: Loaded, candidates_from: str) -> LoopFacts:
@@ -518,9 +523,9 @@ HUB_MODES = {
 def test_generation_mode_matches_cpu(loaded, mode, model_name):
     model = loaded(model_name)
     if mode == "assisted":
-        check_assisted(model)
+        check_cache_cropping_mode(model, "assistant_model")
     elif mode == "prompt-lookup":
-        _check_library_mode(model, {"prompt_lookup_num_tokens": DRAFT_TOKENS})
+        check_cache_cropping_mode(model, "prompt_lookup_num_tokens")
     elif mode.startswith("speculative-"):
         _speculative_case(model, mode.removeprefix("speculative-"))
     elif mode in HUB_MODES:
