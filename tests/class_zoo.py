@@ -319,6 +319,28 @@ def clip_bpe_tokenizer(out_dir: Path) -> transformers.CLIPTokenizer:
     )
 
 
+def clip_text_encoder(tokenizer, projection: bool = False, **sizes: int):
+    """A tiny CLIP text encoder over ``tokenizer`` (``clip_bpe_tokenizer``), with the text projection when
+    ``projection`` (SDXL's second encoder, SD3's); ``sizes``: further config fields (``projection_dim``)."""
+    import transformers
+
+    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = transformers.CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=TINY_HIDDEN,
+        intermediate_size=TINY_FFN,
+        num_hidden_layers=TINY_LAYERS,
+        num_attention_heads=TINY_HEADS,
+        max_position_embeddings=tokenizer.model_max_length,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|startoftext|>"),
+        eos_token_id=end,
+        pad_token_id=end,
+        **sizes,
+    )
+    cls = transformers.CLIPTextModelWithProjection if projection else transformers.CLIPTextModel
+    return cls(config).eval()
+
+
 def build_diffusion_pipeline(root: Path, inpainting: bool = False) -> Path:
     """Build (or reuse) a tiny Stable Diffusion pipeline under ``root`` and return its directory: a CLIP
     text encoder, a two-level UNet with cross-attention, a two-level VAE (16x16 images from 8x8
@@ -329,25 +351,11 @@ def build_diffusion_pipeline(root: Path, inpainting: bool = False) -> Path:
     def build(staging: Path) -> None:
         import diffusers
         import torch
-        import transformers
 
         with tempfile.TemporaryDirectory(dir=root) as scratch:
             tokenizer = clip_bpe_tokenizer(Path(scratch))
         torch.manual_seed(seed_for("tiny-sd", "text-to-image"))
-        end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-        text_encoder = transformers.CLIPTextModel(
-            transformers.CLIPTextConfig(
-                vocab_size=len(tokenizer),
-                hidden_size=TINY_HIDDEN,
-                intermediate_size=TINY_FFN,
-                num_hidden_layers=TINY_LAYERS,
-                num_attention_heads=TINY_HEADS,
-                max_position_embeddings=tokenizer.model_max_length,
-                bos_token_id=tokenizer.convert_tokens_to_ids("<|startoftext|>"),
-                eos_token_id=end,
-                pad_token_id=end,
-            )
-        )
+        text_encoder = clip_text_encoder(tokenizer)
         levels = {"block_out_channels": (16, 32), "norm_num_groups": 8, "layers_per_block": 1}
         unet = diffusers.UNet2DConditionModel(
             sample_size=8,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from class_zoo import clip_bpe_tokenizer
+from class_zoo import clip_bpe_tokenizer, clip_text_encoder
 
 from optimum_ipu_backend.conformance.zoo import (
     TINY_FFN,
@@ -50,26 +50,6 @@ class DiffusionCase(NamedTuple):
     mode: str  # "text-to-image", "image-to-image" or "inpainting": what ``diffusion_call`` passes
     steps: int  # denoising steps (before image-to-image's strength)
     guidance_scale: float
-
-
-def _clip_text(tokenizer, projection: bool, **sizes: int):
-    import transformers
-
-    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = transformers.CLIPTextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=TINY_HIDDEN,
-        intermediate_size=TINY_FFN,
-        num_hidden_layers=TINY_LAYERS,
-        num_attention_heads=TINY_HEADS,
-        max_position_embeddings=tokenizer.model_max_length,
-        bos_token_id=tokenizer.convert_tokens_to_ids("<|startoftext|>"),
-        eos_token_id=end,
-        pad_token_id=end,
-        **sizes,
-    )
-    cls = transformers.CLIPTextModelWithProjection if projection else transformers.CLIPTextModel
-    return cls(config).eval()
 
 
 def _t5_encoder(scratch: Path):
@@ -139,8 +119,8 @@ def _sdxl(scratch: Path):
     )
     return diffusers.StableDiffusionXLPipeline(
         vae=_vae(4),
-        text_encoder=_clip_text(tokenizer, projection=False),
-        text_encoder_2=_clip_text(tokenizer, projection=True, projection_dim=TINY_HIDDEN),
+        text_encoder=clip_text_encoder(tokenizer, projection=False),
+        text_encoder_2=clip_text_encoder(tokenizer, projection=True, projection_dim=TINY_HIDDEN),
         tokenizer=tokenizer,
         tokenizer_2=tokenizer,
         unet=unet,
@@ -170,7 +150,7 @@ def _lcm(scratch: Path):
     scheduler = diffusers.LCMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
     return diffusers.LatentConsistencyModelPipeline(
         vae=_vae(4),
-        text_encoder=_clip_text(tokenizer, projection=False),
+        text_encoder=clip_text_encoder(tokenizer, projection=False),
         tokenizer=tokenizer,
         unet=unet,
         scheduler=scheduler,
@@ -206,9 +186,9 @@ def _sd3(scratch: Path):
         vae=_vae(
             16, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5
         ),
-        text_encoder=_clip_text(tokenizer, projection=True, projection_dim=TINY_HIDDEN),
+        text_encoder=clip_text_encoder(tokenizer, projection=True, projection_dim=TINY_HIDDEN),
         tokenizer=tokenizer,
-        text_encoder_2=_clip_text(tokenizer, projection=True, projection_dim=TINY_HIDDEN),
+        text_encoder_2=clip_text_encoder(tokenizer, projection=True, projection_dim=TINY_HIDDEN),
         tokenizer_2=tokenizer,
         text_encoder_3=t5,
         tokenizer_3=t5_tokenizer,
@@ -236,7 +216,7 @@ def _flux(scratch: Path):
     return diffusers.FluxPipeline(
         scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
         vae=_vae(4, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5),
-        text_encoder=_clip_text(tokenizer, projection=False),
+        text_encoder=clip_text_encoder(tokenizer, projection=False),
         tokenizer=tokenizer,
         text_encoder_2=t5,
         tokenizer_2=t5_tokenizer,

@@ -228,6 +228,21 @@ def layout_cost(
     return steps_of(rows, micro) * tokens
 
 
+def _next_group(
+    queue: Sequence[tuple[int, ...]], fits: Callable[[Sequence[int]], bool]
+) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The batcher's rule (``batcher.DynamicBatcher`` with ``fits``): the next group takes, in queue order,
+    the calls it still fits one step with, the oldest always; the others stay queued, in order."""
+    group: list[tuple[int, ...]] = []
+    left: list[tuple[int, ...]] = []
+    for call in queue:
+        if not group or fits([n for member in (*group, call) for n in member]):
+            group.append(call)
+        else:
+            left.append(call)
+    return group, left
+
+
 def refill(
     groups: Sequence[Sequence[tuple[int, ...]]], fits: Callable[[Sequence[int]], bool]
 ) -> list[list[tuple[int, ...]]]:
@@ -241,13 +256,7 @@ def refill(
         queue.extend(arrived)
         last = index == len(groups) - 1
         while queue:
-            group: list[tuple[int, ...]] = []
-            left: list[tuple[int, ...]] = []
-            for call in queue:
-                if not group or fits([n for member in (*group, call) for n in member]):
-                    group.append(call)
-                else:
-                    left.append(call)
+            group, left = _next_group(queue, fits)
             formed.append(group)
             queue = left
             if not last and (not queue or fits([n for call in queue for n in call])):
@@ -273,13 +282,7 @@ def closed_loop(
     queue = list(calls[:clients])
     formed: list[list[tuple[int, ...]]] = []
     while queue:
-        group: list[tuple[int, ...]] = []
-        left: list[tuple[int, ...]] = []
-        for call in queue:
-            if not group or fits([n for member in (*group, call) for n in member]):
-                group.append(call)
-            else:
-                left.append(call)
+        group, left = _next_group(queue, fits)
         formed.append(group)
         queue = left + [call for call in (next(stream, None) for _ in group) if call is not None]
     return formed
