@@ -410,8 +410,8 @@ class PackedPlan:
             outside = bool(self.plan) and not any(tokens >= longest for tokens, _ in self.plan)
             # the first plan waits for a few rounds of every caller: what the batcher gathers while the
             # first layout serves says little more than the lengths seen (the first layout serves meanwhile)
-            clients = max((n for n in self._clients if n is not None), default=1)
-            due = self.calls >= self._replan_at and self.calls >= PACKED_PLAN_ROUNDS * clients
+            callers = max((n for n in self._clients if n is not None), default=1)
+            due = self.calls >= self._replan_at and self.calls >= PACKED_PLAN_ROUNDS * callers
             if due or outside:
                 while self._replan_at <= self.calls:
                     self._replan_at *= REPLAN_FACTOR
