@@ -550,18 +550,35 @@ class ExecutableCache:
         drop_unused_records(self.root, {entry.graph for entry in entries if entry.graph}, gone, min_age)
         referenced = {blob for entry in entries for blob in entry.blobs}
         keys = {entry.key for entry in entries}
+        unused = []
         for group in _sharded(self.root / BLOBS_DIR, _BLOB_PATTERN):
+            if group.name not in referenced:
+                unused.append(group)
+                continue
             with self._if_free(f"blob-{group.name}") as free:
                 if not free:
-                    continue
-                if group.name not in referenced:
-                    self._remove_dir(group)
                     continue
                 for path in group.iterdir():
                     owner = path.name.split(".", 1)[0]
                     orphan = _KEY_PATTERN.match(owner) and owner not in keys
                     if orphan and not self.entry_path(owner).exists():
                         path.unlink(missing_ok=True)
+        self._drop_unused_groups(unused)
+
+    def _drop_unused_groups(self, groups: Sequence[Path]) -> None:
+        """Remove the group directories that no entry names, each while holding its lock. The entries are
+        listed again once the locks are held: a build that joined a group after the first listing
+        committed its entry before it released the group's lock, so it is seen and its group kept."""
+        if not groups:
+            return
+        with contextlib.ExitStack() as held:
+            free = [group for group in groups if held.enter_context(self._if_free(f"blob-{group.name}"))]
+            if not free:
+                return
+            referenced = {blob for entry in self.list() for blob in entry.blobs}
+            for group in free:
+                if group.name not in referenced:
+                    self._remove_dir(group)
 
     def _drop_corrupt_shared(self, manifest: dict[str, Any] | None) -> None:
         """An entry is being removed as corrupt: drop the shared files it uses that fail their checksum,

@@ -399,3 +399,27 @@ def test_stale_temporary_build_directories_are_swept(tmp_path: Path) -> None:
     os.utime(stale, (old, old))
     cache.prune()
     assert not stale.exists() and fresh.exists()
+
+
+def test_a_group_joined_after_maintenance_listed_the_entries_is_kept(tmp_path: Path) -> None:
+    """Maintenance in one process lists the entries, then drops the weight groups no entry names. An entry
+    another process committed in between (the first of its group) is seen once the group's lock is held,
+    so its weights and graph stay: removing them would fail that process's next load of the entry."""
+    cache = ExecutableCache(tmp_path)
+
+    def build(directory: Path) -> None:
+        (directory / "weights.bin").write_bytes(b"w" * 4096)
+        (directory / "graph.onnx").write_bytes(b"graph")
+
+    key = "ab" * 32
+    stale = cache.list()  # maintenance's listing, taken before the entry below is committed
+    entry = cache.get_or_create(key, build, shared="weights.bin", beside_shared=("graph.onnx",))
+    listings = [stale]
+    real_list = cache.list
+    cache.list = lambda: listings.pop() if listings else real_list()  # type: ignore[method-assign]
+    cache._drop_unreferenced()
+    cache.list = real_list  # type: ignore[method-assign]
+    assert not listings  # maintenance did work from the stale listing
+    assert entry.file("weights.bin").read_bytes() == b"w" * 4096
+    assert entry.file("graph.onnx").read_bytes() == b"graph"
+    assert cache.get(key) is not None
