@@ -298,6 +298,7 @@ def plan_layouts(
     rows_of: Callable[[Sequence[int], int], int | None],
     compiled: Iterable[tuple[int, int]] = (),
     clients: int | None = None,
+    first: tuple[int, int] | None = None,
 ) -> tuple[tuple[tuple[int, int], ...], tuple[int, int] | None]:
     """The packed layouts (row length, rows) to keep resident for traffic that arrived as ``groups`` (lists of
     calls, each its sequences' lengths), and the *fill* layout among them: the batcher stops a group
@@ -307,7 +308,13 @@ def plan_layouts(
     set-cover problem, and groups differ from one run to the next anyway. The traffic is replayed as the
     batcher would group it under each fill layout: by ``clients`` callers that wait for their answers
     (``closed_loop``) when the batcher counted them, else as calls arriving in these groups (``refill``).
-    ``rows_of(lengths, tokens)``: rows first-fit-decreasing fills (None: a sequence is longer)."""
+    ``rows_of(lengths, tokens)``: rows first-fit-decreasing fills (None: a sequence is longer).
+
+    ``first``: the first layout (which holds any group) when it keeps an IPU group of its own. Then the
+    fill layout need not hold the rare longest calls: the batcher runs a call the fill layout cannot hold
+    alone, and it is served by the first layout (or a planned one that holds it) without a switch, priced
+    by the positions it computes there. Without it every planned layout shares the IPUs, so serving a call
+    elsewhere would switch executables: the fill layout then holds the longest call seen."""
     calls = sum(len(group) for group in groups)
     if not calls:
         return (), None
@@ -321,8 +328,25 @@ def plan_layouts(
         lengths = [n for call in group for n in call]
         return PackedGroup(sum(lengths), {t: rows_of(lengths, t) for t in tokens}, len(group))
 
+    candidates = [(tokens, micro) for tokens in row_lengths for micro in row_counts]
+
+    def left_over(groups_left: Sequence[Sequence[tuple[int, ...]]]) -> float:
+        """The least cost of the groups a fill layout cannot hold: on the first layout (resident already),
+        or on one more layout that holds them, when a slot remains for it (its compile and load priced)."""
+        if not groups_left:
+            return 0.0
+        options = [(first, 0.0)] if first is not None else []
+        if slots > 1:
+            options += [(layout, model.executable_seconds(layout in done)) for layout in candidates]
+        cheapest = math.inf
+        for layout, executable in options:
+            costs = [layout_cost(packed(g, (layout[0],)), layout, row_counts, steps_of) for g in groups_left]
+            if all(cost is not None for cost in costs):
+                cheapest = min(cheapest, sum(costs) * scale + executable)
+        return cheapest
+
     best: tuple[float, tuple[int, int], list[list[tuple[int, ...]]]] | None = None
-    for tokens in (t for t in row_lengths if t >= longest):
+    for tokens in (t for t in row_lengths if first is not None or t >= longest):
         for micro in row_counts:
 
             def fits(lengths: Sequence[int], tokens: int = tokens, micro: int = micro) -> bool:
@@ -330,27 +354,33 @@ def plan_layouts(
                 return rows is not None and rows <= micro * per_step
 
             formed = refill(groups, fits) if clients is None else closed_loop(arrivals, clients, fits)
-            computed = 0
+            computed, groups_left = 0, []
             for group in formed:
                 cost = layout_cost(packed(group, (tokens,)), (tokens, micro), row_counts, steps_of)
-                computed += cost if cost is not None else math.inf
-            total = computed * scale + model.executable_seconds((tokens, micro) in done)
+                if cost is None:
+                    groups_left.append(group)
+                else:
+                    computed += cost
+            total = (
+                computed * scale + left_over(groups_left) + model.executable_seconds((tokens, micro) in done)
+            )
             if best is None or total < best[0]:
                 best = (total, (tokens, micro), formed)
     if best is None:
         return (), None
     _, fill, formed = best
     priced = [packed(group, row_lengths) for group in formed]
-    candidates = [(tokens, micro) for tokens in row_lengths for micro in row_counts]
     costs = {
         layout: [layout_cost(group, layout, row_counts, steps_of) for group in priced]
         for layout in candidates
     }
+    serving = () if first is None else (first,)  # resident already: no compile, no slot of the plan's
 
     def total(chosen: Sequence[tuple[int, int]]) -> float:
-        computed = 0
+        computed = 0.0
         for index in range(len(priced)):
-            computed += min(v for layout in chosen if (v := costs[layout][index]) is not None)
+            options = [v for layout in (*chosen, *serving) if (v := costs[layout][index]) is not None]
+            computed += min(options, default=math.inf)
         return computed * scale + sum(model.executable_seconds(layout in done) for layout in chosen)
 
     plan = [fill]

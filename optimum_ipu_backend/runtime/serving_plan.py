@@ -362,6 +362,7 @@ class PackedPlan:
         self.fill: tuple[int, int] | None = None
         self.from_cache: frozenset[tuple[int, int]] = frozenset()
         self._replan_at = FIRST_REPLAN
+        self._planned_longest = 0  # the longest sequence of the groups the plan was made from
         self.dirty = False
         if stored:
             try:
@@ -375,6 +376,7 @@ class PackedPlan:
                     None if stored["fill"] is None else (int(stored["fill"][0]), int(stored["fill"][1]))
                 )
                 self.from_cache = frozenset(self.plan)
+                self._planned_longest = _longest(self._groups[-PLANNED_GROUPS:])
                 while self._replan_at <= self.calls:
                     self._replan_at *= REPLAN_FACTOR
             except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -406,8 +408,14 @@ class PackedPlan:
             del self._groups[:-PACKED_GROUPS_KEPT]
             del self._clients[:-PACKED_GROUPS_KEPT]
             self.calls += len(calls)
-            longest = max(n for call in calls for n in call)
-            outside = bool(self.plan) and not any(tokens >= longest for tokens, _ in self.plan)
+            # a call longer than any the plan was made from, and than its layouts, is news: plan again (the
+            # plan may leave the rare longest calls it saw to the first layout on purpose)
+            longest = _longest([calls])
+            outside = (
+                bool(self.plan)
+                and longest > self._planned_longest
+                and not any(tokens >= longest for tokens, _ in self.plan)
+            )
             # the first plan waits for a few rounds of every caller: what the batcher gathers while the
             # first layout serves says little more than the lengths seen (the first layout serves meanwhile)
             callers = max((n for n in self._clients if n is not None), default=1)
@@ -432,11 +440,14 @@ class PackedPlan:
         owner = self._owner
         unpacked = sum(len(group.plan) for group in owner._groups.values())
         slots = owner.slots - owner.reserved - unpacked
-        if slots > 1:
+        own_group = slots > 1
+        if own_group:
             slots -= 1  # the first layout keeps an IPU group of its own (as a group's largest shape)
         counted = [n for n in self._clients[-PLANNED_GROUPS:] if n is not None]
+        planned = self._groups[-PLANNED_GROUPS:]
+        self._planned_longest = _longest(planned)
         self.plan, self.fill = plan_layouts(
-            self._groups[-PLANNED_GROUPS:],
+            planned,
             self.row_lengths,
             self.row_counts,
             max(1, slots),
@@ -445,6 +456,8 @@ class PackedPlan:
             rows_of,
             compiled=self.plan,
             clients=max(counted, default=None),
+            # resident on its own IPU group, the first layout serves the rare calls the fill layout leaves
+            first=self.first_layout if own_group else None,
         )
         owner._save()
 
@@ -480,6 +493,10 @@ def measured_times(statistics: Sequence[Mapping[str, Any]]) -> dict[str, float |
 def settings_digest(settings: Mapping[str, Any]) -> str:
     """The file name of a plan: what the plan depends on besides the graph (sizes, IPU groups, steps)."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _longest(groups: Sequence[Sequence[tuple[int, ...]]]) -> int:
+    return max((n for group in groups for call in group for n in call), default=0)
 
 
 def _holds(sizes: Sizes, needed: Sizes) -> bool:

@@ -177,6 +177,28 @@ def test_packed_plan_for_waiting_callers_keeps_their_steps_full():
     assert all(c >= a for c, a in zip(as_callers, as_arrivals, strict=True)), (as_callers, as_arrivals)
 
 
+def test_a_first_layout_on_its_own_ipu_group_serves_the_rare_longest_calls():
+    """Where each computed position costs enough that a layout pays (a model 100x the default's), the fill
+    layout leaves a rare 500-token call to the first layout when that one keeps an IPU group of its own
+    (no switch), and holds it when every layout shares the IPUs (serving it elsewhere would switch)."""
+    counts = (1, 2, 4, 8, 16)
+    lengths = (32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 384, 448, 512)
+    first = (512, 16)
+    model = CostModel(token_seconds=5e-5)
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        calls = [(int(n),) for n in np.minimum(rng.lognormal(3.0, 0.7, 64).astype(int) + 3, 160)]
+        calls[int(rng.integers(64))] = (500,)
+        groups = [calls[i : i + 16] for i in range(0, 64, 16)]
+        shared, shared_fill = plan_layouts(groups, lengths, counts, 3, model, _steps, _rows_of, clients=16)
+        assert shared_fill[0] >= 500 and shared_fill in shared
+        own, fill = plan_layouts(groups, lengths, counts, 3, model, _steps, _rows_of, clients=16, first=first)
+        assert fill[0] < 500 and len(own) <= 3
+        assert _packed_efficiency(groups, (*own, first), fill, 16, lengths, counts) > _packed_efficiency(
+            groups, shared, shared_fill, 16, lengths, counts
+        )
+
+
 # -- through a session on the emulator ---------------------------------------------------------------------
 
 
