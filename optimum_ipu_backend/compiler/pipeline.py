@@ -60,7 +60,7 @@ def build_passes(precision: str, sharding: Sharding | None = None) -> list[Graph
         FoldStaticIfs(),
         FoldConstants(),
         LowerToOpset11(),
-        FoldConstants(name="fold_constants (cleanup)"),
+        FoldConstants(name="fold_constants (cleanup)", only_if_foldable=True),
         Int64ToInt32(),
     ]
     if precision == "fp16":

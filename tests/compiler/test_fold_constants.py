@@ -315,3 +315,25 @@ def test_a_bound_branch_input_inlines_the_branch_taken(use_cache):
 def test_binding_an_unknown_input_is_an_error():
     with pytest.raises(ValueError, match="not graph inputs"):
         bind_constant_inputs(_if_model(), {"use_cache": [True]})
+
+
+def test_the_cleanup_folds_what_a_lowering_left_and_keeps_a_graph_with_nothing_to_fold(monkeypatch):
+    """The cleanup after lowering (``only_if_foldable``) runs onnxslim only when a node computes from
+    constants or reads a static shape: then it folds as the first fold does, else the graph is kept."""
+    from optimum_ipu_backend.compiler.passes import fold_constants
+
+    slims = []
+    real_slim = fold_constants._slim
+    monkeypatch.setattr(fold_constants, "_slim", lambda model: slims.append(1) or real_slim(model))
+    cleanup = FoldConstants(name="fold_constants (cleanup)", only_if_foldable=True)
+    model = _causal_mask_model()
+    ctx = PassContext({"scores": (2, 5, 5)})
+    fixed = FixShapes().run(copy_model(model), ctx)
+    assert fold_constants.has_foldable_node(fixed.graph)
+    folded = cleanup.run(fixed, ctx)  # a Shape chain is left: folded as by the first fold
+    assert len(slims) == 1 and set(count_ops(folded.graph)) <= {"Add", "Softmax"}
+    assert not fold_constants.has_foldable_node(folded.graph)
+    kept = cleanup.run(copy_model(folded), ctx)  # nothing left to fold: onnxslim does not run again
+    assert len(slims) == 1 and count_ops(kept.graph) == count_ops(folded.graph)
+    x = np.random.default_rng(0).standard_normal((2, 5, 5)).astype(np.float32)
+    assert_pass_preserves(model, kept, {"scores": x}, atol=0.0)
