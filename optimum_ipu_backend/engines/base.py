@@ -225,6 +225,11 @@ class Executable(_Closable, ABC):
                     f"state {name!r} is {spec.dtype}{list(spec.shape)}, not {value.dtype}{list(value.shape)}"
                 )
 
+    def load(self) -> None:
+        """Load this executable onto its IPUs now, unloading the one they hold (counted as a switch when
+        another was loaded), so that its next run does not wait for the load. Engines without residency
+        (the emulator) have nothing to do."""
+
     @abstractmethod
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one micro-batch: host arrays whose shapes and dtypes equal ``inputs``; returns every output."""

@@ -600,6 +600,11 @@ class RemoteExecutable(Executable):
         self.last_run_seconds = reply["seconds"]
         return {name: buffer.copy() for name, buffer in self._output_buffers.items()}
 
+    def load(self) -> None:
+        self._check_open()
+        if not self._offline:
+            self._on_device("load", lambda: None, f"loading {self._what}")
+
     def write_state(self, values: Mapping[str, np.ndarray]) -> None:
         self._check_open()
         self._check_state(values)

@@ -283,6 +283,10 @@ class Server:
 
         return self._on_device(executable, run)
 
+    def op_load(self, executable: int) -> dict[str, Any]:
+        """Make the executable resident on its device (the serving plan swaps a new one in)."""
+        return self._on_device(executable, lambda entry: None)
+
     def op_write_state(self, executable: int, names: list[str]) -> dict[str, Any]:
         """Upload the values the host put in the state buffers named ``names``."""
 

@@ -156,6 +156,7 @@ class CarriedState:
         self.served_steps = 0  # decoding steps served with the cache on the device
         self._lock = threading.Lock()
         self._resident: dict[int, _Resident] = {}  # id(entry) -> what its device holds
+        self._signatures: dict[int, tuple[dict[str, tuple[int, ...]], dict[str, bool]]] = {}
 
     @classmethod
     def for_runner(cls, runner: StepRunner) -> CarriedState | None:
@@ -224,6 +225,27 @@ class CarriedState:
     def capacity(self) -> int:
         return self._runner.plan.largest(self._past_dim)
 
+    @property
+    def padded_dims(self) -> frozenset[str]:
+        """What serving steps and prompts on one executable pads: a step's new tokens, a prompt's past."""
+        return frozenset({*self._step_dims, self._past_dim})
+
+    def is_step(self, actual: Mapping[str, int]) -> bool:
+        """Whether a call of these dimension sizes is a decoding step: one new token after a past."""
+        return all(actual.get(dim) == 1 for dim in self._step_dims) and actual.get(self._past_dim, 0) > 0
+
+    def release(self) -> None:
+        """Close the decode executables (their cache is forgotten), so that their IPUs go to the executables
+        that serve the steps instead (the serving plan's SHARED arrangement)."""
+        if not self._signatures:
+            return
+        with self._lock:
+            signatures = list(self._signatures.values())
+            self._signatures.clear()
+            self._resident.clear()
+        for signature, branches in signatures:
+            self._runner.executables.release(signature, branches)
+
     def run(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray] | None:
         """The outputs of a decoding step served with the cache on the device, or None when this call is
         not such a step (it is then streamed, as every call was before)."""
@@ -274,6 +296,7 @@ class CarriedState:
             self._refused = str(exc)
             _logger.warning("%s", self.verdict)
             return None
+        self._signatures[id(entry)] = (signature, dict(branches))
         plan = entry.carried
         assert plan is not None
         inexact = _inexact_mask(plan, feed)

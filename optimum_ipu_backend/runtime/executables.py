@@ -311,6 +311,18 @@ class ExecutableTable:
         _logger.info("released %s: the serving plan no longer uses it", entry.shapes)
         return True
 
+    def load(self, shapes: Mapping[str, tuple[int, ...]], branches: Mapping[str, bool]) -> None:
+        """Load the executable of these shapes onto its IPUs now, if it is in memory (``Executable.load``):
+        the serving plan swaps a newly built one in before calls need it."""
+        with self._lock:
+            entry = self._entries.get(_shape_key(shapes, branches))
+        if entry is not None:
+            with (
+                self._run_lock,
+                contextlib.suppress(EngineClosedError),
+            ):  # released meanwhile: nothing to load
+                entry.executable.load()
+
     def write_state(self, entry: CompiledEntry, values: Mapping[str, np.ndarray]) -> None:
         """Upload new values of an executable's device state (``Executable.write_state``)."""
         with self._run_lock:

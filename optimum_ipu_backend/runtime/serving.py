@@ -13,6 +13,7 @@ served never depends on what the cache holds (``runtime.padding``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,7 @@ from optimum_ipu_backend.runtime.roles import InputRole, input_role, is_batch_di
 
 if TYPE_CHECKING:
     from optimum_ipu_backend.compiler.graph_rewrites.eos_selection import SameTokenCount
-    from optimum_ipu_backend.runtime.serving_plan import ServingPlanner
+    from optimum_ipu_backend.runtime.serving_plan import GroupKey, ServingPlanner
 
 
 class ExecutableLimitError(DeviceError):
@@ -132,8 +133,14 @@ class StaticShapeRunner:
             )
             self._decisions.settle(dims=[dim for dim in config.plan.dims if dim not in text])
         self._carried = CarriedState.for_runner(self) if config.kv_cache_on_device else None
-        if planner is not None and self._carried is not None:
-            planner.reserved = 1  # the decode executable stays resident beside the planned ones
+        self._token_input = next(
+            (name for name in self._input_shapes if input_role(name) is InputRole.TOKEN_IDS), None
+        )
+        if planner is not None:
+            planner.positions = self._planned_positions
+            if self._carried is not None:
+                planner.reserved = 1  # the decode executable stays resident beside the planned ones
+                planner.steps_refused = self._steps_refused
 
     @property
     def plan(self) -> BucketPlan:
@@ -197,9 +204,14 @@ class StaticShapeRunner:
     def run(self, feed: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         check_token_counts(self._config.token_counts, feed)  # the caller's own rows, before anything
         if self._carried is not None:
-            outputs = self._carried.run(feed, output_names)
-            if outputs is not None:
-                return outputs
+            if self._steps_shared():
+                self._carried.release()  # its IPUs go to the planned executables
+            else:
+                outputs = self._carried.run(feed, output_names)
+                if outputs is not None:
+                    if self.planner is not None:
+                        self._count_step(feed)
+                    return outputs
         lengths = self._row_lengths(feed) if self._config.trim_padding else None
         if lengths is not None:
             return self._run_regrouped(feed, output_names, lengths)
@@ -230,7 +242,8 @@ class StaticShapeRunner:
                 proof_actual[dim] = samples if samples < micro else (samples % micro or micro)
                 wanted[dim] = micro
         if self.planner is not None and shapes is self._input_shapes and all(branches.values()):
-            wanted = self._planned(wanted, actual, micro, branches)
+            step = self._carried is not None and self._carried.is_step(actual)
+            wanted = self._planned(wanted, actual, micro, branches, step)
         call = self._decisions.decide(proof_actual, wanted, feed, branches, shapes)
         if samples is not None and not call.batch_paddable:
             micro = samples  # the graph mixes samples: run them all in one micro-batch, no repeats
@@ -254,17 +267,16 @@ class StaticShapeRunner:
         actual: Mapping[str, int],
         micro: int | None,
         branches: Mapping[str, bool],
+        step: bool = False,
     ) -> dict[str, int]:
         """``wanted`` with the padded sizes the serving plan serves this call at: its planned executable,
-        or one already compiled that holds it while the planned one compiles in the background."""
-        from optimum_ipu_backend.runtime.serving_plan import GroupKey
-
+        or one already compiled that holds it while the planned one compiles in the background. ``step``:
+        a decoding step (served by the plan in the SHARED arrangement)."""
         assert self.planner is not None
-        padded = tuple(sorted(dim for dim in wanted if not is_batch_dim(dim)))
-        if not padded:
+        key = self._plan_key(wanted, actual, micro, branches)
+        if key is None:
             return wanted
-        exact = tuple(sorted((d, s) for d, s in actual.items() if d not in wanted and not is_batch_dim(d)))
-        key = GroupKey(micro, tuple(sorted(branches.items())), exact, padded)
+        padded = key.padded
         batch = {dim: micro for dim in actual if is_batch_dim(dim) and micro is not None}
 
         def shapes_of(sizes: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
@@ -279,8 +291,67 @@ class StaticShapeRunner:
             ready=lambda sizes: self._table.has(shapes_of(sizes), branches),
             build=build,
             release=lambda sizes: self._table.release(shapes_of(sizes), branches),
+            load=lambda sizes: self._table.load(shapes_of(sizes), branches),
+            step=step,
         )
         return {**wanted, **dict(zip(padded, sizes, strict=True))}
+
+    def _plan_key(
+        self,
+        wanted: Mapping[str, int],
+        actual: Mapping[str, int],
+        micro: int | None,
+        branches: Mapping[str, bool],
+    ) -> GroupKey | None:
+        """The serving plan's group of a call (None: it pads no dimension but the batch)."""
+        from optimum_ipu_backend.runtime.serving_plan import GroupKey
+
+        padded = tuple(sorted(dim for dim in wanted if not is_batch_dim(dim)))
+        if not padded:
+            return None
+        exact = tuple(sorted((d, s) for d, s in actual.items() if d not in wanted and not is_batch_dim(d)))
+        return GroupKey(micro, tuple(sorted(branches.items())), exact, padded)
+
+    def _planned_positions(self, key: GroupKey, sizes: tuple[int, ...]) -> int:
+        """Positions one run of the group's executable at ``sizes`` computes: its token input's elements
+        (the product of its sizes and the micro-batch when it has none)."""
+        values = {
+            **key.values(sizes),
+            **{dim: key.micro or 1 for dim in self.plan.sizes if is_batch_dim(dim)},
+        }
+        if self._token_input is None:
+            return math.prod(key.values(sizes).values()) * (key.micro or 1)
+        return math.prod(self.shapes_at(values, {})[self._token_input])
+
+    # -- decoding steps and the serving plan --------------------------------------------------------
+
+    def _steps_shared(self) -> bool:
+        """Whether the serving plan serves decoding steps on its own executables (``serving_plan``'s
+        SHARED arrangement) instead of the decode executable."""
+        from optimum_ipu_backend.runtime.serving_plan import SHARED
+
+        return self.planner is not None and self.planner.decode_arrangement == SHARED
+
+    def _steps_refused(self) -> str | None:
+        """Why decoding steps cannot run on the executables that serve the prompts: the padding proof keeps
+        the new tokens (a step brings one, a prompt many) or the past (a prompt brings none) exact."""
+        assert self._carried is not None
+        for dim in sorted(self._carried.padded_dims):
+            if self._decisions.is_exact(dim):
+                return f"{dim} is compiled at the size it comes in ({self._decisions.verdicts().get(dim)})"
+        return None
+
+    def _count_step(self, feed: Mapping[str, np.ndarray]) -> None:
+        """Count a step the decode executable served in the plan's group its call would join."""
+        assert self.planner is not None
+        branches = {name: bool(np.asarray(feed[name]).reshape(-1)[0]) for name in self._table.branch_inputs}
+        _, actual = self.call_dims({name: array for name, array in feed.items() if name not in branches})
+        samples = aligned_samples(actual)
+        wanted = self.compiled_sizes(actual, branches)
+        micro = None if samples is None else self._micro_batch(samples)
+        key = self._plan_key(wanted, actual, micro, branches)
+        if key is not None:
+            self.planner.count_step(key, tuple(wanted[dim] for dim in key.padded))
 
     def shapes_at(
         self, values: Mapping[str, int], branches: Mapping[str, bool]

@@ -15,6 +15,14 @@ as many executables as the session's IPU groups keep resident (``ipu_groups``). 
 3. and only when nothing compiled holds it, by a compile it waits for: the group's largest shape, so
    that this first compile serves every later call of the group (logged with the reason).
 
+A decoder whose key/value cache stays on the device (``runtime.carried_state``) serves its prompts from
+the plan and its decoding steps from one decode executable, resident beside the planned ones. Where the
+session's IPU groups cannot keep both resident, each generation would switch twice (to the decode
+executable and back), so the planner prices the other arrangement too (``decode_arrangement``): the
+decoding steps served by the plan's own executable of the graph with a past, a step's one new token padded
+along the new tokens and a prompt's empty past along the past (each only where the padding proof pads that
+dimension), and keeps the one the cost model finds cheaper per generation.
+
 Packed rows (``runtime.packing``) are planned the same way: a few fixed layouts (row length, rows) chosen
 from the groups the batcher gathered (``cost_model.plan_layouts``). The plan and its histograms are kept
 in the cache root (``serving-plans/<graph digest>/<settings>.json``, a self-hashed JSON record), so the
@@ -44,7 +52,7 @@ from optimum_ipu_backend.runtime.row_placement import first_fit_decreasing
 
 _logger = logging.getLogger(__name__)
 
-PLAN_FORMAT = 2  # 2: packed groups keep the callers the batcher counted
+PLAN_FORMAT = 3  # 2: packed groups keep the callers the batcher counted; 3: decoding steps and arrangement
 PLAN_MODES = ("buckets", "cost")
 #: The planner plans again when a group has seen this many calls, then 8 times as many, ... (and when a
 #: call falls outside the plan): early while the histogram says little, rarely once it is stable, since
@@ -59,6 +67,9 @@ PLANNED_GROUPS = 32
 PACKED_PLAN_ROUNDS = 4
 
 Sizes = tuple[int, ...]
+#: The two ways a decoder's steps are served (``ServingPlanner.decode_arrangement``).
+CARRIED = "carried"  # one decode executable with the cache on the device, beside the planned executables
+SHARED = "shared"  # the planned executables of the graph with a past serve the steps too
 
 
 @dataclass(frozen=True)
@@ -98,11 +109,13 @@ class GroupKey:
 
 @dataclass
 class _Group:
-    histogram: Counter = field(default_factory=Counter)  # needed sizes -> calls
+    histogram: Counter = field(default_factory=Counter)  # needed sizes -> calls (decoding steps aside)
+    steps: Counter = field(default_factory=Counter)  # needed sizes -> decoding steps, either arrangement
     plan: tuple[Sizes, ...] = ()
     replan_at: int = FIRST_REPLAN
     from_cache: frozenset[Sizes] = frozenset()  # planned by an earlier process: in the cache
     dirty: bool = False  # executables may have left the plan: release them at the next call
+    planned: set[Sizes] = field(default_factory=set)  # every size this process planned, for release
 
 
 class ServingPlanner:
@@ -110,7 +123,12 @@ class ServingPlanner:
 
     ``build(shapes, branches, background)`` compiles or loads one executable (``ExecutableTable.entry_for``);
     ``ready(shapes, branches)`` says whether it is in memory; ``shapes_at(values, branches)`` gives an
-    executable's input shapes from its dimension sizes; ``tokens(values)`` the positions one run computes.
+    executable's input shapes from its dimension sizes.
+
+    Set by the runner: ``positions(key, sizes)``, the positions one run at ``sizes`` computes (default: the
+    product of the sizes and the micro-batch); ``reserved``, executables outside the plan that stay
+    resident (a decoder's decode executable); ``steps_refused()``, why the padding proof keeps decoding
+    steps off the planned executables (None: it pads their new tokens and a prompt's past).
     """
 
     def __init__(
@@ -127,6 +145,11 @@ class ServingPlanner:
         self._measure = measure
         self.slots = max(1, slots)
         self.reserved = 0  # executables outside the plan that stay resident (a decode step's)
+        self.positions: Callable[[GroupKey, Sizes], int] | None = None
+        self.steps_refused: Callable[[], str | None] = lambda: "no decode executable"
+        #: How decoding steps are served (CARRIED or SHARED) and the modeled figures it was chosen by.
+        self.decode_arrangement = CARRIED
+        self.decode_choice: dict[str, Any] | None = None
         self._candidates = {dim: tuple(sizes) for dim, sizes in candidates.items()}
         self._store = store
         self._groups: dict[GroupKey, _Group] = {}
@@ -150,13 +173,18 @@ class ServingPlanner:
         ready: Callable[[Sizes], bool],
         build: Callable[[Sizes], None],
         release: Callable[[Sizes], object] = lambda sizes: None,
+        load: Callable[[Sizes], object] = lambda sizes: None,
+        step: bool = False,
     ) -> Sizes:
         """The sizes to serve a call that needs ``needed`` (per ``key.padded`` dimension) at. ``release``
-        closes an executable the plan dropped, so that its IPUs go to the ones the plan keeps."""
+        closes an executable the plan dropped, so that its IPUs go to the ones the plan keeps; ``load``
+        loads one built in the background onto its IPUs, so that the first call it serves does not switch.
+        ``step``: a decoding step served by the plan (``decode_arrangement`` is SHARED); counted apart from
+        the prompts, it never brings a replan forward but one it does not fit."""
         largest = tuple(self._candidates[dim][-1] for dim in key.padded)
         with self._lock:
             group = self._groups.setdefault(key, _Group())
-            group.histogram[needed] += 1
+            (group.steps if step else group.histogram)[needed] += 1
             calls = sum(group.histogram.values())
             if calls >= group.replan_at or not _covering(group.plan, needed):
                 while group.replan_at <= calls:
@@ -168,8 +196,8 @@ class ServingPlanner:
             stale = []
             if group.dirty:  # the plan changed, or a background build ended: release what it dropped
                 group.dirty = False
-                stale = [sizes for sizes in self._known(key) if sizes not in group.plan and sizes != largest]
-        for sizes in stale:  # the largest stays: it serves any call the plan does not hold yet
+                stale = self._stale(key)
+        for sizes in stale:
             if ready(sizes):
                 release(sizes)
         if ideal is None:  # a shape no plan can hold (more dimensions than the planner sizes)
@@ -183,6 +211,12 @@ class ServingPlanner:
                 build(ideal)
                 with self._lock:
                     group.dirty = True
+                    stale = self._stale(key) if ideal in group.plan else []
+                if ideal in group.plan:  # swapped in: what the plan dropped goes, the planned one loads
+                    for sizes in stale:
+                        if ready(sizes):
+                            release(sizes)
+                    load(ideal)
 
             self.compile_later(("padded", key, ideal), build_planned)
             return compiled
@@ -204,11 +238,25 @@ class ServingPlanner:
         )
         return ideal
 
-    def _known(self, key: GroupKey) -> list[Sizes]:
-        """Every size of the group an executable may exist for: planned, observed, and the largest."""
+    def count_step(self, key: GroupKey, needed: Sizes) -> None:
+        """Count a decoding step the decode executable served (the CARRIED arrangement): the planner prices
+        the arrangements from the steps per prompt."""
+        with self._lock:
+            self._groups.setdefault(key, _Group()).steps[needed] += 1
+
+    def _stale(self, key: GroupKey) -> list[Sizes]:
+        """The group's executables the plan dropped (the largest stays: it serves any call the plan does
+        not hold yet)."""
         group = self._groups[key]
         largest = tuple(self._candidates[dim][-1] for dim in key.padded)
-        return sorted({*group.plan, *group.histogram, largest})
+        return [sizes for sizes in self._known(key) if sizes not in group.plan and sizes != largest]
+
+    def _known(self, key: GroupKey) -> list[Sizes]:
+        """Every size of the group an executable may exist for: planned (now or before), observed, and the
+        largest."""
+        group = self._groups[key]
+        largest = tuple(self._candidates[dim][-1] for dim in key.padded)
+        return sorted({*group.plan, *group.planned, *group.histogram, *group.steps, largest})
 
     def _any_ready(self, key: GroupKey, ready: Callable[[Sizes], bool]) -> bool:
         return any(ready(sizes) for sizes in self._known(key))
@@ -217,42 +265,117 @@ class ServingPlanner:
         """Plan every group again (called with the lock held) and keep the result in the cache."""
         if self._measure is not None:
             self.model = self._base_model.measured(**self._measure())
-        budget = self.slots - self.reserved - (0 if self.packed is None else len(self.packed.plan))
+        packed = 0 if self.packed is None else len(self.packed.plan)
         busy = sorted(self._groups.items(), key=lambda item: -sum(item[1].histogram.values()))
         busy = [(key, group) for key, group in busy if group.histogram]
-        if busy and budget < len(busy) and not self._warned_slots:
+        shared, final = self._arrange(busy, packed)
+        reserved = 0 if shared else self.reserved
+        budget = self.slots - reserved - packed
+        if busy and budget < len(busy) and final and not self._warned_slots:
             self._warned_slots = True
             _logger.warning(
                 "the traffic needs at least %d resident executables and the session holds %d IPU group(s) "
                 "(ipu_groups): steady calls will switch executables; raise ipu_groups",
-                len(busy) + self.reserved,
+                len(busy) + reserved,
                 self.slots,
             )
-        if self.slots > len(busy) + self.reserved:
-            # each group's largest shape, compiled first, keeps an IPU group of its own: a call the plan
-            # does not hold yet runs there without a switch
-            budget -= len(busy)
-        extra = max(0, budget - len(busy))
-        for index, (key, group) in enumerate(busy):
-            slots = 1 + (extra if index == 0 else 0)
-            group.plan = self._plan_group(key, group, slots)
+        for (key, group), slots in zip(
+            busy, _group_slots(self.slots, budget, len(busy), reserved), strict=True
+        ):
+            group.plan = self._plan_group(key, group, slots, shared)
+            group.planned.update(group.plan)
         self._save()
 
-    def _plan_group(self, key: GroupKey, group: _Group, slots: int) -> tuple[Sizes, ...]:
-        if len(key.padded) != 1:  # several padded dimensions: one executable at the largest of each
-            return (tuple(max(needed[i] for needed in group.histogram) for i in range(len(key.padded))),)
-        dim = key.padded[0]
-        others = math.prod(size for _, size in key.exact) * (key.micro or 1)
-        histogram = {needed[0]: count for needed, count in group.histogram.items()}
+    def _arrange(self, busy: list[tuple[GroupKey, _Group]], packed: int) -> tuple[bool, bool]:
+        """Whether decoding steps are served by the planned executables (SHARED), chosen by the modeled
+        device seconds per generation, and whether that choice is final (steps seen, or no choice)."""
+        refused = self.steps_refused() if self.reserved else "no decode executable"
+        steps = sum(sum(group.steps.values()) for _, group in busy)
+        prompts = sum(sum(group.histogram.values()) for _, group in busy)
+        if refused is not None or not steps or not prompts:
+            if refused is not None and self.decode_arrangement == SHARED:
+                self.decode_arrangement = CARRIED
+            return self.decode_arrangement == SHARED, refused is not None or bool(steps)
+        model = self.model
+        seconds = {}
+        for arrangement in (CARRIED, SHARED):
+            shared = arrangement == SHARED
+            reserved = 0 if shared else self.reserved
+            budget = self.slots - reserved - packed
+            computed = 0
+            for (key, group), slots in zip(
+                busy, _group_slots(self.slots, budget, len(busy), reserved), strict=True
+            ):
+                plan = self._plan_group(key, group, slots, shared)
+                served = group.histogram + group.steps if shared else group.histogram
+                computed += sum(
+                    count * self._positions(key, _cheapest(_covering(plan, needed)) or needed)
+                    for needed, count in served.items()
+                )
+                if not shared:  # the decode executable computes the step's own new tokens
+                    computed += sum(
+                        count * self._positions(key, needed) for needed, count in group.steps.items()
+                    )
+            # sharing one IPU group, the prompt's executable and the decode executable swap twice a generation
+            switches = 0 if shared or budget >= len(busy) else 2
+            seconds[arrangement] = model.price(switches=switches, computed_tokens=computed / prompts)
+        chosen = SHARED if seconds[SHARED] < seconds[CARRIED] else CARRIED
+        if chosen != self.decode_arrangement:
+            _logger.info(
+                "decoding steps: %s (modeled device time per generation: %.3f ms with the decode executable, "
+                "%.3f ms served by the planned executables; %.1f steps per prompt, %d IPU group(s))",
+                "served by the planned executables, one new token padded along the new tokens"
+                if chosen == SHARED
+                else "served by the decode executable",
+                seconds[CARRIED] * 1e3,
+                seconds[SHARED] * 1e3,
+                steps / prompts,
+                self.slots,
+            )
+        self.decode_arrangement = chosen
+        self.decode_choice = {
+            "arrangement": chosen,
+            "per_generation_seconds": seconds,
+            "steps_per_prompt": steps / prompts,
+        }
+        return chosen == SHARED, True
+
+    def _positions(self, key: GroupKey, sizes: Sizes) -> int:
+        if self.positions is not None:
+            return self.positions(key, sizes)
+        return math.prod(sizes) * math.prod(size for _, size in key.exact) * (key.micro or 1)
+
+    def _plan_group(
+        self, key: GroupKey, group: _Group, slots: int, shared: bool = False
+    ) -> tuple[Sizes, ...]:
+        """The group's plan: its prompts' (and with ``shared`` its decoding steps') sizes. The one padded
+        dimension whose size varies among the calls is planned by ``plan_sizes``, the others at the one
+        size they need; where several vary, one executable at the largest of each."""
+        histogram = group.histogram + group.steps if shared else group.histogram
+        if not histogram:
+            return ()
+        ranks = range(len(key.padded))
+        top = tuple(max(needed[i] for needed in histogram) for i in ranks)
+        varying = [i for i in ranks if len({needed[i] for needed in histogram}) > 1]
+        if len(varying) > 1:
+            return (top,)
+        axis = varying[0] if varying else 0
+
+        def at(size: int) -> Sizes:
+            return (*top[:axis], size, *top[axis + 1 :])
+
+        counts: Counter = Counter()
+        for needed, count in histogram.items():
+            counts[needed[axis]] += count
         sizes = plan_sizes(
-            histogram,
-            self._candidates[dim],
+            counts,
+            self._candidates[key.padded[axis]],
             slots,
             self.model,
-            tokens=lambda size: size * others,
-            compiled={sizes[0] for sizes in group.plan},
+            tokens=lambda size: self._positions(key, at(size)),
+            compiled={sizes[axis] for sizes in group.plan if at(sizes[axis]) == sizes},
         )
-        return tuple((size,) for size in sizes)
+        return tuple(at(size) for size in sizes)
 
     # -- background compiles ---------------------------------------------------------------------------
 
@@ -292,6 +415,7 @@ class ServingPlanner:
             return {
                 "ipu_groups": self.slots,
                 "cost_model": self.model.to_dict(),
+                "decode": self.decode_choice,
                 **self._body(),
             }
 
@@ -300,12 +424,13 @@ class ServingPlanner:
             {
                 **key.to_json(),
                 "histogram": [[list(sizes), count] for sizes, count in sorted(group.histogram.items())],
+                "steps": [[list(sizes), count] for sizes, count in sorted(group.steps.items())],
                 "plan": [list(sizes) for sizes in group.plan],
             }
             for key, group in self._groups.items()
         ]
         packed = None if self.packed is None else self.packed.to_json()
-        return {"groups": groups, "packed": packed}
+        return {"groups": groups, "packed": packed, "decode_arrangement": self.decode_arrangement}
 
     def _save(self) -> None:
         if self._store is not None:
@@ -320,6 +445,7 @@ class ServingPlanner:
                 key = GroupKey.from_json(data)
                 group = _Group(
                     Counter({tuple(int(s) for s in sizes): int(count) for sizes, count in data["histogram"]}),
+                    Counter({tuple(int(s) for s in sizes): int(count) for sizes, count in data["steps"]}),
                     tuple(tuple(int(s) for s in sizes) for sizes in data["plan"]),
                 )
                 calls = sum(group.histogram.values())
@@ -328,10 +454,14 @@ class ServingPlanner:
                 group.from_cache = frozenset(group.plan)
                 self._groups[key] = group
             self._stored_packed = body.get("packed")
+            if body["decode_arrangement"] not in (CARRIED, SHARED):
+                raise ValueError("decode_arrangement")
+            self.decode_arrangement = body["decode_arrangement"]
         except (KeyError, TypeError, ValueError) as exc:
             _logger.warning("ignoring the serving plan %s (%s); planning again", self._store, exc)
             self._groups = {}
             self._stored_packed = None
+            self.decode_arrangement = CARRIED
 
     def packed_plan(self, row_lengths: Sequence[int], row_counts: Sequence[int], steps_of) -> PackedPlan:
         """The packed rows' part of the plan (``runtime.packing.PackedRunner`` asks for it once)."""
@@ -497,6 +627,17 @@ def settings_digest(settings: Mapping[str, Any]) -> str:
 
 def _longest(groups: Sequence[Sequence[tuple[int, ...]]]) -> int:
     return max((n for group in groups for call in group for n in call), default=0)
+
+
+def _group_slots(slots: int, budget: int, groups: int, reserved: int) -> list[int]:
+    """The executables each busy group may plan (busiest first) out of ``budget`` IPU groups: one each,
+    the rest to the busiest; each group's largest shape, compiled first, keeps an IPU group of its own
+    where the session holds more than the groups and ``reserved`` executables need, so that a call the plan
+    does not hold yet runs there without a switch."""
+    if slots > groups + reserved:
+        budget -= groups
+    extra = max(0, budget - groups)
+    return [1 + (extra if index == 0 else 0) for index in range(groups)]
 
 
 def _holds(sizes: Sizes, needed: Sizes) -> bool:
