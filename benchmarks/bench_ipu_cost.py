@@ -337,6 +337,12 @@ def priced(row: Mapping[str, Any], model: Any) -> dict[str, float]:
     }
 
 
+def ratio(value: float, reference: float) -> str:
+    """``value`` as a multiple of ``reference``: two decimals, or two significant digits below 0.01."""
+    share = value / reference
+    return f"{share:.2f}x" if share >= 0.01 else f"{share:.1e}x"
+
+
 def print_report(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> None:
     from optimum_ipu_backend.runtime.cost_model import CostModel
 
@@ -366,7 +372,7 @@ def print_report(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace) ->
             f"{steady['switches'] / steady['calls']:.2f}",
             f"{steady['real'] / steady['computed']:.3f}",
             f"{prices['steady_per_call'] * 1e3:.3f} ms "
-            f"({prices['steady_per_call'] / base['steady_per_call']:.2f}x)",
+            f"({ratio(prices['steady_per_call'], base['steady_per_call'])})",
             f"{prices['cold']:.0f} s ({prices['cold'] / base['cold']:.2f}x)",
             str(row["restarted"]["waited_compiles"] + row["restarted"]["background_compiles"]),
             "yes" if steady["equal_to_cpu"] else "**no**",

@@ -31,6 +31,7 @@ from optimum_ipu_backend.runtime.cost_model import (
 )
 from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, ProviderOptionError
 from optimum_ipu_backend.runtime.packing import first_fit_decreasing
+from optimum_ipu_backend.runtime.serving_plan import CARRIED, SHARED, GroupKey, ServingPlanner
 
 ATOL = 1e-5
 SIZES = (8, 16, 32, 64, 128, 256, 512)
@@ -197,6 +198,68 @@ def test_a_first_layout_on_its_own_ipu_group_serves_the_rare_longest_calls():
         assert _packed_efficiency(groups, (*own, first), fill, 16, lengths, counts) > _packed_efficiency(
             groups, shared, shared_fill, 16, lengths, counts
         )
+
+
+# -- decoding steps: the decode executable, or the planned one -----------------------------------------------
+
+PAST = (8, 16, 32, 64, 128, 256)
+NEW = (1, 8, 12, 16, 24, 32, 44, 64, 84, 104, 128, 164, 256)
+GENERATION = GroupKey(1, (), (), ("past_sequence_length", "sequence_length"))
+
+
+def _generations(slots: int, refused: str | None = None, store: Path | None = None) -> ServingPlanner:
+    """A planner after 24 generations of 7 steps from prompts of 4 to 120 tokens, every executable ready:
+    prompts need (past 8, their bucket), steps (their past's bucket, 1 new token)."""
+    planner = ServingPlanner(
+        model=CostModel(),
+        slots=slots,
+        candidates={"past_sequence_length": PAST, "sequence_length": NEW},
+        store=store,
+    )
+    planner.reserved = 1  # the decode executable
+    planner.steps_refused = lambda: refused
+    planner.positions = lambda key, sizes: sizes[1]  # a run computes its new tokens (the runner's rule)
+    for length in np.random.default_rng(0).integers(4, 121, 24):
+        prompt = (8, next(size for size in NEW if size >= length))
+        planner.targets(GENERATION, prompt, ready=lambda sizes: True, build=lambda sizes: None)
+        for past in range(length, length + 7):
+            planner.count_step(GENERATION, (next(size for size in PAST if size >= past), 1))
+    planner.close()
+    return planner
+
+
+def test_prompts_that_vary_in_their_new_tokens_only_are_planned_along_them():
+    planner = _generations(slots=4)  # the decode executable and the largest shape keep a group each
+    plan = planner.report()["groups"][0]["plan"]
+    assert planner.decode_arrangement == CARRIED  # it has a group of its own: no switch to save
+    assert len(plan) == 2 and all(past == 8 for past, _ in plan) and plan[-1][1] == 128, plan
+
+
+def test_one_ipu_group_serves_the_decoding_steps_from_the_planned_executable(caplog, tmp_path):
+    store = tmp_path / "plan.json"
+    with caplog.at_level("INFO", logger="optimum_ipu_backend.runtime.serving_plan"):
+        planner = _generations(slots=1, store=store)
+    assert planner.decode_arrangement == SHARED
+    # one executable holds every prompt and every step: the longest prompt and the longest past
+    assert planner.report()["groups"][0]["plan"] == [[128, 128]]
+    choice = planner.report()["decode"]
+    carried, shared = choice["per_generation_seconds"][CARRIED], choice["per_generation_seconds"][SHARED]
+    # by the model: two switches of 2 s a generation against a prompt and its steps (7 each, 6 counted
+    # when the plan was made) of at most 128 positions at 0.5 us
+    assert carried > 4.0 and shared <= 8 * 128 * 0.5e-6, choice
+    assert "served by the planned executables" in caplog.text
+    assert "steady calls will switch" not in caplog.text
+    again = ServingPlanner(model=CostModel(), slots=1, candidates={}, store=store)
+    assert again.decode_arrangement == SHARED  # the next process starts from the stored arrangement
+    again.close()
+
+
+def test_steps_stay_on_the_decode_executable_where_the_proof_keeps_a_dimension_exact(caplog):
+    with caplog.at_level("WARNING", logger="optimum_ipu_backend.runtime.serving_plan"):
+        planner = _generations(slots=1, refused="sequence_length is compiled at the size it comes in")
+    assert planner.decode_arrangement == CARRIED
+    assert planner.report()["decode"] is None
+    assert "steady calls will switch executables" in caplog.text
 
 
 # -- through a session on the emulator ---------------------------------------------------------------------
