@@ -314,14 +314,22 @@ class StaticShapeRunner:
 
     def _planned_positions(self, key: GroupKey, sizes: tuple[int, ...]) -> int:
         """Positions one run of the group's executable at ``sizes`` computes: its token input's elements
-        (the product of its sizes and the micro-batch when it has none)."""
-        values = {
-            **key.values(sizes),
-            **{dim: key.micro or 1 for dim in self.plan.sizes if is_batch_dim(dim)},
-        }
-        if self._token_input is None:
-            return math.prod(key.values(sizes).values()) * (key.micro or 1)
-        return math.prod(self.shapes_at(values, {})[self._token_input])
+        (the product of its sizes and the micro-batch when it has none, or its shape is not known)."""
+        from optimum_ipu_backend.runtime.dim_expressions import DimExpression
+
+        values = key.values(sizes)
+        micro = key.micro or 1
+        shape = () if self._token_input is None else self._input_shapes[self._token_input]
+        if not shape or any(dim is None for dim in shape):
+            return math.prod(values.values()) * micro
+        batch = {dim: micro for dim in self.plan.sizes if is_batch_dim(dim)}
+        try:
+            return math.prod(
+                dim if isinstance(dim, int) else DimExpression.parse(dim).evaluate({**values, **batch})
+                for dim in shape
+            )
+        except KeyError:  # a dimension the group does not size
+            return math.prod(values.values()) * micro
 
     # -- decoding steps and the serving plan --------------------------------------------------------
 
