@@ -19,7 +19,6 @@ from optimum_ipu_backend.errors import ConfigurationError
 
 DEFAULT_PORT = 8080
 DEFAULT_DRAIN_SECONDS = 30
-DEFAULT_HEALTH_CHECK_SECONDS = 10.0
 
 
 def add_serve_parser(subparsers: Any) -> None:
@@ -89,13 +88,6 @@ def add_serve_parser(subparsers: Any) -> None:
         choices=("HeadOnly", "EveryNode"),
         default="HeadOnly",
         help="one HTTP proxy on the head node (default), or one on every node behind a load balancer",
-    )
-    ray.add_argument(
-        "--health-check-period",
-        type=float,
-        default=DEFAULT_HEALTH_CHECK_SECONDS,
-        help="seconds between Ray Serve's health checks of each replica: a replica that died is noticed, "
-        f"and replaced, within about this (default {DEFAULT_HEALTH_CHECK_SECONDS:g}, Ray Serve's)",
     )
     ray.add_argument("--min-replicas", type=int, default=None, help="autoscaling lower bound")
     ray.add_argument("--max-replicas", type=int, default=None, help="autoscaling upper bound")

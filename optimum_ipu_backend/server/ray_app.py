@@ -61,7 +61,6 @@ def deployment(options: ServeOptions, args: argparse.Namespace) -> Any:
         # a stopping replica looks for requests still in flight this often (Ray Serve's default, 2 s, keeps an
         # idle replica waiting that long before it stops)
         "graceful_shutdown_wait_loop_s": 0.25,
-        "health_check_period_s": args.health_check_period,
     }
     if autoscaling is not None:
         settings["autoscaling_config"] = autoscaling

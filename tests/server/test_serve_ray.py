@@ -22,24 +22,11 @@ from server_process import LISTENING
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("serve-ray")]
 
 RAY_TIMEOUT_S = 240
-# Ray Serve notices a killed replica at its next health check (10 s apart by default): checked every
-# second, the replacement starts within about a second of the kill.
-HEALTH_CHECK_PERIOD_S = 1.0
 
 
 @pytest.fixture(scope="module")
 def bert_task() -> str:
     return "feature-extraction"
-
-
-#: Each node: one CPU, one IPU (a Ray custom resource), loopback only, no dashboard.
-NODE = {
-    "num_cpus": 1,
-    "resources": {"IPU": 1},
-    "node_ip_address": "127.0.0.1",
-    "include_dashboard": False,
-    "object_store_memory": 200 * 1024**2,
-}
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +38,17 @@ def ray_cluster(tmp_path_factory):
     # proxy spreads requests over both replicas instead of preferring the one on its own node.
     saved = dict(os.environ)
     os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING="0")
-    cluster = Cluster(initialize_head=True, head_node_args=NODE)
+    node = {
+        "num_cpus": 1,
+        "resources": {"IPU": 1},
+        "node_ip_address": "127.0.0.1",
+        "include_dashboard": False,
+    }
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "object_store_memory": 200 * 1024**2})
     try:
-        yield cluster  # the worker node is added by ray_server, while the serve command starts
+        cluster.add_node(**node, object_store_memory=200 * 1024**2)
+        cluster.wait_for_nodes()
+        yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -77,7 +72,7 @@ def ray_server(ray_cluster, bert):
     process = subprocess.Popen(
         [sys.executable, "-m", "optimum_ipu_backend.cli.main", "serve", str(bert[1]), "--pooling", "mean",
          "--ray", "--ray-address", ray_cluster.address, "--replicas", "2", "--ipus-per-replica", "1",
-         "--port", str(port), "--health-check-period", str(HEALTH_CHECK_PERIOD_S)],
+         "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     lines: list[str] = []
@@ -85,10 +80,6 @@ def ray_server(ray_cluster, bert):
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + RAY_TIMEOUT_S
     try:
-        # The worker node starts while the command imports and deploys: Ray places the second replica
-        # on it once it has joined.
-        ray_cluster.add_node(**NODE)
-        ray_cluster.wait_for_nodes()
         while not any(LISTENING.search(line) for line in lines):
             assert process.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "".join(lines)
