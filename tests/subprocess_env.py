@@ -77,3 +77,37 @@ def python_json(code: str, **kwargs) -> dict:
     if result.returncode != 0:
         raise AssertionError(f"subprocess failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# Runs each check's code in turn, in its own globals as ``python -c`` would, and reports what a process of
+# its own would have shown: its printed output, and for an exception the traceback and exit status 1.
+_CHECKS_RUNNER = """
+import contextlib, io, json, sys, traceback
+results = {}
+for name, code in json.loads(sys.argv[1]):
+    printed = io.StringIO()
+    status, error = 0, ""
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, name, "exec"), {"__name__": "__main__"})
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        status, error = 1, traceback.format_exc()
+    results[name] = {"returncode": status, "stdout": printed.getvalue(), "stderr": error}
+print(json.dumps(results))
+"""
+
+
+def python_checks(checks: dict[str, str], **kwargs) -> dict[str, subprocess.CompletedProcess]:
+    """Run several checks, in order, in one fresh interpreter (what ``python`` takes, in ``kwargs``): for
+    checks that need the same kind of interpreter and cannot interfere, one start-up (torch, transformers,
+    optimum: seconds) instead of one each. Each check's result reads like ``python``'s: its stdout, and for
+    an uncaught exception exit status 1 with the traceback as its stderr. Checks that set environment
+    variables or test import order need an interpreter of their own."""
+    argument = json.dumps([[name, textwrap.dedent(code)] for name, code in checks.items()])
+    out = python_json(f"import sys; sys.argv = ['checks', {argument!r}]\n" + _CHECKS_RUNNER, **kwargs)
+    return {
+        name: subprocess.CompletedProcess(name, row["returncode"], row["stdout"], row["stderr"])
+        for name, row in out.items()
+    }

@@ -58,6 +58,9 @@ def deployment(options: ServeOptions, args: argparse.Namespace) -> Any:
         },
         "max_ongoing_requests": args.max_ongoing_requests,
         "graceful_shutdown_timeout_s": args.drain_timeout,
+        # a stopping replica looks for requests still in flight this often (Ray Serve's default, 2 s, keeps an
+        # idle replica waiting that long before it stops)
+        "graceful_shutdown_wait_loop_s": 0.25,
     }
     if autoscaling is not None:
         settings["autoscaling_config"] = autoscaling
