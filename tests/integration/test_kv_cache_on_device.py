@@ -2,11 +2,12 @@
 identical to CPUExecutionProvider for greedy, 4-beam and seeded sampling; one decode executable per
 generation besides the prefill; one upload of the cache per generation (beam reorders are an index on the
 device, not an upload); two generations interleaved from two threads; a cache edited by the caller; and
-the same at the sizes users feed (512 tokens of context, 256 generated)."""
+the same at the sizes users feed (512 tokens of context, 64 generated; 256 in the release check)."""
 
 from __future__ import annotations
 
 import pytest
+from full_matrix import FULL
 
 from integration import kv_cache_checks as checks
 from optimum_ipu_backend.compiler import carried_state
@@ -36,20 +37,29 @@ def test_tokens_match_cpu_with_one_decode_executable_and_one_upload(zoo, options
         assert result["uploads"] == 1, (mode, result)
 
 
+#: New tokens at the sizes users feed. Each decoding step's new past length runs its own padding proof
+#: (0.05 to 0.25 s at a past of 512 to 1,024 positions), which is most of the test's time; 64 steps still
+#: carry the past beyond the 512-position bucket (a streamed cache would compile the 1,024 one too).
+NEW_TOKENS_AT_USER_SIZES = 256 if FULL else 64
+
+
 def test_at_the_sizes_users_feed(zoo, options):
-    """512 tokens of context and 256 new ones (GPT-2 with its real 1,024 positions), greedy and 4 beams."""
+    """512 tokens of context and 64 new ones (256 in the release check; GPT-2 with its real 1,024
+    positions), greedy and 4 beams."""
+    new_tokens = NEW_TOKENS_AT_USER_SIZES
     onnx_dir = _onnx(zoo, "gpt2-long")
     cpu = checks.load("gpt2-long", onnx_dir, None)
     ipu = checks.load("gpt2-long", onnx_dir, options)
     inputs = checks.inputs_for("gpt2-long", onnx_dir, 512)
     for mode in ("greedy", "beam 4"):
-        expected = checks.generate(cpu, inputs, mode, 256)
+        expected = checks.generate(cpu, inputs, mode, new_tokens)
         with checks.counted_uploads() as uploads:
-            got = checks.generate(ipu, inputs, mode, 256)
+            got = checks.generate(ipu, inputs, mode, new_tokens)
         assert (expected == got).all(), mode
         assert len(uploads) == 1, mode
     decode = [e for e in ipu.model.compiled_executables() if e.get("kv_cache") == "device"]
-    assert [e["calls"] for e in decode] == [255, 255]  # one per batch size: 1 row, 4 beams
+    # one per batch size: 1 row, 4 beams
+    assert [e["calls"] for e in decode] == [new_tokens - 1, new_tokens - 1]
     assert all(e["shapes"]["past_key_values.0.key"][2] == 1024 for e in decode)
 
 
