@@ -26,9 +26,66 @@ PERTURBED_ADD = (
 )
 
 
+#: The operators whose cases CPU itself cannot run (int4 casts) or runs differently from ONNX's reference
+#: (Resize with align_corners): the full run's deviations of the CPU column.
+DEVIATING_OPERATORS = ("Cast", "Resize")
+
+
+def _options(*options: str) -> tuple[str, ...]:
+    return tuple(arg for option in options for arg in ("--provider-option", option))
+
+
+PERTURBED_ONNX_MODELS = (
+    "simple/test_single_relu_model",
+    "simple/test_sign_model",
+    "pytorch-operator/test_operator_mm",  # an opset-6 Gemm: CPU has no kernel for it
+)
+PERTURBED_RELU = ("perturb_model=test_single_relu_model", "perturb_output=y", "perturb_by=2e-3")
+
+#: The default tier's runs (name: the command's arguments, and the provider whose full run is planned
+#: beside it), made together in one interpreter.
+RUNS = {
+    "mirror-quick": (("--provider", "mirror", "--quick"), None),
+    "mirror-deviations": (
+        ("--provider", "mirror", "--models", "none", "--onnx-models", "none", "--ops", *DEVIATING_OPERATORS),
+        "mirror",
+    ),
+    "perturbed-add": (
+        ("--provider", "perturbed", *_options(*PERTURBED_ADD), "--models", "none", "--ops", "Add")
+        + ("--onnx-models", "none"),
+        None,
+    ),
+    "perturbed-onnx-models": (
+        ("--provider", "perturbed", *_options(*PERTURBED_RELU, "perturb_element=1"))
+        + ("--models", "none", "--ops", "none", "--onnx-models", *PERTURBED_ONNX_MODELS),
+        None,
+    ),
+}
+
+
 @pytest.fixture(scope="session")
-def mirror_quick(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    return Run.once(tmp_path_factory, "mirror-quick", "--provider", "mirror", "--quick")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    return Run.together(tmp_path_factory, RUNS)
+
+
+@pytest.fixture(scope="session")
+def mirror_quick(runs: dict[str, Run]) -> Run:
+    return runs["mirror-quick"]
+
+
+@pytest.fixture(scope="session")
+def mirror_deviations(runs: dict[str, Run]) -> Run:
+    return runs["mirror-deviations"]
+
+
+@pytest.fixture(scope="session")
+def perturbed_add(runs: dict[str, Run]) -> Run:
+    return runs["perturbed-add"]
+
+
+@pytest.fixture(scope="session")
+def perturbed_onnx_models(runs: dict[str, Run]) -> Run:
+    return runs["perturbed-onnx-models"]
 
 
 @pytest.fixture(scope="session")
@@ -36,47 +93,8 @@ def mirror_full(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return Run.once(tmp_path_factory, "mirror-full", "--provider", "mirror")
 
 
-#: The operators whose cases CPU itself cannot run (int4 casts) or runs differently from ONNX's reference
-#: (Resize with align_corners): the full run's deviations of the CPU column.
-DEVIATING_OPERATORS = ("Cast", "Resize")
-
-
-@pytest.fixture(scope="session")
-def mirror_deviations(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    args = ("--provider", "mirror", "--models", "none", "--onnx-models", "none")
-    args += ("--ops", *DEVIATING_OPERATORS)
-    return Run.once(tmp_path_factory, "mirror-deviations", *args, plan_full_run="mirror")
-
-
 release_check = pytest.mark.skipif(
     not FULL, reason="release check: the full conformance run, every case of the suite (a minute on 2 cores)"
-)
-
-
-@pytest.fixture(scope="session")
-def perturbed_add(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    options = [arg for option in PERTURBED_ADD for arg in ("--provider-option", option)]
-    args = ("--provider", "perturbed", *options, "--models", "none", "--ops", "Add", "--onnx-models", "none")
-    return Run.once(tmp_path_factory, "perturbed-add", *args)
-
-
-@pytest.fixture(scope="session")
-def perturbed_onnx_models(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    options = [
-        "perturb_model=test_single_relu_model",
-        "perturb_output=y",
-        "perturb_by=2e-3",
-        "perturb_element=1",
-    ]
-    args = ["--provider", "perturbed", *(arg for option in options for arg in ("--provider-option", option))]
-    args += ["--models", "none", "--ops", "none", "--onnx-models", *PERTURBED_ONNX_MODELS]
-    return Run.once(tmp_path_factory, "perturbed-onnx-models", *args)
-
-
-PERTURBED_ONNX_MODELS = (
-    "simple/test_single_relu_model",
-    "simple/test_sign_model",
-    "pytorch-operator/test_operator_mm",  # an opset-6 Gemm: CPU has no kernel for it
 )
 
 
