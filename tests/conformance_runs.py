@@ -132,3 +132,13 @@ class Run:
                 )
                 assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
         return {name: cls(report) for name, report in reports.items()}
+
+
+def run_fixture(name: str):
+    """A session fixture of the run ``name`` of a module's ``runs`` fixture (its ``Run.together``)."""
+
+    @pytest.fixture(scope="session")
+    def run(runs: dict[str, Run]) -> Run:
+        return runs[name]
+
+    return run

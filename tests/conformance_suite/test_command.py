@@ -20,7 +20,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conformance_runs import Run, conformance_argv
+from conformance_runs import Run, conformance_argv, run_fixture
 from subprocess_env import PLUGIN_SITE, python
 
 from optimum_ipu_backend.conformance.reports import report_schema
@@ -50,19 +50,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, zoo) -> dict[str, Run]:
     )
 
 
-@pytest.fixture(scope="session")
-def cpu_run(runs: dict[str, Run]) -> Run:
-    return runs["cpu"]
-
-
-@pytest.fixture(scope="session")
-def perturbed_run(runs: dict[str, Run]) -> Run:
-    return runs["perturbed"]
-
-
-@pytest.fixture(scope="session")
-def faithful_run(runs: dict[str, Run]) -> Run:
-    return runs["faithful"]
+cpu_run = run_fixture("cpu")
+perturbed_run = run_fixture("perturbed")
+faithful_run = run_fixture("faithful")
 
 
 def test_cpu_against_itself_passes_exactly(cpu_run: Run) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conformance_runs import Run
+from conformance_runs import Run, run_fixture
 from full_matrix import FULL
 from junitparser import JUnitXml
 
@@ -68,24 +68,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     return Run.together(tmp_path_factory, RUNS)
 
 
-@pytest.fixture(scope="session")
-def mirror_quick(runs: dict[str, Run]) -> Run:
-    return runs["mirror-quick"]
-
-
-@pytest.fixture(scope="session")
-def mirror_deviations(runs: dict[str, Run]) -> Run:
-    return runs["mirror-deviations"]
-
-
-@pytest.fixture(scope="session")
-def perturbed_add(runs: dict[str, Run]) -> Run:
-    return runs["perturbed-add"]
-
-
-@pytest.fixture(scope="session")
-def perturbed_onnx_models(runs: dict[str, Run]) -> Run:
-    return runs["perturbed-onnx-models"]
+mirror_quick = run_fixture("mirror-quick")
+mirror_deviations = run_fixture("mirror-deviations")
+perturbed_add = run_fixture("perturbed-add")
+perturbed_onnx_models = run_fixture("perturbed-onnx-models")
 
 
 @pytest.fixture(scope="session")
