@@ -20,7 +20,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conformance_runs import Run, conformance_argv
+from conformance_runs import Run, conformance_argv, run_fixture
 from subprocess_env import PLUGIN_SITE, python
 
 from optimum_ipu_backend.conformance.reports import report_schema
@@ -30,38 +30,29 @@ PERTURBED = ("perturb_model=bert-text-classification", "perturb_output=logits", 
 
 
 @pytest.fixture(scope="session")
-def cpu_run(tmp_path_factory: pytest.TempPathFactory, zoo) -> Run:
+def runs(tmp_path_factory: pytest.TempPathFactory, zoo) -> dict[str, Run]:
+    """The three runs of this module, made together in one interpreter."""
     transformers_dir = zoo.model("bert", "question-answering")  # exported by the command itself
     exported_dir = zoo.onnx("bert", "fill-mask")
-    return Run.once(
+    cpu = ("--provider", "CPUExecutionProvider", "--models", "bert-text-classification")
+    cpu += ("gpt2-text-generation", "--model-dir", str(transformers_dir), "--model-dir", str(exported_dir))
+    cpu += ("--ops", "Add", "Softmax")
+    options = tuple(arg for option in PERTURBED for arg in ("--provider-option", option))
+    perturbed = ("--provider", "perturbed", *options, "--models", "bert-text-classification", "--ops", "Add")
+    faithful = ("--provider", "faithful", "--models", "bert-text-classification", "--ops", "Add", "Relu")
+    return Run.together(
         tmp_path_factory,
-        "cpu",
-        *(
-            "--provider",
-            "CPUExecutionProvider",
-            "--models",
-            "bert-text-classification",
-            "gpt2-text-generation",
-        ),
-        *("--model-dir", str(transformers_dir), "--model-dir", str(exported_dir), "--ops", "Add", "Softmax"),
+        {
+            "cpu": (cpu, None),
+            "perturbed": ((*perturbed, "--onnx-models", "none"), None),
+            "faithful": ((*faithful, "--onnx-models", "simple/test_sign_model"), None),
+        },
     )
 
 
-@pytest.fixture(scope="session")
-def perturbed_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    options = [arg for option in PERTURBED for arg in ("--provider-option", option)]
-    return Run.once(
-        tmp_path_factory,
-        "perturbed",
-        *("--provider", "perturbed", *options, "--models", "bert-text-classification", "--ops", "Add"),
-        *("--onnx-models", "none"),
-    )
-
-
-@pytest.fixture(scope="session")
-def faithful_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    args = ("--provider", "faithful", "--models", "bert-text-classification", "--ops", "Add", "Relu")
-    return Run.once(tmp_path_factory, "faithful", *args, "--onnx-models", "simple/test_sign_model")
+cpu_run = run_fixture("cpu")
+perturbed_run = run_fixture("perturbed")
+faithful_run = run_fixture("faithful")
 
 
 def test_cpu_against_itself_passes_exactly(cpu_run: Run) -> None:
