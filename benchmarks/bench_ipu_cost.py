@@ -89,10 +89,12 @@ def use_double(directory: Path, ipus: int) -> None:
         sys.path.insert(0, str(DOUBLE_DIR))
 
 
-def policy_options(policy: str, ipus: int, max_length: int, batch: int) -> dict[str, str]:
+def policy_options(
+    policy: str, ipus: int, max_length: int, batch: int, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     if policy == "cost":
         # the double's compile times are not an IPU's: the model's estimates price this run
-        return {"serving_plan": "cost", "ipu_groups": str(ipus), "cost_measured": "0"}
+        return {"serving_plan": "cost", "ipu_groups": str(ipus), "cost_measured": "0", **(extra or {})}
     return {"sequence_lengths": str(max_length), "batch_size": str(batch)}
 
 
@@ -310,13 +312,13 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             batch = 8 if workload == WORKLOADS[1] else 1
             for policy in POLICIES:  # interleaved: each workload through both policies in turn
                 cache = bench_runtime.fresh_dir(workdir, "cache-")
-                options = policy_options(policy, ipus, 512, batch)
+                options = policy_options(policy, ipus, 512, batch, args.option)
                 result = encoder_run(onnx_dir, cache, options, calls, threads if policy == "cost" else 1, cpu)
                 rows.append({"ipus": ipus, "workload": workload, "policy": policy, **result})
                 print(f"# {ipus} IPU(s), {workload}, {policy}: {json.dumps(result)}", file=sys.stderr)
         for policy in POLICIES if not args.only or args.only in GENERATION else ():
             cache = bench_runtime.fresh_dir(workdir, "cache-")
-            options = policy_options(policy, ipus, 256, 1)
+            options = policy_options(policy, ipus, 256, 1, args.option)
             result = generation_run(gpt2_dir, cache, options, prompts, args.new_tokens)
             rows.append({"ipus": ipus, "workload": GENERATION, "policy": policy, **result})
             print(f"# {ipus} IPU(s), {GENERATION}, {policy}: {json.dumps(result)}", file=sys.stderr)
@@ -389,7 +391,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default=None, help="keep the exports here between runs")
     parser.add_argument("--only", default="", help="run only the workloads whose name holds this text")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a provider option for the cost plan's sessions (repeatable), e.g. max_queue_delay_ms=10",
+    )
     args = parser.parse_args(argv)
+    args.option = dict(option.split("=", 1) for option in args.option)
     print_report(measure(args), args)
     return 0
 

@@ -2,10 +2,13 @@
 
 Triton-style dynamic batching for a session: each ``submit`` queues one call and blocks its thread; one
 worker thread takes the oldest queued call, waits until ``max_delay_s`` after that call was submitted (or
-after the previous group was delivered, if later) or until the group is full, whichever comes first, and
-hands the group to ``run_group`` once. Counting the delay from the last delivery too lets the callers just
-answered, who call again at once, join the calls left queued, instead of those running alone in a step
-they cannot fill: each call still waits at most ``max_delay_s`` once the device is free for it. What an item
+after the previous group was delivered, if later), until the group is full, or until every caller it
+knows of has a call queued, whichever comes first, and hands the group to ``run_group`` once. Counting the
+delay from the last delivery too lets the callers just answered, who call again at once, join the calls
+left queued, instead of those running alone in a step they cannot fill: each call still waits at most
+``max_delay_s`` once the device is free for it. The callers it knows of are the most calls outstanding at
+once (queued or running) in the last two windows between groups: once all of them are queued no other call
+can join (callers that wait for their answers), so waiting longer would only delay them. What an item
 is and when a group is full (rows of a device step, tokens of packed rows) is the caller's business; this
 module only keeps the queue, so it is tested without any model and knows nothing of sessions.
 
@@ -15,7 +18,10 @@ Guarantees:
   items are added until ``is_full(group)`` is true (``is_full`` sees a fresh list each time). An item
   that alone makes a group full is run alone. With ``fits``, a group takes, in arrival order, only the
   items it still ``fits`` with (a packed step's rows); an item skipped stays queued, ahead of later
-  ones, and the group counts as full. The oldest item always runs, so a skipped one waits for at most
+  ones, and the group counts as full once as many calls have arrived since the last group was formed as
+  that group held (the callers it answered are back, or calls come faster than groups run); until then
+  it waits, within the delay, for a call that fits the room left. The oldest item always runs, so a
+  skipped one waits for at most
   as many groups as there are items ahead of it. ``max_delay_s == 0`` waits for nothing beyond what is
   already queued.
 - ``run_group`` returns one entry per item, in order: a result, or an exception instance for that item
@@ -171,9 +177,12 @@ class DynamicBatcher(Generic[T, R]):
         self._delivered_at = 0.0  # when the last group's callers got their outcomes (monotonic)
         self._peak = 0  # most calls outstanding (queued or running) at once since the last group was formed
         self._formed_peak = 0  # that figure for the window that ended when the running group was formed
+        self._arrived = 0  # calls submitted since the last group was formed
+        self._last_taken = 0  # calls in the last group formed
         self._stats = {
             "groups_run": 0,  # run_group calls
-            "groups_full": 0,  # of those, groups that were run because is_full said so
+            "groups_full": 0,  # of those, run because is_full said so, or an item was skipped (fits)
+            "groups_all_callers": 0,  # of the others, run early because every caller known was queued
             "groups_failed": 0,  # run_group (or the batcher while forming the group) raised
             "items_run": 0,  # items handed to run_group
             "items_failed": 0,  # callers that got an exception from their group
@@ -198,6 +207,7 @@ class DynamicBatcher(Generic[T, R]):
                     "would wait for the thread that must run it"
                 )
             self._queue.append(pending)
+            self._arrived += 1
             self._peak = max(self._peak, len(self._queue) + self._running)
             self._start_worker()
             self._cond.notify_all()
@@ -299,7 +309,7 @@ class DynamicBatcher(Generic[T, R]):
                 if self._closed:
                     return None  # close() has released everything queued
                 try:
-                    size, full = self._group_size()
+                    size, full, skipped = self._group_size()
                 except BaseException as error:
                     self._stats["batcher_errors"] += 1
                     if self._closed:
@@ -314,15 +324,27 @@ class DynamicBatcher(Generic[T, R]):
                     continue
                 since = max(self._queue[0].submitted_at, self._delivered_at)
                 remaining = since + self._max_delay_s - time.monotonic()
-                if full or remaining <= 0:
+                # a skipped call leaves room that a caller just answered may still fill; once as many
+                # calls have come as the last group held, waiting longer would only delay this one
+                full = full or (skipped and self._arrived >= self._last_taken)
+                everyone = not full and remaining > 0 and self._everyone_queued()
+                if full or remaining <= 0 or everyone:
                     if full:
                         self._stats["groups_full"] += 1
+                    elif everyone:
+                        self._stats["groups_all_callers"] += 1
                     return self._take(size), None
                 self._cond.wait(remaining)
 
-    def _group_size(self) -> tuple[list[int], bool]:
-        """The queue positions the next group takes, and whether that group is full. Recounted from
-        the head on every wake, since a caller may have left the queue in between."""
+    def _everyone_queued(self) -> bool:
+        """Whether every caller known from the last two windows has a call queued (called under the lock,
+        while no group runs). Before the first group nothing is known, so the first call waits its delay."""
+        return self._formed_peak > 0 and len(self._queue) >= max(self._formed_peak, self._peak)
+
+    def _group_size(self) -> tuple[list[int], bool, bool]:
+        """The queue positions the next group takes, whether ``is_full`` says that group is full, and
+        whether ``fits`` skipped a queued item. Recounted from the head on every wake, since a caller may
+        have left the queue in between."""
         items: list[T] = []
         self._scanned = []
         skipped = False
@@ -333,8 +355,8 @@ class DynamicBatcher(Generic[T, R]):
             items.append(pending.item)
             self._scanned.append(index)
             if self._is_full(list(items)):
-                return list(self._scanned), True
-        return list(self._scanned), skipped
+                return list(self._scanned), True, skipped
+        return list(self._scanned), False, skipped
 
     def _take(self, positions: list[int]) -> list[Pending[T]]:
         # Called under the lock.
@@ -346,6 +368,7 @@ class DynamicBatcher(Generic[T, R]):
         self._stats["items_run"] += len(group)
         self._stats["largest_group"] = max(self._stats["largest_group"], len(group))
         self._formed_peak = max(self._peak, len(queue))
+        self._arrived, self._last_taken = 0, len(group)
         self._running = len(group)
         self._peak = len(self._queue) + self._running
         return group

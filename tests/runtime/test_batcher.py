@@ -201,6 +201,33 @@ def test_a_call_left_queued_waits_the_delay_for_the_callers_just_answered():
     assert outcomes == {key: ("result", f"done {key}") for key in ("block", 6, 7, 3)}
 
 
+def test_a_skipped_call_waits_for_the_callers_just_answered_before_its_group_counts_as_full():
+    """A step of 10: 5 and 4 run, 8 is left queued; their callers come back with 3 (too long beside 8)
+    at once and with 2 after 0.2 s. The group of 8 waits for the second caller, whose 2 fills the step,
+    instead of running 8 alone as soon as the 3 was skipped."""
+    batcher, running, release, groups = _blocked_batcher(max_delay_s=1.0, cap=100)
+    batcher._fits = lambda items: sum(item for item in items if item != "block") <= 10
+    outcomes: dict = {}
+
+    def caller(first, again, pause_s) -> None:
+        _submit_into(batcher, first, outcomes, first)
+        time.sleep(pause_s)
+        _submit_into(batcher, again, outcomes, again)
+
+    threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
+    assert running.wait(JOIN_S)
+    for first, again, pause_s in ((5, 3, 0.0), (4, 2, 0.2)):
+        before = batcher.statistics["queued"]
+        threads.append(_start(caller, first, again, pause_s))
+        _wait_for(lambda before=before: batcher.statistics["queued"] == before + 1, f"{first} is queued")
+    _queue_in_turn(batcher, (8,), outcomes, threads)
+    release.set()
+    _join_all(threads)
+    batcher.close()
+    assert groups == [["block"], [5, 4], [8, 2], [3]]
+    assert outcomes == {key: ("result", f"done {key}") for key in ("block", 5, 4, 8, 3, 2)}
+
+
 def test_an_item_marked_invalid_fails_only_its_caller():
     class BadItem(ValueError):
         pass
@@ -390,6 +417,62 @@ def test_close_of_an_unused_batcher_and_submit_racing_with_close_never_hang():
         _join_all(threads)
         for item, (kind, value) in outcomes.items():
             assert (kind, value) == ("result", item) or isinstance(value, BatcherClosedError)
+
+
+def _closed_loop(batcher: DynamicBatcher, callers: int, rounds, turnaround_s) -> list[threading.Thread]:
+    """Callers that each submit (caller, round) for their rounds, waiting turnaround_s(caller) between
+    an answer and their next call, as a client thread preparing its next request does."""
+
+    def caller(index: int) -> None:
+        for round_ in range(rounds(index)):
+            if round_:
+                time.sleep(turnaround_s(index))
+            assert batcher.submit((index, round_)) == (index, round_)
+
+    return [_start(caller, index) for index in range(callers)]
+
+
+def _first_group_full_at(size: int, max_delay_s: float) -> tuple[DynamicBatcher, list[list]]:
+    """A batcher whose first group is full at ``size`` items (nothing is known of the callers yet) and
+    whose later groups never are, and the groups it runs (each sorted)."""
+    groups: list[list] = []
+    first = threading.Event()
+
+    def run_group(items):
+        groups.append(sorted(items))
+        first.set()
+        return list(items)
+
+    full = lambda items: not first.is_set() and len(items) >= size  # noqa: E731
+    return DynamicBatcher(run_group, max_delay_s=max_delay_s, is_full=full), groups
+
+
+def test_once_every_known_caller_is_queued_the_group_runs_without_waiting_out_the_delay():
+    """4 callers that wait for their answers come back 0 to 60 ms apart: each later round runs as one
+    group once the fourth is back, long before the 30 s delay (nobody else can join it)."""
+    batcher, groups = _first_group_full_at(4, max_delay_s=30.0)
+    start = time.monotonic()
+    _join_all(_closed_loop(batcher, 4, rounds=lambda index: 3, turnaround_s=lambda index: 0.02 * index))
+    elapsed = time.monotonic() - start
+    batcher.close()
+    assert groups == [[(index, round_) for index in range(4)] for round_ in range(3)]
+    assert batcher.statistics["groups_all_callers"] == 2
+    assert elapsed < 5.0  # each round waited for its slowest caller (60 ms), never for the 30 s delay
+
+
+def test_a_known_caller_that_does_not_come_back_leaves_the_others_to_the_delay():
+    """3 callers ran together; only 2 call again: their group waits out the delay, since the third
+    could still have joined it."""
+    batcher, groups = _first_group_full_at(3, max_delay_s=0.3)
+    start = time.monotonic()
+    _join_all(
+        _closed_loop(batcher, 3, rounds=lambda index: 1 if index == 2 else 2, turnaround_s=lambda index: 0)
+    )
+    elapsed = time.monotonic() - start
+    batcher.close()
+    assert elapsed >= 0.3
+    assert groups == [[(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1)]]
+    assert batcher.statistics["groups_all_callers"] == 0
 
 
 def test_the_delay_is_honoured():
