@@ -382,6 +382,13 @@ def print_report(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace) ->
         print("| " + " | ".join(cells) + " |")
 
 
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=120, help="paragraphs per encoder workload")
@@ -395,11 +402,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--option",
         action="append",
         default=[],
+        type=_key_value,
         metavar="KEY=VALUE",
         help="a provider option for the cost plan's sessions (repeatable), e.g. max_queue_delay_ms=10",
     )
     args = parser.parse_args(argv)
-    args.option = dict(option.split("=", 1) for option in args.option)
+    args.option = dict(args.option)
     print_report(measure(args), args)
     return 0
 

@@ -21,9 +21,8 @@ Guarantees:
   ones, and the group counts as full once as many calls have arrived since the last group was formed as
   that group held (the callers it answered are back, or calls come faster than groups run); until then
   it waits, within the delay, for a call that fits the room left. The oldest item always runs, so a
-  skipped one waits for at most
-  as many groups as there are items ahead of it. ``max_delay_s == 0`` waits for nothing beyond what is
-  already queued.
+  skipped one waits for at most as many groups as there are items ahead of it. ``max_delay_s == 0``
+  waits for nothing beyond what is already queued.
 - ``run_group`` returns one entry per item, in order: a result, or an exception instance for that item
   alone, which is raised in that caller's thread. If ``run_group`` raises, every caller of the group
   raises: a group of one raises the exception itself; in a larger group each caller raises its own
@@ -326,15 +325,14 @@ class DynamicBatcher(Generic[T, R]):
                 remaining = since + self._max_delay_s - time.monotonic()
                 # a skipped call leaves room that a caller just answered may still fill; once as many
                 # calls have come as the last group held, waiting longer would only delay this one
-                full = full or (skipped and self._arrived >= self._last_taken)
-                everyone = not full and remaining > 0 and self._everyone_queued()
-                if full or remaining <= 0 or everyone:
-                    if full:
-                        self._stats["groups_full"] += 1
-                    elif everyone:
-                        self._stats["groups_all_callers"] += 1
-                    return self._take(size), None
-                self._cond.wait(remaining)
+                if full or (skipped and self._arrived >= self._last_taken):
+                    self._stats["groups_full"] += 1
+                elif remaining > 0 and self._everyone_queued():
+                    self._stats["groups_all_callers"] += 1
+                elif remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                return self._take(size), None
 
     def _everyone_queued(self) -> bool:
         """Whether every caller known from the last two windows has a call queued (called under the lock,
