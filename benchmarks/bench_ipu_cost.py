@@ -76,7 +76,9 @@ def use_double(directory: Path, ipus: int) -> None:
     shutdown_workers()  # a worker started for another IPU count lists its own IPUs
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "double-config.json"
-    config.write_text(json.dumps({"ipus": ipus}))
+    # an IPU computes beside the host; the double computes on this machine's CPU, with one thread, so
+    # that the callers' own threads keep a core as they would beside an IPU
+    config.write_text(json.dumps({"ipus": ipus, "compute_threads": 1}))
     os.environ.update(
         {
             "PYTHONPATH": str(DOUBLE_DIR),

@@ -59,9 +59,9 @@ class BatchedServing:
             max_delay_s=max_delay_s,
             is_full=self._is_full,
             name="ipu-dynamic-batcher",
-            # with a serving plan, packed groups fill one step of its fill layout; calls that do not fit
+            # with a serving plan, packed groups fill one step of its fill layout; the calls left out
             # wait for the next one
-            fits=None if plan is None else self._fits,
+            choose=None if plan is None else self._choose,
         )
         self._rows_per_step = runner.rows_per_step()
 
@@ -90,11 +90,14 @@ class BatchedServing:
         packed_capacity = 0 if self._packed is None else self._packed.longest_row * self._rows_per_step
         return (packed_capacity > 0 and tokens >= packed_capacity) or samples >= self._rows_per_step
 
-    def _fits(self, calls: list[QueuedCall]) -> bool:
-        """Whether the packed sequences of ``calls`` fit one step of the serving plan's fill layout."""
+    def _choose(self, calls: list[QueuedCall]) -> list[int]:
+        """The queued calls the next group takes: the packed ones that fill one step of the serving plan's
+        fill layout best (``PackedPlan.choose``), and every call that runs unpacked."""
         assert self._packed is not None and self._packed.plan is not None
-        lengths = [n for call in calls if call.lengths is not None for n in call.lengths]
-        return not lengths or self._packed.plan.fits(lengths)
+        packed = [index for index, call in enumerate(calls) if call.lengths is not None]
+        chosen = self._packed.plan.choose([calls[index].lengths or () for index in packed]) if packed else []
+        taken = {packed[position] for position in chosen}
+        return [index for index, call in enumerate(calls) if call.lengths is None or index in taken]
 
     def _run_group(self, calls: list[QueuedCall]) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(calls)

@@ -7,21 +7,23 @@ knows of has a call queued, whichever comes first, and hands the group to ``run_
 delay from the last delivery too lets the callers just answered, who call again at once, join the calls
 left queued, instead of those running alone in a step they cannot fill: each call still waits at most
 ``max_delay_s`` once the device is free for it. The callers it knows of are the most calls outstanding at
-once (queued or running) in the last two windows between groups: once all of them are queued no other call
-can join (callers that wait for their answers), so waiting longer would only delay them. What an item
-is and when a group is full (rows of a device step, tokens of packed rows) is the caller's business; this
-module only keeps the queue, so it is tested without any model and knows nothing of sessions.
+once (queued or running) in the last ``KNOWN_WINDOWS`` windows between groups: once all of them are queued
+no other call can join (callers that wait for their answers), so waiting longer would only delay them.
+What an item is and when a group is full (rows of a device step, tokens of packed rows) is the caller's
+business; this module only keeps the queue, so it is tested without any model and knows nothing of
+sessions.
 
 Guarantees:
 
 - Groups are the longest prefix of the queue, in arrival order, whose shorter prefixes are not full:
   items are added until ``is_full(group)`` is true (``is_full`` sees a fresh list each time). An item
-  that alone makes a group full is run alone. With ``fits``, a group takes, in arrival order, only the
-  items it still ``fits`` with (a packed step's rows); an item skipped stays queued, ahead of later
-  ones, and the group counts as full once as many calls have arrived since the last group was formed as
-  that group held (the callers it answered are back, or calls come faster than groups run); until then
-  it waits, within the delay, for a call that fits the room left. The oldest item always runs, so a
-  skipped one waits for at most as many groups as there are items ahead of it. ``max_delay_s == 0``
+  that alone makes a group full is run alone. With ``choose(items)``, a group takes only the queue
+  positions it returns (the calls that fill a packed step best), in arrival order, the oldest always;
+  an item left out stays queued, ahead of later ones, and the group counts as full once as many calls
+  have arrived since the last group was formed as that group held (the callers it answered are back, or
+  calls come faster than groups run); until then it waits, within the delay, for calls that fill the
+  room left. The oldest item always runs, so one left out waits for at most as many groups as there
+  are items ahead of it. ``max_delay_s == 0``
   waits for nothing beyond what is already queued.
 - ``run_group`` returns one entry per item, in order: a result, or an exception instance for that item
   alone, which is raised in that caller's thread. If ``run_group`` raises, every caller of the group
@@ -71,6 +73,12 @@ _logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+#: Callers are known from the most calls outstanding in this many windows between groups: a pause in the
+#: traffic (the end of a burst) lowers that count for a window or two, and the first calls after it
+#: would otherwise run alone before the other callers are back. A caller count that really fell costs
+#: each call at most the delay, for this many groups.
+KNOWN_WINDOWS = 16
 
 #: How long ``close()`` waits by default for the group already running (a device step, which may
 #: include a compile) before it returns and leaves the worker to finish that group alone.
@@ -156,7 +164,7 @@ class DynamicBatcher(Generic[T, R]):
         max_delay_s: float,
         is_full: Callable[[list[T]], bool],
         name: str = "ipu-batcher",
-        fits: Callable[[list[T]], bool] | None = None,
+        choose: Callable[[list[T]], list[int]] | None = None,
     ) -> None:
         if not (isinstance(max_delay_s, (int, float)) and math.isfinite(max_delay_s) and max_delay_s >= 0):
             raise ConfigurationError(
@@ -164,7 +172,7 @@ class DynamicBatcher(Generic[T, R]):
             )
         self._run_group = run_group
         self._is_full = is_full
-        self._fits = fits
+        self._choose = choose
         self._max_delay_s = float(max_delay_s)
         self._name = name
         self._cond = threading.Condition()
@@ -176,11 +184,12 @@ class DynamicBatcher(Generic[T, R]):
         self._delivered_at = 0.0  # when the last group's callers got their outcomes (monotonic)
         self._peak = 0  # most calls outstanding (queued or running) at once since the last group was formed
         self._formed_peak = 0  # that figure for the window that ended when the running group was formed
+        self._window_peaks: deque[int] = deque(maxlen=KNOWN_WINDOWS)  # it, for the last windows
         self._arrived = 0  # calls submitted since the last group was formed
         self._last_taken = 0  # calls in the last group formed
         self._stats = {
             "groups_run": 0,  # run_group calls
-            "groups_full": 0,  # of those, run because is_full said so, or an item was skipped (fits)
+            "groups_full": 0,  # of those, run because is_full said so, or an item was left out (choose)
             "groups_all_callers": 0,  # of the others, run early because every caller known was queued
             "groups_failed": 0,  # run_group (or the batcher while forming the group) raised
             "items_run": 0,  # items handed to run_group
@@ -335,22 +344,25 @@ class DynamicBatcher(Generic[T, R]):
                 return self._take(size), None
 
     def _everyone_queued(self) -> bool:
-        """Whether every caller known from the last two windows has a call queued (called under the lock,
+        """Whether every caller known from the last windows has a call queued (called under the lock,
         while no group runs). Before the first group nothing is known, so the first call waits its delay."""
-        return self._formed_peak > 0 and len(self._queue) >= max(self._formed_peak, self._peak)
+        known = max(self._window_peaks, default=0)
+        return known > 0 and len(self._queue) >= max(known, self._peak)
 
     def _group_size(self) -> tuple[list[int], bool, bool]:
         """The queue positions the next group takes, whether ``is_full`` says that group is full, and
-        whether ``fits`` skipped a queued item. Recounted from the head on every wake, since a caller may
-        have left the queue in between."""
+        whether ``choose`` left a queued item out. Recounted from the head on every wake, since a caller
+        may have left the queue in between."""
+        queue = [pending.item for pending in self._queue]  # a snapshot: is_full may close the batcher
+        self._scanned = [0]  # if choose raises, the oldest call fails with it
+        chosen = list(range(len(queue))) if self._choose is None else self._choose(list(queue))
+        # the oldest always runs, so that a call left out waits for at most the items ahead of it
+        positions = sorted({0, *chosen} & set(range(len(queue))))
+        skipped = len(positions) < len(queue)
         items: list[T] = []
         self._scanned = []
-        skipped = False
-        for index, pending in enumerate(list(self._queue)):  # a snapshot: is_full may close the batcher
-            if items and self._fits is not None and not self._fits([*items, pending.item]):
-                skipped = True  # it waits for the next group, where fewer items are ahead of it
-                continue
-            items.append(pending.item)
+        for index in positions:
+            items.append(queue[index])
             self._scanned.append(index)
             if self._is_full(list(items)):
                 return list(self._scanned), True, skipped
@@ -366,6 +378,7 @@ class DynamicBatcher(Generic[T, R]):
         self._stats["items_run"] += len(group)
         self._stats["largest_group"] = max(self._stats["largest_group"], len(group))
         self._formed_peak = max(self._peak, len(queue))
+        self._window_peaks.append(self._formed_peak)
         self._arrived, self._last_taken = 0, len(group)
         self._running = len(group)
         self._peak = len(self._queue) + self._running

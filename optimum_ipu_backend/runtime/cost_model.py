@@ -212,10 +212,12 @@ def layout_cost(
     layout: tuple[int, int],
     row_counts: Sequence[int],
     steps_of: Callable[[int, int], int],
+    any_rows: bool = False,
 ) -> int | None:
     """Positions ``layout`` (row length, rows per micro-batch) computes for ``group``, or None when the
     runtime's own rule (``runtime.packing.choose_layout``) would not use it: a sequence longer than the row,
-    or fewer rows per micro-batch than the group needs from one step. ``steps_of(rows, micro)``: computed
+    or fewer rows per micro-batch than the group needs from one step (``any_rows``: the first layout, which
+    serves any group, its rows beyond one step as further steps). ``steps_of(rows, micro)``: computed
     rows (``device_steps.plan_steps(...).padded_samples``)."""
     tokens, micro = layout
     rows = group.rows.get(tokens)
@@ -223,40 +225,98 @@ def layout_cost(
         return None
     per_step_rows = steps_of(1, 1)  # rows one step of micro-batch 1 holds: device iterations x replicas
     wanted = min(-(-rows // per_step_rows), max(row_counts))
-    if micro < wanted:
+    if micro < wanted and not any_rows:
         return None
     return steps_of(rows, micro) * tokens
 
 
+#: A step the batcher fills: whether sequences of these lengths fit it, and the positions it holds.
+Step = tuple[Callable[[Sequence[int]], bool], int]
+
+
+def group_positions(
+    queue: Sequence[tuple[int, ...]],
+    fits: Callable[[Sequence[int]], bool],
+    capacity: int | None = None,
+    wider: Step | None = None,
+) -> list[int]:
+    """The batcher's rule for a packed step (``serving_plan.PackedPlan.choose``, and the replays below):
+    the positions in ``queue`` (calls, each its sequences' lengths) the next group takes, the oldest
+    always. In arrival order, the calls it still ``fits`` one step with. With ``capacity`` (the positions
+    one step holds), the oldest and the others whose lengths fill the most of the step, by exact subset
+    sum (ties go to the earliest calls): taking calls in arrival order leaves the room behind a call that
+    does not fit, which a later shorter one could fill. That subset is kept only where it ``fits`` (a step
+    of several rows may not place it) and holds more than arrival order does. ``wider``: the step of the
+    layout that serves a call the fill layout cannot hold (the first layout, on an IPU group of its own):
+    a group whose oldest call does not fit is filled to that step instead of running alone."""
+    if wider is not None and queue and not fits(list(queue[0])):
+        fits, capacity = wider
+    in_order, members = [0], list(queue[0]) if queue else []
+    for index in range(1, len(queue)):
+        candidate = [*members, *queue[index]]
+        if fits(candidate):
+            in_order.append(index)
+            members = candidate
+    if capacity is None or len(in_order) == len(queue):
+        return in_order if queue else []
+    weights = [sum(call) for call in queue]
+    room = capacity - weights[0]
+    if room <= 0:
+        return in_order
+    chosen = [0, *(index + 1 for index in _fullest_subset(weights[1:], room))]
+    if sum(weights[i] for i in chosen) > sum(weights[i] for i in in_order) and fits(
+        [n for i in chosen for n in queue[i]]
+    ):
+        return chosen
+    return in_order
+
+
+def _fullest_subset(weights: Sequence[int], room: int) -> list[int]:
+    """The indices of ``weights`` whose sum is the largest at most ``room``, preferring earlier ones: the
+    reachable sums as bits of one integer per prefix, then walked back from the largest."""
+    mask = (1 << (room + 1)) - 1
+    reach = [1]
+    for weight in weights:
+        reach.append((reach[-1] | (reach[-1] << weight)) & mask)
+    total = reach[-1].bit_length() - 1
+    chosen = []
+    for index in range(len(weights) - 1, -1, -1):
+        if not (reach[index] >> total) & 1:  # not reachable without it: it is in
+            chosen.append(index)
+            total -= weights[index]
+    return chosen[::-1]
+
+
 def _next_group(
-    queue: Sequence[tuple[int, ...]], fits: Callable[[Sequence[int]], bool]
+    queue: Sequence[tuple[int, ...]],
+    fits: Callable[[Sequence[int]], bool],
+    capacity: int | None = None,
+    wider: Step | None = None,
 ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """The batcher's rule (``batcher.DynamicBatcher`` with ``fits``): the next group takes, in queue order,
-    the calls it still fits one step with, the oldest always; the others stay queued, in order."""
-    group: list[tuple[int, ...]] = []
-    left: list[tuple[int, ...]] = []
-    for call in queue:
-        if not group or fits([n for member in (*group, call) for n in member]):
-            group.append(call)
-        else:
-            left.append(call)
-    return group, left
+    """The group ``group_positions`` takes from ``queue``, and the calls left queued, in order."""
+    taken = set(group_positions(queue, fits, capacity, wider))
+    return (
+        [call for index, call in enumerate(queue) if index in taken],
+        [call for index, call in enumerate(queue) if index not in taken],
+    )
 
 
 def refill(
-    groups: Sequence[Sequence[tuple[int, ...]]], fits: Callable[[Sequence[int]], bool]
+    groups: Sequence[Sequence[tuple[int, ...]]],
+    fits: Callable[[Sequence[int]], bool],
+    capacity: int | None = None,
+    wider: Step | None = None,
 ) -> list[list[tuple[int, ...]]]:
     """The groups the dynamic batcher forms from traffic that arrived as ``groups`` (each a list of calls,
-    each call its sequences' lengths) when a group takes, in arrival order, only the calls it still
-    ``fits`` one device step with (``batcher.DynamicBatcher``'s ``fits``): the others stay queued, ahead
-    of the calls that arrive next."""
+    each call its sequences' lengths) when a group takes the calls ``group_positions`` chooses: the
+    others stay queued, ahead of the calls that arrive next."""
     formed: list[list[tuple[int, ...]]] = []
     queue: list[tuple[int, ...]] = []
     for index, arrived in enumerate(groups):
         queue.extend(arrived)
         last = index == len(groups) - 1
         while queue:
-            group, left = _next_group(queue, fits)
+            group, left = _next_group(queue, fits, capacity, wider)
             formed.append(group)
             queue = left
             if not last and (not queue or fits([n for call in queue for n in call])):
@@ -265,27 +325,58 @@ def refill(
 
 
 def closed_loop(
-    calls: Sequence[tuple[int, ...]], clients: int, fits: Callable[[Sequence[int]], bool]
+    calls: Sequence[tuple[int, ...]],
+    clients: int,
+    fits: Callable[[Sequence[int]], bool],
+    capacity: int | None = None,
+    wider: Step | None = None,
 ) -> list[list[tuple[int, ...]]]:
     """The groups the dynamic batcher forms when ``clients`` callers each wait for their answer before they
     call again (threads or connections of a server), the calls taken in the order of ``calls``.
 
-    The batcher runs one group at a time; the next takes, in arrival order, the calls that ``fits`` one
-    step: those the last group left queued, then the calls of the callers it answered, who call again
-    within the batcher's delay (``batcher.DynamicBatcher``). So a step holds at most the calls of
-    ``clients`` callers: a fill layout larger than that runs part empty. Simulated over every call once.
+    The batcher runs one group at a time; the next takes the calls ``group_positions`` chooses: of those
+    the last group left queued, then the calls of the callers it answered, who call again within the
+    batcher's delay (``batcher.DynamicBatcher``). So a step holds at most the calls of ``clients``
+    callers: a fill layout larger than that runs part empty. Simulated over every call once.
     """
+    return [group for group, _ in _closed_loop(calls, clients, fits, capacity, wider)]
+
+
+def _closed_loop(
+    calls: Sequence[tuple[int, ...]],
+    clients: int,
+    fits: Callable[[Sequence[int]], bool],
+    capacity: int | None,
+    wider: Step | None = None,
+) -> list[tuple[list[tuple[int, ...]], bool]]:
+    """``closed_loop``'s groups, each with whether it formed once the calls ran out (fewer queued than
+    callers: the replay's end, which steady traffic does not have)."""
     if not calls:
         return []
     clients = max(1, min(clients, len(calls)))
     stream = iter(calls[clients:])
     queue = list(calls[:clients])
-    formed: list[list[tuple[int, ...]]] = []
+    formed: list[tuple[list[tuple[int, ...]], bool]] = []
     while queue:
-        group, left = _next_group(queue, fits)
-        formed.append(group)
+        draining = len(queue) < clients
+        group, left = _next_group(queue, fits, capacity, wider)
+        formed.append((group, draining))
         queue = left + [call for call in (next(stream, None) for _ in group) if call is not None]
     return formed
+
+
+def layout_step(
+    layout: tuple[int, int], per_step: int, rows_of: Callable[[Sequence[int], int], int | None]
+) -> Step:
+    """The step of ``layout`` (row length, rows per micro-batch) the batcher fills: sequences fit where
+    first-fit-decreasing places them in its rows (``per_step`` rows of micro-batch 1 per step)."""
+    tokens, micro = layout
+
+    def fits(lengths: Sequence[int]) -> bool:
+        rows = rows_of(lengths, tokens)
+        return rows is not None and rows <= micro * per_step
+
+    return fits, tokens * micro * per_step
 
 
 def plan_layouts(
@@ -301,13 +392,17 @@ def plan_layouts(
     first: tuple[int, int] | None = None,
 ) -> tuple[tuple[tuple[int, int], ...], tuple[int, int] | None]:
     """The packed layouts (row length, rows) to keep resident for traffic that arrived as ``groups`` (lists of
-    calls, each its sequences' lengths), and the *fill* layout among them: the batcher stops a group
-    before the call that would overflow one step of it, so steps run nearly full. First the fill layout
+    calls, each its sequences' lengths), and the *fill* layout among them: the batcher fills each group
+    to at most one step of it, so steps run nearly full. First the fill layout
     that serves the traffic at the least cost, then, while slots remain, the layout whose saving over
     ``horizon_calls`` exceeds its compile and load by most (a group's tail). Greedy: the exact choice is a
     set-cover problem, and groups differ from one run to the next anyway. The traffic is replayed as the
     batcher would group it under each fill layout: by ``clients`` callers that wait for their answers
-    (``closed_loop``) when the batcher counted them, else as calls arriving in these groups (``refill``).
+    (``closed_loop``) when the batcher counted them, else as calls arriving in these groups (``refill``),
+    each group taking the calls that fill its step best (``group_positions``). A closed-loop replay ends
+    where its sample does: the groups formed once the calls ran out are priced by their real positions,
+    and the replay's end by half a step, the room a pause in the traffic leaves empty on average, so that
+    the choice does not hang on how this sample's last step happened to end.
     ``rows_of(lengths, tokens)``: rows first-fit-decreasing fills (None: a sequence is longer).
 
     ``first``: the first layout (which holds any group) when it keeps an IPU group of its own. Then the
@@ -329,6 +424,7 @@ def plan_layouts(
         return PackedGroup(sum(lengths), {t: rows_of(lengths, t) for t in tokens}, len(group))
 
     candidates = [(tokens, micro) for tokens in row_lengths for micro in row_counts]
+    wider = None if first is None else layout_step(first, per_step, rows_of)
 
     def left_over(groups_left: Sequence[Sequence[tuple[int, ...]]]) -> float:
         """The least cost of the groups a fill layout cannot hold: on the first layout (resident already),
@@ -340,7 +436,10 @@ def plan_layouts(
             options += [(layout, model.executable_seconds(layout in done)) for layout in candidates]
         cheapest = math.inf
         for layout, executable in options:
-            costs = [layout_cost(packed(g, (layout[0],)), layout, row_counts, steps_of) for g in groups_left]
+            costs = [
+                layout_cost(packed(g, (layout[0],)), layout, row_counts, steps_of, any_rows=layout == first)
+                for g in groups_left
+            ]
             if all(cost is not None for cost in costs):
                 cheapest = min(cheapest, sum(costs) * scale + executable)
         return cheapest
@@ -348,19 +447,28 @@ def plan_layouts(
     best: tuple[float, tuple[int, int], list[list[tuple[int, ...]]]] | None = None
     for tokens in (t for t in row_lengths if first is not None or t >= longest):
         for micro in row_counts:
-
-            def fits(lengths: Sequence[int], tokens: int = tokens, micro: int = micro) -> bool:
-                rows = rows_of(lengths, tokens)
-                return rows is not None and rows <= micro * per_step
-
-            formed = refill(groups, fits) if clients is None else closed_loop(arrivals, clients, fits)
-            computed, groups_left = 0, []
-            for group in formed:
+            fits, step = layout_step((tokens, micro), per_step, rows_of)
+            replay = (
+                [(group, False) for group in refill(groups, fits, step, wider)]
+                if clients is None
+                else _closed_loop(arrivals, clients, fits, step, wider)
+            )
+            formed = [group for group, _ in replay]
+            computed, groups_left = 0.0, []
+            for group, draining in replay:
                 cost = layout_cost(packed(group, (tokens,)), (tokens, micro), row_counts, steps_of)
                 if cost is None:
                     groups_left.append(group)
+                elif draining:
+                    # the replay ends where its sample does, steady traffic does not: these calls would
+                    # share steps with the calls that follow
+                    computed += sum(n for call in group for n in call)
                 else:
                     computed += cost
+            if clients is not None:
+                # and where the traffic pauses, its last step leaves half its room empty, expected: priced
+                # once per replay, whether or not this sample happened to end on a full step
+                computed += step / 2
             total = (
                 computed * scale + left_over(groups_left) + model.executable_seconds((tokens, micro) in done)
             )
@@ -371,8 +479,10 @@ def plan_layouts(
     _, fill, formed = best
     priced = [packed(group, row_lengths) for group in formed]
     costs = {
-        layout: [layout_cost(group, layout, row_counts, steps_of) for group in priced]
-        for layout in candidates
+        layout: [
+            layout_cost(group, layout, row_counts, steps_of, any_rows=layout == first) for group in priced
+        ]
+        for layout in {*candidates, *([first] if first is not None else [])}
     }
     serving = () if first is None else (first,)  # resident already: no compile, no slot of the plan's
 

@@ -407,8 +407,11 @@ def _layers_per_ipu(value: Any, where: str) -> tuple[int, ...]:
 
 COMPILE_MODES = ("lazy", "eager")
 #: How long a call waits in the dynamic batcher for others by default: a few device steps of a small
-#: encoder, short beside the latency of a request that crosses a network.
-DEFAULT_MAX_QUEUE_DELAY_MS = 2.0
+#: encoder, short beside the latency of a request that crosses a network. The batcher runs a group as
+#: soon as every caller it knows of is queued, so the delay binds only where callers are missing: at a
+#: burst's start, where 16 client threads reach the queue over 2 to 5 ms on a 2-core host
+#: (docs/performance.md, issue 37), and its end.
+DEFAULT_MAX_QUEUE_DELAY_MS = 5.0
 KV_CACHE_PLACES = ("device", "host")
 SERVING_PLANS = ("buckets", "cost")
 DEFAULT_COMPILE_WORKERS = 2

@@ -84,11 +84,41 @@ def choose_layout(
         for micro in (size for size in row_counts if size >= wanted):
             if allowed is not None and not allowed(tokens, micro):
                 continue
-            computed = plan_steps(rows, micro, device_iterations, replicas).padded_samples
-            if best is None or computed * tokens < best.computed_rows * best.tokens:
-                best = RowLayout(tokens, segments or 1, tuple(placements), rows, micro, computed)
+            layout = _row_layout(tokens, segments, placements, micro, device_iterations, replicas)
+            if best is None or layout.computed_rows * tokens < best.computed_rows * best.tokens:
+                best = layout
             break
     return best
+
+
+def layout_at(
+    lengths: Sequence[int],
+    tokens: int,
+    micro_batch: int,
+    segments_per_row: Callable[[int], int | None],
+    device_iterations: int = 1,
+    replicas: int = 1,
+) -> RowLayout | None:
+    """These sequences in rows of ``tokens`` at ``micro_batch`` rows per micro-batch, however many rows they
+    fill (the rows beyond one step run as further steps); None when one is longer than the row."""
+    segments = segments_per_row(tokens)
+    placements = first_fit_decreasing(lengths, tokens, segments)
+    if placements is None:
+        return None
+    return _row_layout(tokens, segments, placements, micro_batch, device_iterations, replicas)
+
+
+def _row_layout(
+    tokens: int,
+    segments: int | None,
+    placements: Sequence[Placement],
+    micro: int,
+    device_iterations: int,
+    replicas: int,
+) -> RowLayout:
+    rows = 1 + max(p.row for p in placements)
+    computed = plan_steps(rows, micro, device_iterations, replicas).padded_samples
+    return RowLayout(tokens, segments or 1, tuple(placements), rows, micro, computed)
 
 
 class PackedRunner:
@@ -221,19 +251,22 @@ class PackedRunner:
             (ideal.tokens, ideal.micro_batch) in plan.from_cache or ready(ideal.tokens, ideal.micro_batch)
         ):
             return ideal
-        compiled = best(ready)
-        if compiled is not None:
-            if ideal is not None:
-                shapes = self._shapes(ideal.tokens, ideal.micro_batch)
-                plan.compile_later(
-                    ("packed", ideal.tokens, ideal.micro_batch),
-                    lambda: self._table.entry_for(shapes, {}, background=True),
-                )
-            return compiled
-        # the planned layout starts once this one is built (the next group finds it compiled)
-        first = best(lambda tokens, micro: (tokens, micro) == plan.first_layout)
-        assert first is not None, "the longest rows at the most rows per micro-batch hold every group"
-        return first
+        tokens, micro = plan.first_layout
+        first = layout_at(
+            lengths, tokens, micro, self.segments_per_row, self._device_iterations, self._replicas
+        )
+        assert first is not None, "the longest rows hold every sequence that packs"
+        compiled = best(ready) or (first if ready(tokens, micro) else None)
+        if compiled is None:
+            # the planned layout starts once this one is built (the next group finds it compiled)
+            return first
+        if ideal is not None:
+            shapes = self._shapes(ideal.tokens, ideal.micro_batch)
+            plan.compile_later(
+                ("packed", ideal.tokens, ideal.micro_batch),
+                lambda: self._table.entry_for(shapes, {}, background=True),
+            )
+        return compiled
 
     def _shapes(self, tokens: int, micro: int) -> dict[str, tuple[int, ...]]:
         """The compiled input shapes of packed steps of ``micro`` rows of ``tokens`` tokens."""

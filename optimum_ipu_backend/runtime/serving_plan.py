@@ -47,7 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from optimum_ipu_backend.runtime.cache_files import read_record, write_record
-from optimum_ipu_backend.runtime.cost_model import CostModel, plan_layouts, plan_sizes
+from optimum_ipu_backend.runtime.cost_model import (
+    CostModel,
+    group_positions,
+    layout_step,
+    plan_layouts,
+    plan_sizes,
+)
 from optimum_ipu_backend.runtime.row_placement import first_fit_decreasing
 
 _logger = logging.getLogger(__name__)
@@ -515,17 +521,32 @@ class PackedPlan:
 
     @property
     def first_layout(self) -> tuple[int, int]:
-        """What the first packed compile builds: the longest rows at the most rows per micro-batch, which
-        serve every group (more rows run as further steps)."""
-        return self.row_lengths[-1], self.row_counts[-1]
+        """What the first packed compile builds: the longest rows, one row per micro-batch. It serves every
+        group, its rows as consecutive steps, and computes no more rows than a group fills: it serves the
+        groups before the plan exists, and the calls the fill layout leaves to it alone."""
+        return self.row_lengths[-1], self.row_counts[0]
 
     def fits(self, lengths: Sequence[int]) -> bool:
         """Whether sequences of these lengths fill at most one step of the fill layout (True without one)."""
+        return self.fill is None or layout_step(self.fill, self._steps_of(1, 1), _rows_of)[0](lengths)
+
+    def choose(self, calls: Sequence[Sequence[int]]) -> list[int]:
+        """The positions of the queued calls (each its sequences' lengths) the batcher's next group takes:
+        ``cost_model.group_positions`` at the fill layout's step (a call it cannot hold filling the first
+        layout's, where that one has an IPU group of its own), every call without a fill layout."""
         if self.fill is None:
-            return True
-        tokens, micro = self.fill
-        placements = first_fit_decreasing(lengths, tokens, None)
-        return placements is not None and 1 + max(p.row for p in placements) <= micro * self._steps_of(1, 1)
+            return list(range(len(calls)))
+        per_step = self._steps_of(1, 1)
+        fits, capacity = layout_step(self.fill, per_step, _rows_of)
+        wider = layout_step(self.first_layout, per_step, _rows_of) if self._first_has_own_group() else None
+        return group_positions([tuple(call) for call in calls], fits, capacity, wider)
+
+    def _first_has_own_group(self) -> bool:
+        """Whether the IPU groups the unpacked plan and reserved executables leave hold more than one
+        layout: the first layout then keeps one of its own (and serves the calls the fill layout leaves)."""
+        owner = self._owner
+        unpacked = sum(len(group.plan) for group in owner._groups.values())
+        return owner.slots - owner.reserved - unpacked > 1
 
     def record(self, calls: Sequence[tuple[int, ...]], clients: int | None = None) -> set[tuple[int, int]]:
         """Count a gathered group (its calls' sequence lengths, and how many callers were outstanding
@@ -563,14 +584,10 @@ class PackedPlan:
             return stale
 
     def _replan(self) -> None:
-        def rows_of(lengths: Sequence[int], tokens: int) -> int | None:
-            placements = first_fit_decreasing(lengths, tokens, None)
-            return None if placements is None else 1 + max(p.row for p in placements)
-
         owner = self._owner
         unpacked = sum(len(group.plan) for group in owner._groups.values())
         slots = owner.slots - owner.reserved - unpacked
-        own_group = slots > 1
+        own_group = self._first_has_own_group()
         if own_group:
             slots -= 1  # the first layout keeps an IPU group of its own (as a group's largest shape)
         counted = [n for n in self._clients[-PLANNED_GROUPS:] if n is not None]
@@ -583,7 +600,7 @@ class PackedPlan:
             max(1, slots),
             owner.model,
             self._steps_of,
-            rows_of,
+            _rows_of,
             compiled=self.plan,
             clients=max(counted, default=None),
             # resident on its own IPU group, the first layout serves the rare calls the fill layout leaves
@@ -623,6 +640,12 @@ def measured_times(statistics: Sequence[Mapping[str, Any]]) -> dict[str, float |
 def settings_digest(settings: Mapping[str, Any]) -> str:
     """The file name of a plan: what the plan depends on besides the graph (sizes, IPU groups, steps)."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _rows_of(lengths: Sequence[int], tokens: int) -> int | None:
+    """Rows first-fit-decreasing fills with sequences of these lengths (None: one is longer than a row)."""
+    placements = first_fit_decreasing(lengths, tokens, None)
+    return None if placements is None else 1 + max(p.row for p in placements)
 
 
 def _longest(groups: Sequence[Sequence[tuple[int, ...]]]) -> int:

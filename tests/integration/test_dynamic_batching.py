@@ -194,3 +194,28 @@ def test_max_executables_bounds_the_packed_layouts(bert_text, tmp_path):
         _check(result, _expected(cpu, feed), feed["attention_mask"])
     assert len(session.compiled_executables()) <= 2
     session.close()
+
+
+def test_the_serving_plans_first_layout_computes_only_the_rows_a_group_fills(bert_tokens, tmp_path):
+    """serving_plan="cost": until the plan exists, groups run on the first layout, the longest rows at
+    one row per step, so a group computes the rows it fills as consecutive steps, never a step of 8 rows
+    it cannot fill; every caller gets its CPU result."""
+    cpu = ort.InferenceSession(str(bert_tokens / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = emulator_session(bert_tokens, tmp_path, dynamic_batching="1", serving_plan="cost", **SIZES)
+    barrier = threading.Barrier(8)
+
+    def client(thread: int) -> int:
+        rng = np.random.default_rng(thread)
+        feeds = [_call(rng, 1, int(rng.integers(4, 60)), 100) for _ in range(3)]
+        barrier.wait()
+        for feed in feeds:
+            _check(session.run(None, feed), _expected(cpu, feed), feed["attention_mask"])
+        return len(feeds)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(client, range(8))) == 24
+    packed = {tuple(e["shapes"]["input_ids"]): e for e in session.compiled_executables() if e.get("packed")}
+    planned = {(micro, tokens) for tokens, micro in session.serving_plan()["packed"]["plan"]}
+    assert packed[(1, 128)]["calls"] > 0  # the first layout served the groups before the plan
+    assert not {shape for shape in packed if shape[0] > 1} - planned
+    session.close()

@@ -141,10 +141,24 @@ def test_group_is_the_prefix_up_to_the_first_full_one():
     }
 
 
+def _in_order(fits):
+    """A ``choose`` for the batcher: in arrival order, the items that still ``fits`` the group (the oldest
+    always)."""
+
+    def choose(items):
+        taken: list[int] = []
+        for index, item in enumerate(items):
+            if not taken or fits([*(items[i] for i in taken), item]):
+                taken.append(index)
+        return taken
+
+    return choose
+
+
 def test_with_fits_a_group_takes_the_items_that_fit_and_the_others_wait_in_order():
     # a step of 10 "tokens": behind 3 and 8, the 8 waits while 4 and 2 fill the step; it leads the next
     batcher, running, release, groups = _blocked_batcher(cap=100)
-    batcher._fits = lambda items: sum(item for item in items if item != "block") <= 10
+    batcher._choose = _in_order(lambda items: sum(item for item in items if item != "block") <= 10)
     outcomes: dict = {}
     threads = [_start(_submit_into, batcher, "block", outcomes, "block")]
     assert running.wait(JOIN_S)
@@ -182,7 +196,7 @@ def test_a_call_left_queued_waits_the_delay_for_the_callers_just_answered():
     """A step of 10: 6 runs, 7 is left queued; 6's caller calls again at once with 3, which joins 7 within
     the delay counted from 6's delivery, instead of 7 running alone."""
     batcher, running, release, groups = _blocked_batcher(max_delay_s=0.5, cap=100)
-    batcher._fits = lambda items: sum(item for item in items if item != "block") <= 10
+    batcher._choose = _in_order(lambda items: sum(item for item in items if item != "block") <= 10)
     outcomes: dict = {}
 
     def six_then_three() -> None:
@@ -206,7 +220,7 @@ def test_a_skipped_call_waits_for_the_callers_just_answered_before_its_group_cou
     at once and with 2 after 0.2 s. The group of 8 waits for the second caller, whose 2 fills the step,
     instead of running 8 alone as soon as the 3 was skipped."""
     batcher, running, release, groups = _blocked_batcher(max_delay_s=1.0, cap=100)
-    batcher._fits = lambda items: sum(item for item in items if item != "block") <= 10
+    batcher._choose = _in_order(lambda items: sum(item for item in items if item != "block") <= 10)
     outcomes: dict = {}
 
     def caller(first, again, pause_s) -> None:
@@ -473,6 +487,25 @@ def test_a_known_caller_that_does_not_come_back_leaves_the_others_to_the_delay()
     assert elapsed >= 0.3
     assert groups == [[(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1)]]
     assert batcher.statistics["groups_all_callers"] == 0
+
+
+def test_callers_stay_known_through_a_pause_so_the_first_call_after_it_waits_for_them():
+    """4 callers ran together, then one alone for two groups (the end of a burst). When all 4 come back,
+    the first one back waits, within the delay, for the other 3, instead of running alone: the callers
+    are known from the last KNOWN_WINDOWS windows, not from the pause."""
+    batcher, groups = _first_group_full_at(4, max_delay_s=0.5)
+    threads = [_start(batcher.submit, (index, 0)) for index in range(4)]
+    _join_all(threads)
+    for round_ in (1, 2):
+        assert batcher.submit((0, round_)) == (0, round_)
+    first = _start(batcher.submit, (0, 3))
+    _wait_for(lambda: batcher.statistics["queued"] == 1, "the first caller is back")
+    time.sleep(0.05)
+    threads = [first, *(_start(batcher.submit, (index, 1)) for index in (1, 2, 3))]
+    _join_all(threads)
+    batcher.close()
+    assert groups[:3] == [[(index, 0) for index in range(4)], [(0, 1)], [(0, 2)]]
+    assert groups[3:] == [[(0, 3), (1, 1), (2, 1), (3, 1)]]
 
 
 def test_the_delay_is_honoured():

@@ -24,6 +24,7 @@ from optimum_ipu_backend.runtime.cost_model import (
     CostModel,
     PackedGroup,
     closed_loop,
+    group_positions,
     layout_cost,
     plan_layouts,
     plan_sizes,
@@ -128,6 +129,64 @@ def test_packed_layouts_fill_one_layout_and_add_others_only_where_they_pay():
     assert real / computed >= 0.9  # steps filled by the batcher, padding only in each step's last rows
 
 
+def test_a_step_takes_the_calls_that_fill_it_best_the_earliest_on_a_tie():
+    def one_row(lengths):
+        return sum(lengths) <= 100
+
+    # arrival order takes 50 + 45 and leaves 5 empty; 30 + 20 fill the room behind the oldest exactly
+    assert group_positions([(50,), (45,), (30,), (20,)], one_row) == [0, 1]
+    assert group_positions([(50,), (45,), (30,), (20,)], one_row, 100) == [0, 2, 3]
+    # as full either way: the earliest calls
+    assert group_positions([(40,), (30,), (30,), (20,), (10,)], one_row, 100) == [0, 1, 2]
+    # a call of several sequences counts them all; an oldest call that fills the step runs alone
+    assert group_positions([(20,), (40, 30), (50,), (30,)], one_row) == [0, 1]
+    assert group_positions([(20,), (40, 30), (50,), (30,)], one_row, 100) == [0, 2, 3]
+    assert group_positions([(120,), (10,)], lambda lengths: len(lengths) == 1, 100) == [0]
+
+
+def test_a_call_the_fill_layout_cannot_hold_fills_the_first_layouts_step():
+    """A 150-token call does not fit a step of 100: with the first layout's step of 200 (on an IPU group of
+    its own) it takes calls to fill that step rather than running alone."""
+
+    def fill(lengths):
+        return sum(lengths) <= 100
+
+    def first(lengths):
+        return sum(lengths) <= 200
+
+    queue = [(150,), (30,), (100,), (20,)]
+    assert group_positions(queue, fill, 100) == [0]
+    assert group_positions(queue, fill, 100, wider=(first, 200)) == [0, 1, 3]
+    assert group_positions(queue[1:], fill, 100, wider=(first, 200)) == [0, 2]  # the fill's step otherwise
+
+
+def test_a_fuller_subset_that_the_rows_cannot_place_leaves_arrival_order():
+    """Two rows of 100: 60 + 70 + 10 fill the room behind the oldest 60 by their sum, but first-fit-
+    decreasing needs a third row for them; the group keeps arrival order's 60, 60 and 10."""
+
+    def two_rows(lengths):
+        rows = _rows_of(lengths, 100)
+        return rows is not None and rows <= 2
+
+    assert group_positions([(60,), (60,), (70,), (10,)], two_rows, 200) == [0, 1, 3]
+
+
+def test_waiting_callers_fill_every_step_but_the_replays_last():
+    """16 waiting callers, steps of 172 positions, lengths like the corpus: in arrival order the room
+    behind a call that does not fit stays empty; chosen by subset sum, every step but the last is full."""
+    rng = np.random.default_rng(0)
+    calls = [(int(n),) for n in np.minimum(rng.lognormal(3.0, 0.7, 240).astype(int) + 3, 160)]
+
+    def fits(lengths):
+        return sum(lengths) <= 172
+
+    in_order = closed_loop(calls, 16, fits)
+    fullest = closed_loop(calls, 16, fits, 172)
+    assert sum(map(len, fullest)) == len(calls) and sorted(c for g in fullest for c in g) == sorted(calls)
+    assert all(sum(n for call in group for n in call) == 172 for group in fullest[:-2])
+    assert len(fullest) < len(in_order)
+
+
 def test_callers_that_wait_for_answers_join_the_call_left_queued():
     def fits(lengths):
         return sum(lengths) <= 100
@@ -147,7 +206,7 @@ def _packed_efficiency(groups, plan, fill, clients, lengths, counts) -> float:
     calls = [call for group in groups for call in group]
     real = sum(n for call in calls for n in call)
     computed = 0
-    for group in closed_loop(calls, clients, fits):
+    for group in closed_loop(calls, clients, fits, fill[0] * fill[1]):  # the batcher's rule at that step
         packed = PackedGroup(0, {t: _rows_of([n for c in group for n in c], t) for t in lengths})
         computed += min(
             c for layout in plan if (c := layout_cost(packed, layout, counts, _steps)) is not None
@@ -174,8 +233,10 @@ def test_packed_plan_for_waiting_callers_keeps_their_steps_full():
             )
             assert len(plan) <= 3 and fill in plan
             results.append(_packed_efficiency(groups, plan, fill, 16, lengths, counts))
-    assert min(as_callers) >= 0.95, as_callers  # 0.973 to 0.981
-    assert all(c >= a for c, a in zip(as_callers, as_arrivals, strict=True)), (as_callers, as_arrivals)
+    # the batcher fills each step by subset sum, so both plans fill nearly every step (0.990 to 0.999); which
+    # one ends the replay's last step fuller is chance, within a percent
+    assert min(as_callers) >= 0.985, as_callers
+    assert all(c >= a - 0.01 for c, a in zip(as_callers, as_arrivals, strict=True)), (as_callers, as_arrivals)
 
 
 def test_a_first_layout_on_its_own_ipu_group_serves_the_rare_longest_calls():

@@ -14,7 +14,9 @@ Test controls (environment, read on every call so a test can change them while a
   "popart_exception"|"OutOfMemoryException"|"recoverable"|"unrecoverable"|"hang"|"exit", "action":
   "IPU_RESET", "times": 1, "seconds": 3600}``; a fault fires ``times`` times per process.
   ``pybind11_enum_name`` (default true): false models a PopART built with pybind11 older than 2.3,
-  whose enum values (``RecoveryAction``) have no ``name``.
+  whose enum values (``RecoveryAction``) have no ``name``. ``compute_threads`` (default: onnxruntime's):
+  the CPU threads the double computes a run with, none of them spinning when idle; an IPU computes
+  beside the host, so a benchmark sets 1 to leave a core to the host's own threads.
 * ``POPART_DOUBLE_LOG``: a file the double appends one JSON line per API call to (the call log).
 
 Every behaviour cites the graphcore/popart source it follows (sdk-release-3.4); what depends on
@@ -1309,7 +1311,14 @@ class InferenceSession:
 
             self._executable = ReferenceEvaluator(model_bytes)
         else:
-            self._executable = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+            settings = onnxruntime.SessionOptions()
+            threads = _config().get("compute_threads")
+            if threads:
+                settings.intra_op_num_threads = int(threads)
+                settings.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self._executable = onnxruntime.InferenceSession(
+                model_bytes, settings, providers=["CPUExecutionProvider"]
+            )
         self._prepared = True
         self._device._loaded = None  # prepare resets the marker
         self._poison_variables()
