@@ -23,8 +23,7 @@ Guarantees:
   have arrived since the last group was formed as that group held (the callers it answered are back, or
   calls come faster than groups run); until then it waits, within the delay, for calls that fill the
   room left. The oldest item always runs, so one left out waits for at most as many groups as there
-  are items ahead of it. ``max_delay_s == 0``
-  waits for nothing beyond what is already queued.
+  are items ahead of it. ``max_delay_s == 0`` waits for nothing beyond what is already queued.
 - ``run_group`` returns one entry per item, in order: a result, or an exception instance for that item
   alone, which is raised in that caller's thread. If ``run_group`` raises, every caller of the group
   raises: a group of one raises the exception itself; in a larger group each caller raises its own

@@ -251,15 +251,17 @@ class PackedRunner:
             (ideal.tokens, ideal.micro_batch) in plan.from_cache or ready(ideal.tokens, ideal.micro_batch)
         ):
             return ideal
-        tokens, micro = plan.first_layout
-        first = layout_at(
-            lengths, tokens, micro, self.segments_per_row, self._device_iterations, self._replicas
-        )
-        assert first is not None, "the longest rows hold every sequence that packs"
-        compiled = best(ready) or (first if ready(tokens, micro) else None)
-        if compiled is None:
-            # the planned layout starts once this one is built (the next group finds it compiled)
-            return first
+        compiled = best(ready)
+        if compiled is None:  # the first layout serves any group, its rows as further steps
+            tokens, micro = plan.first_layout
+            first = layout_at(
+                lengths, tokens, micro, self.segments_per_row, self._device_iterations, self._replicas
+            )
+            assert first is not None, "the longest rows hold every sequence that packs"
+            if not ready(tokens, micro):
+                # the planned layout starts once this one is built (the next group finds it compiled)
+                return first
+            compiled = first
         if ideal is not None:
             shapes = self._shapes(ideal.tokens, ideal.micro_batch)
             plan.compile_later(

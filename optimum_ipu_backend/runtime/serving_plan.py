@@ -477,7 +477,7 @@ class ServingPlanner:
 
 class PackedPlan:
     """The few packed layouts (row length, rows per micro-batch) a session keeps, from the groups seen, and
-    the fill layout whose steps the batcher fills (``fits``)."""
+    the fill layout whose steps the batcher fills (``choose``)."""
 
     def __init__(
         self,
@@ -526,19 +526,17 @@ class PackedPlan:
         groups before the plan exists, and the calls the fill layout leaves to it alone."""
         return self.row_lengths[-1], self.row_counts[0]
 
-    def fits(self, lengths: Sequence[int]) -> bool:
-        """Whether sequences of these lengths fill at most one step of the fill layout (True without one)."""
-        return self.fill is None or layout_step(self.fill, self._steps_of(1, 1), _rows_of)[0](lengths)
-
     def choose(self, calls: Sequence[Sequence[int]]) -> list[int]:
         """The positions of the queued calls (each its sequences' lengths) the batcher's next group takes:
         ``cost_model.group_positions`` at the fill layout's step (a call it cannot hold filling the first
         layout's, where that one has an IPU group of its own), every call without a fill layout."""
-        if self.fill is None:
+        with self._owner._lock:  # a replan may change the fill layout, other threads the padded groups
+            fill, own_group = self.fill, self._first_has_own_group()
+        if fill is None:
             return list(range(len(calls)))
         per_step = self._steps_of(1, 1)
-        fits, capacity = layout_step(self.fill, per_step, _rows_of)
-        wider = layout_step(self.first_layout, per_step, _rows_of) if self._first_has_own_group() else None
+        fits, capacity = layout_step(fill, per_step, _rows_of)
+        wider = layout_step(self.first_layout, per_step, _rows_of) if own_group else None
         return group_positions([tuple(call) for call in calls], fits, capacity, wider)
 
     def _first_has_own_group(self) -> bool:
