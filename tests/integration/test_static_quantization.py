@@ -17,9 +17,12 @@ between its Q/DQ pair with QLinearSoftmax (a 256-entry table of exponentials) an
 BiasGelu. Those kernels multiply the uint8 and int8 integers, sum them in int32, exactly, and requantize
 once with the product of the scales, so they agree with float arithmetic on the same integers except where
 a float sum lands within its rounding error of a midpoint. That holds where the int32 sums are exact, as
-on this machine's CPU (AVX512-VNNI); on x86 CPUs without VNNI onnxruntime's u8s8 kernels add products in
-int16 pairs that saturate, where the default-optimized CPU would differ from both and this comparison
-could fail (onnxruntime's advice there is ``reduce_range`` or u8u8 quantization).
+on a CPU with VNNI (AVX512-VNNI or AVX-VNNI); on x86 CPUs without VNNI onnxruntime's u8s8 kernels add
+products in int16 pairs that saturate, so the default-optimized CPU differs from the graph's definition
+(measured on an AMD EPYC with AVX but no AVX2: 973 of BERT's 49,152 outputs, by up to two steps, while
+the ipu output differs from the definition at 1). There the test checks that CPU's default is the one
+that deviates: it differs from the definition at more elements than the ipu output does (onnxruntime's
+advice for such CPUs is ``reduce_range`` or u8u8 quantization).
 
 The calibration set holds texts of a full 512 tokens (no padding: a padded row's attention mask, -3.4e38,
 would become the range of every softmax input and flatten all attention) and smooth images (gradients of
@@ -194,8 +197,26 @@ def test_a_statically_quantized_model_matches_cpu(real_zoo, case):
     # rows differ from each other: a quantized model flattened to a constant could not tell providers apart
     assert all(not np.array_equal(want[0], want[row]) for row in range(1, BATCH))
     step = _output_step(quantized / "model.onnx")
-    for reference in (want, default):
-        _assert_equal_but_for_rounding_flips(got, reference, step)
+    _assert_equal_but_for_rounding_flips(got, want, step)
+    if _cpu_sums_int8_products_exactly() or _flips(default, want) <= FLIP_SHARE * want.size:
+        _assert_equal_but_for_rounding_flips(got, default, step)
+    else:  # the fused kernels' int16 pair sums saturated (module doc): CPU's default is the one that deviates
+        assert _flips(default, want) > _flips(got, want), (_flips(default, want), _flips(got, want))
+
+
+def _cpu_sums_int8_products_exactly() -> bool:
+    """Whether this CPU has VNNI, where onnxruntime's u8s8 kernels sum int8 products in int32 (module doc)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        flags = []
+    if "sse2" not in flags:
+        return True  # not x86 (or not known): no deviation is known, so the comparison is made
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+def _flips(got: np.ndarray, want: np.ndarray) -> int:
+    return int((np.abs(got - want) > ATOL).sum())
 
 
 def _output_step(path: Path) -> float:

@@ -260,18 +260,41 @@ def test_shutdown_drains_the_requests_in_flight(server, cpu_embed):
     test of the module: it stops the module's server."""
     texts = corpus_texts(24, seed=12)
 
+    def received(page: str) -> float:
+        """/embed requests the server has taken in: answered (with any status) and in flight."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        samples = [sample for family in text_string_to_metric_families(page) for sample in family.samples]
+        answered = sum(
+            s.value
+            for s in samples
+            if s.name == "optimum_ipu_requests_total" and s.labels["endpoint"] == "/embed"
+        )
+        return answered + metric(page, "optimum_ipu_requests_in_flight")
+
     async def send_then_stop():
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+            before = received((await http.get("/metrics")).text)
             pending = [
-                asyncio.ensure_future(http.post("/embed", json={"inputs": [t, t[:40]]})) for t in texts
+                asyncio.ensure_future(http.post("/embed", json={"inputs": [t, t[:40]] * 4})) for t in texts
             ]
-            await asyncio.sleep(0.05)  # the requests are in the server
+            # SIGTERM once the server holds every request: one still in the listen backlog is not in flight
+            # (uvicorn closes the socket on it), so a fixed sleep would make this test depend on the load
+            deadline = time.monotonic() + 60
+            while True:
+                page = (await http.get("/metrics")).text
+                if received(page) - before >= len(texts) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.005)
+            in_flight = metric(page, "optimum_ipu_requests_in_flight")
             stopping = asyncio.get_running_loop().run_in_executor(None, server.stop)
             responses = await asyncio.gather(*pending)
-            return responses, await stopping
+            return responses, await stopping, received(page) - before, in_flight
 
     logged_before = len(server.log())
-    responses, status = asyncio.run(send_then_stop())
+    responses, status, taken_in, in_flight = asyncio.run(send_then_stop())
+    assert taken_in == len(texts), taken_in
+    assert in_flight >= 1, in_flight  # some requests were still being served when SIGTERM came
     assert [r.status_code for r in responses] == [200] * len(texts)
     for text, response in zip(texts, responses, strict=True):
         assert np.abs(np.asarray(response.json()[0]) - cpu_embed(text)).max() <= 1e-5
