@@ -31,7 +31,7 @@ from optimum_ipu_backend.compiler.graphs import GraphView, index_operand_sources
 
 from . import classes as C
 from .evaluate import EvaluationError, Evaluator
-from .rules import RULES, Context, ProofAborted, Value, as_data, describe, rule_not_followed
+from .rules import Context, ProofAborted, Value, as_data, describe, rule_for, rule_not_followed
 from .values import AxisMap, Concrete, Data, Layouts, complete, elem_type_of, inverse, real_positions, to_data
 
 _logger = logging.getLogger(__name__)
@@ -337,8 +337,7 @@ class PaddingAnalyzer:
             ):
                 outputs = self._evaluate(node, (scope, index), values, ctx)
             else:
-                rule = RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-                outputs = (rule or rule_not_followed)(ctx, node, values)
+                outputs = (rule_for(node) or rule_not_followed)(ctx, node, values)
             if index in static:
                 self._static_values[index] = list(outputs)
             for name, value in zip(node.output, outputs, strict=False):
