@@ -56,9 +56,8 @@ def _proof(model: onnx.ModelProto, padded_axis: int):
     shape, real = [BATCH, REAL, HIDDEN], [BATCH, REAL, HIDDEN]
     shape[padded_axis] = PADDED if padded_axis == 1 else HIDDEN + 3
     maps = [None, None, None]
-    maps[padded_axis] = np.where(
-        np.arange(shape[padded_axis]) < real[padded_axis], np.arange(shape[padded_axis]), -1
-    )
+    positions = np.arange(shape[padded_axis])
+    maps[padded_axis] = np.where(positions < real[padded_axis], positions, -1)
     inputs = {i.name: PaddedInput(tuple(shape), tuple(real), tuple(maps), 0) for i in model.graph.input}
     return PaddingAnalyzer(model).prove(inputs)
 
@@ -81,9 +80,8 @@ def test_padding_the_sequence_of_a_fused_operator_is_proven_and_onnxruntime_agre
     outputs = [o.name for o in model.graph.output]
     for name, got, want in zip(outputs, _run(model, padded), _run(model, real), strict=True):
         assert got.shape == (BATCH, PADDED, HIDDEN)
-        assert [m is not None for m in proof.output_maps[name]] == [False, True, False], proof.output_maps[
-            name
-        ]
+        padded_axes = [axis_map is not None for axis_map in proof.output_maps[name]]
+        assert padded_axes == [False, True, False], proof.output_maps[name]
         np.testing.assert_allclose(got[:, :REAL], want, rtol=0, atol=1e-6, err_msg=name)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 from server_process import ServerProcess, metric
 
 from optimum_ipu_backend.conformance.zoo import CORPUS, minilm_dir
@@ -262,8 +263,6 @@ def test_shutdown_drains_the_requests_in_flight(server, cpu_embed):
 
     def received(page: str) -> float:
         """/embed requests the server has taken in: answered (with any status) and in flight."""
-        from prometheus_client.parser import text_string_to_metric_families
-
         samples = [sample for family in text_string_to_metric_families(page) for sample in family.samples]
         answered = sum(
             s.value

@@ -1696,78 +1696,8 @@ def rule_data_dependent(ctx: Context, node: onnx.NodeProto, inputs: list[Value |
     )
 
 
-# onnxruntime's fused operators (domain com.microsoft) that its graph optimizer writes. Each is proven as
-# the composition of standard operators that onnxruntime's operator documentation (ContribOperators.md)
-# defines it to compute; the parts are read as synthetic standard nodes that keep the fused node's name.
-
-
 #: A rule: the values of a node's outputs from the values of its inputs.
 Rule = Callable[[Context, onnx.NodeProto, list[Value | None]], list[Any]]
-
-
-def _part(node: onnx.NodeProto, op_type: str, **attrs: Any) -> onnx.NodeProto:
-    """A standard operator that ``node`` computes as one of its parts (messages name ``node``)."""
-    return onnx.helper.make_node(op_type, [], [node.output[0]], name=f"{node.name} ({node.op_type})", **attrs)
-
-
-def _summed(ctx: Context, node: onnx.NodeProto, operands: Sequence[Value | None]) -> Data:
-    present = [v for v in operands if v is not None]
-    return elementwise(ctx, _part(node, "Add"), present, _table_combine(C.BINARY["Add"]))
-
-
-def rule_skip_normalization(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
-    """SkipLayerNormalization (input, skip, gamma, beta, bias) and SkipSimplifiedLayerNormalization (input,
-    skip, gamma, bias): input + skip + bias, then LayerNormalization (or its RMS form, statistics over
-    the same axis) over the last axis. Outputs: the result, mean and inv_std_var (statistics, not
-    followed), and the sum input_skip_bias_sum."""
-    inputs = [*inputs, None, None][:5]
-    simplified = node.op_type == "SkipSimplifiedLayerNormalization"
-    bias, beta = (inputs[3], None) if simplified else (inputs[4], inputs[3])
-    total = _summed(ctx, node, [inputs[0], inputs[1], bias])
-    layer_norm = _part(node, "LayerNormalization", axis=-1)
-    normalized = rule_normalization(ctx, layer_norm, [total, inputs[2], beta])[0]
-    statistics = normalized.inexact(describe(node, "statistics outputs are not followed"))
-    return [normalized, statistics, statistics, total][: len(node.output)]
-
-
-def rule_simplified_normalization(
-    ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]
-) -> list[Data]:
-    """SimplifiedLayerNormalization (X, scale): RMS normalization over the axes from ``axis`` on, the
-    statistics of LayerNormalization's; its second output, inv_std_var, is not followed."""
-    axis = attributes(node).get("axis", -1)
-    normalized = rule_normalization(ctx, _part(node, "LayerNormalization", axis=axis), inputs[:2])[0]
-    statistics = normalized.inexact(describe(node, "statistics outputs are not followed"))
-    return [normalized, statistics][: len(node.output)]
-
-
-def rule_biased_gelu(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
-    """Gelu, FastGelu (X, bias), BiasGelu (A, B) and QuickGelu (X * Sigmoid(alpha * X)): a smooth activation
-    of the sum, 0 at 0, as Gelu."""
-    total = _summed(ctx, node, inputs[:2])
-    return [elementwise(ctx, _part(node, "Gelu"), [total], _unary_combine(C.UNARY["Gelu"]))]
-
-
-#: Rules for onnxruntime's own operators, by type (domain com.microsoft; SimplifiedLayerNormalization is
-#: written in the ONNX domain, which defines no operator of that name).
-CONTRIB_RULES: dict[str, Rule] = {
-    "SkipLayerNormalization": rule_skip_normalization,
-    "SkipSimplifiedLayerNormalization": rule_skip_normalization,
-    "SimplifiedLayerNormalization": rule_simplified_normalization,
-    "Gelu": rule_biased_gelu,
-    "FastGelu": rule_biased_gelu,
-    "BiasGelu": rule_biased_gelu,
-    "QuickGelu": rule_biased_gelu,
-}
-
-
-def rule_for(node: onnx.NodeProto) -> Rule | None:
-    """The rule that proves ``node``, by its domain and type (None: it has none)."""
-    if node.domain in ("", "ai.onnx"):
-        if onnx.defs.has(node.op_type):
-            return RULES.get(node.op_type)
-        return CONTRIB_RULES.get(node.op_type)  # onnxruntime's own, written in the ONNX domain
-    return CONTRIB_RULES.get(node.op_type) if node.domain == "com.microsoft" else None
 
 
 RULES: dict[str, Rule] = {
@@ -1846,3 +1776,74 @@ RULES: dict[str, Rule] = {
     "Range": rule_data_dependent,
     "ConstantOfShape": rule_data_dependent,
 }
+
+
+# onnxruntime's fused operators (domain com.microsoft) that its graph optimizer writes. Each is proven as
+# the composition of standard operators that onnxruntime's operator documentation (ContribOperators.md)
+# defines it to compute; the parts are read as synthetic standard nodes that keep the fused node's name.
+
+
+def _part(node: onnx.NodeProto, op_type: str, **attrs: Any) -> onnx.NodeProto:
+    """A standard operator that ``node`` computes as one of its parts (messages name ``node``)."""
+    return onnx.helper.make_node(op_type, [], [node.output[0]], name=f"{node.name} ({node.op_type})", **attrs)
+
+
+def _summed(ctx: Context, node: onnx.NodeProto, operands: Sequence[Value | None]) -> Data:
+    present = [v for v in operands if v is not None]
+    return elementwise(ctx, _part(node, "Add"), present, _table_combine(C.BINARY["Add"]))
+
+
+def rule_skip_normalization(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
+    """SkipLayerNormalization (input, skip, gamma, beta, bias) and SkipSimplifiedLayerNormalization (input,
+    skip, gamma, bias): input + skip + bias, then LayerNormalization (or its RMS form, statistics over
+    the same axis) over the last axis. Outputs: the result, mean and inv_std_var (statistics, not
+    followed), and the sum input_skip_bias_sum."""
+    inputs = [*inputs, None, None][:5]
+    simplified = node.op_type == "SkipSimplifiedLayerNormalization"
+    bias, beta = (inputs[3], None) if simplified else (inputs[4], inputs[3])
+    total = _summed(ctx, node, [inputs[0], inputs[1], bias])
+    layer_norm = _part(node, "LayerNormalization", axis=-1)
+    normalized = rule_normalization(ctx, layer_norm, [total, inputs[2], beta])[0]
+    statistics = normalized.inexact(describe(node, "statistics outputs are not followed"))
+    return [normalized, statistics, statistics, total][: len(node.output)]
+
+
+def rule_simplified_normalization(
+    ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]
+) -> list[Data]:
+    """SimplifiedLayerNormalization (X, scale): RMS normalization over the axes from ``axis`` on, the
+    statistics of LayerNormalization's; its second output, inv_std_var, is not followed."""
+    axis = attributes(node).get("axis", -1)
+    normalized = rule_normalization(ctx, _part(node, "LayerNormalization", axis=axis), inputs[:2])[0]
+    statistics = normalized.inexact(describe(node, "statistics outputs are not followed"))
+    return [normalized, statistics][: len(node.output)]
+
+
+def rule_biased_gelu(ctx: Context, node: onnx.NodeProto, inputs: list[Value | None]) -> list[Data]:
+    """Gelu, FastGelu (X, bias), BiasGelu (A, B) and QuickGelu (X * Sigmoid(alpha * X)): a smooth activation
+    of the sum, 0 at 0, as Gelu."""
+    total = _summed(ctx, node, inputs[:2])
+    return [elementwise(ctx, _part(node, "Gelu"), [total], _unary_combine(C.UNARY["Gelu"]))]
+
+
+#: Rules for onnxruntime's own operators, by type (domain com.microsoft; SimplifiedLayerNormalization is
+#: written in the ONNX domain, which defines no operator of that name).
+CONTRIB_RULES: dict[str, Rule] = {
+    "SkipLayerNormalization": rule_skip_normalization,
+    "SkipSimplifiedLayerNormalization": rule_skip_normalization,
+    "SimplifiedLayerNormalization": rule_simplified_normalization,
+    "Gelu": rule_biased_gelu,
+    "FastGelu": rule_biased_gelu,
+    "BiasGelu": rule_biased_gelu,
+    "QuickGelu": rule_biased_gelu,
+}
+
+
+def rule_for(node: onnx.NodeProto) -> Rule | None:
+    """The rule that proves ``node``, by its domain and type (None: it has none)."""
+    if node.domain in ("", "ai.onnx"):
+        rule = RULES.get(node.op_type)
+        if rule is None and not onnx.defs.has(node.op_type):  # onnxruntime's own, in the ONNX domain
+            rule = CONTRIB_RULES.get(node.op_type)
+        return rule
+    return CONTRIB_RULES.get(node.op_type) if node.domain == "com.microsoft" else None
