@@ -325,6 +325,12 @@ class Engine(_Closable, ABC):
         wrote; the engine reads its files itself, without a copy through Python."""
         return self.compile(graph, options, artifacts)
 
+    def build_aside(self, graph: Path, options: CompileOptions, artifacts: Path) -> Executable:
+        """``compile`` (or ``load``, when ``artifacts`` holds a build already) for a background compile:
+        an engine whose compile would hold the device its executables run on builds elsewhere, and the
+        executable goes onto its IPUs at its first use (``engines.worker``). Others just compile."""
+        return self.compile(graph, options, artifacts)
+
     def key_settings(self, options: CompileOptions) -> dict[str, Any]:
         """Engine settings beyond ``options.binary_settings()`` that change the binary (the target IPU
         architecture, tile count, ...). The runtime puts them, and ``sdk_version``, into the cache key."""

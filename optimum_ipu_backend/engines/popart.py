@@ -88,6 +88,7 @@ class PopARTEngine(WorkerEngine):
     sdk_label = "PopART"
     sdk_install = "enable the SDK in this environment (source <sdk>/enable)"
     backend = "optimum_ipu_backend.engines.popart:PopARTBackend"
+    offline_binary_serves_device = True  # see engines.worker: the cache key hashes the target, not the device
 
     def key_settings(self, options: CompileOptions) -> dict[str, Any]:
         return {**super().key_settings(options), "tiles_per_ipu": TILES_PER_IPU}

@@ -23,6 +23,19 @@ of plain Python values over a socket pair (the two interpreters may have differe
 arrays never cross it: each executable's input and output buffers are shared memory (files in
 ``/dev/shm``, mapped by both processes and unlinked once mapped), written in place by the host and by
 the SDK.
+
+Background compiles. The worker serves one request at a time, and a compile there holds the device too:
+PopART's ``prepareDevice`` marks the engine loaded on a shared device as not loaded (``Devicex::prepare``
+ends in ``setEngineIsLoaded(false)``, willow/src/popx/devicex.cpp at sdk-release-3.4), so the next run of
+that engine reloads it. A background compile (``Engine.build_aside``, the serving plan's) therefore goes
+to a second worker, the compile worker, which builds for an offline twin of the device
+(``createOfflineIPUDevice``: the same architecture, IPU count and tiles) into the executable's artifact
+directory; the executable is built on its device, from that binary, at its first use. The engine
+cache's key hashes a device by those facts only (``std::hash<popart::DeviceInfo>``,
+willow/src/devicemanager.cpp: hardware-compatible, target architecture, IPUs, tiles per IPU, worker
+contexts), so the twin's binary serves the device; were the key to differ, the build on the device would
+compile again and serve the same results, only later. PopTorch's engine compiles on the device as before
+(``WorkerEngine.offline_binary_serves_device``): its cache key has not been read this way yet.
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -116,9 +130,11 @@ class Worker:
     """One SDK worker process on the interpreter ``python``, started on demand and again after it died
     (``generation`` counts starts)."""
 
-    def __init__(self, sdk: str, backend: str, python: str = sys.executable) -> None:
+    def __init__(self, sdk: str, backend: str, python: str = sys.executable, role: str = "device") -> None:
         self.sdk, self.backend, self.python = sdk, backend, python
-        self.key = (sdk, python)
+        #: "device" serves the executables on the IPUs; "compile" builds for offline targets only.
+        self.role = role
+        self.key = (sdk, python, role)
         self.generation = 0
         self.info: dict[str, Any] = {}
         self._process: subprocess.Popen | None = None
@@ -394,18 +410,18 @@ class _RemoteFault(Exception):
 
 # -- one worker per SDK and interpreter, shared by the engines of this process ---------------------------
 
-# keyed by (SDK module, interpreter)
-_workers: dict[tuple[str, str], Worker] = {}
-_users: dict[tuple[str, str], int] = {}
+# keyed by (SDK module, interpreter, role)
+_workers: dict[tuple[str, str, str], Worker] = {}
+_users: dict[tuple[str, str, str], int] = {}
 _registry_lock = threading.Lock()
 
 
-def _shared_worker(sdk: str, backend: str, python: str) -> Worker:
-    key = (sdk, python)
+def _shared_worker(sdk: str, backend: str, python: str, role: str = "device") -> Worker:
+    key = (sdk, python, role)
     with _registry_lock:
         worker = _workers.get(key)
         if worker is None or worker._closed:
-            worker = _workers[key] = Worker(sdk, backend, python)
+            worker = _workers[key] = Worker(sdk, backend, python, role)
         _users[key] = _users.get(key, 0) + 1
         return worker
 
@@ -498,10 +514,19 @@ class RemoteExecutable(Executable):
     Carried state: ``write_state`` copies the values into shared memory and sends one request.
     ``state_epoch`` counts the rebuilds here and the loads and resets the worker reports (worker_server);
     a run that loaded the executable onto its device reports it in its reply, so that run already read the
-    state the load left (``state_epoch`` then differs from what it was before the run)."""
+    state the load left (``state_epoch`` then differs from what it was before the run).
+
+    Built ``aside`` (a background compile; see the module's notes): the compile worker builds it for an
+    offline twin of the device, and it is built on the device, from the binary that left in its artifact
+    directory, at its first run, load or state upload."""
 
     def __init__(
-        self, engine: WorkerEngine, request: dict[str, Any], options: CompileOptions, what: str
+        self,
+        engine: WorkerEngine,
+        request: dict[str, Any],
+        options: CompileOptions,
+        what: str,
+        aside: Worker | None = None,
     ) -> None:
         self._engine = engine
         self._worker = engine._worker
@@ -509,24 +534,43 @@ class RemoteExecutable(Executable):
         self._options = options
         self._what = what
         self._mappings: list[mmap.mmap] = []
-        self._state_epoch = -1  # the first build makes it 0
-        self._build()
+        self._state_epoch = -1  # the first build on the device makes it 0
+        self._id: int | None = None  # in the device worker; None until built there
+        if aside is None:
+            self._build()
+        else:
+            self._build_aside(aside)
 
     # -- building ------------------------------------------------------------------------------------
 
-    def _build(self) -> None:
-        timeout = self._options.compile_timeout
+    def _call_build(self, worker: Worker, request: dict[str, Any], what: str) -> dict[str, Any]:
         try:
-            reply = self._worker.call(
-                "build", timeout=timeout, what=f"compiling {self._what}", **self._request
-            )
+            reply = worker.call("build", timeout=self._options.compile_timeout, what=what, **request)
         except _RemoteFault as fault:
             error = device_fault(fault.error, self._what, self._options.ipus)
             raise error from error.__cause__
-        self._id, self._generation = reply["executable"], self._worker.generation
         self.inputs = tuple(_spec(entry) for entry in reply["inputs"])
         self.outputs = tuple(_spec(entry) for entry in reply["outputs"])
         self.state = tuple(_spec(entry) for entry in reply.get("state", ()))
+        return reply
+
+    def _build_aside(self, worker: Worker) -> None:
+        """Compile for the device's offline twin in the compile worker (the binary goes to the artifact
+        directory), then release it there: only its tensors are kept until the build on the device."""
+        reply = self._call_build(
+            worker, {**self._request, "offline": True}, f"compiling {self._what} beside the device"
+        )
+        for kind in ("input_buffers", "output_buffers", "state_buffers"):
+            for entry in reply.get(kind, ()):
+                os.unlink(entry["path"])  # nothing runs there: its buffers are never mapped
+        worker.release_now(worker.generation, reply["executable"])
+        self.device_label = None
+        self._offline = False
+        self._generation = -1  # not on the device yet: its first use builds it there
+
+    def _build(self) -> None:
+        reply = self._call_build(self._worker, self._request, f"compiling {self._what}")
+        self._id, self._generation = reply["executable"], self._worker.generation
         # a rebuild starts from the initializers' values: whatever state the runtime wrote is gone
         self._state_epoch += 1
         self._worker_epoch = reply.get("epoch", 0)
@@ -624,11 +668,14 @@ class RemoteExecutable(Executable):
             )
         for attempt in (1, 2):
             if self._generation != self._worker.generation or not self._worker.alive:
-                _logger.warning(
-                    "rebuilding %s: its %s worker restarted or its device was released",
-                    self._what,
-                    self._worker.sdk,
-                )
+                if self._id is None:  # built aside: onto the device now, from its binary
+                    _logger.info("loading %s onto its device (compiled beside it)", self._what)
+                else:
+                    _logger.warning(
+                        "rebuilding %s: its %s worker restarted or its device was released",
+                        self._what,
+                        self._worker.sdk,
+                    )
                 self._build()
             fill()
             try:
@@ -669,6 +716,9 @@ class WorkerEngine(Engine):
     sdk_label: ClassVar[str]  # the SDK module's name in messages ("PopART")
     sdk_install: ClassVar[str]  # what to do when the SDK module is missing
     backend: ClassVar[str]  # "module:Class" of the worker-side backend
+    #: Whether a binary built for an offline twin of a device serves the device from the artifact
+    #: directory (the SDK's cache key hashes the device by target facts only): ``build_aside`` needs it.
+    offline_binary_serves_device: ClassVar[bool] = False
 
     @classmethod
     def probe(cls) -> Availability:
@@ -687,6 +737,9 @@ class WorkerEngine(Engine):
         self.sdk_python = resolve_sdk_python(sdk_python)
         self._worker = _shared_worker(self.sdk_module, self.backend, self.sdk_python)
         self._on_close(_release_worker, self._worker)
+        self._compile_lock = threading.Lock()
+        self._compile_worker: Worker | None = None  # started by the first background compile
+        self._compile_worker_release: Any = None
         try:
             with self._worker._lock:
                 self._worker.ensure_started()
@@ -719,9 +772,39 @@ class WorkerEngine(Engine):
     def key_settings(self, options: CompileOptions) -> dict[str, Any]:
         return {"ipu_version": self._target_ipu_version(options)}
 
+    def close(self) -> None:
+        super().close()
+        if self._compile_worker_release is not None:
+            self._compile_worker_release()
+
     def compile(self, graph: Path, options: CompileOptions, artifacts: Path | None = None) -> Executable:
         self._check_open()
-        request = {
+        request = self._request(graph, options, artifacts)
+        return self._track(RemoteExecutable(self, request, options, f"the graph {graph}"))
+
+    def build_aside(self, graph: Path, options: CompileOptions, artifacts: Path) -> Executable:
+        """On hardware, compile in the compile worker for the device's offline twin (see the module's
+        notes), so the device worker goes on serving runs and the executable loaded on a shared device
+        stays loaded; elsewhere (an IPU Model, an offline or a PopDist target) as ``compile``."""
+        self._check_open()
+        if (
+            not self.offline_binary_serves_device
+            or self.offline
+            or not DEVICE_KINDS[self.device].needs_hardware
+            or options.distributed is not None  # the instance's device comes from PopDist's configuration
+        ):
+            return self.compile(graph, options, artifacts)
+        with self._compile_lock:
+            if self._compile_worker is None:
+                worker = _shared_worker(self.sdk_module, self.backend, self.sdk_python, "compile")
+                self._compile_worker = worker
+                self._compile_worker_release = weakref.finalize(self, _release_worker, worker)
+            worker = self._compile_worker
+        request = self._request(graph, options, artifacts)
+        return self._track(RemoteExecutable(self, request, options, f"the graph {graph}", aside=worker))
+
+    def _request(self, graph: Path, options: CompileOptions, artifacts: Path | None) -> dict[str, Any]:
+        return {
             "graph": str(graph),
             "artifacts": None if artifacts is None else str(artifacts),
             "device": self.device,
@@ -730,7 +813,6 @@ class WorkerEngine(Engine):
             # device and offline travel once, as the engine's own, not again inside the options
             "options": {k: v for k, v in asdict(options).items() if k not in ("device", "offline")},
         }
-        return self._track(RemoteExecutable(self, request, options, f"the graph {graph}"))
 
     def describe(self) -> str:
         python = ""

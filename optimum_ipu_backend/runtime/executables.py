@@ -190,7 +190,11 @@ class ExecutableTable:
             "sdk_version": self._engine.sdk_version,
         }
 
-    def _compile(self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool]) -> CompiledEntry:
+    def _compile(
+        self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool], background: bool = False
+    ) -> CompiledEntry:
+        """``background``: built with ``Engine.build_aside``, which keeps the compile off the device that
+        serves the calls meanwhile (it needs an artifact directory, so one is made without a cache too)."""
         started = time.perf_counter()
         if self._cache is None:
             if self._scratch is None:
@@ -199,16 +203,21 @@ class ExecutableTable:
                 self._finalizer = weakref.finalize(self, _remove_scratch, [self._scratch])
             directory = Path(tempfile.mkdtemp(dir=self._scratch))
             graph = self._save_legalized(shapes, branches, directory)
-            executable = self._engine.compile(graph, self._options)
+            if background:
+                (directory / ARTIFACTS_DIR).mkdir()
+                executable = self._engine.build_aside(graph, self._options, directory / ARTIFACTS_DIR)
+            else:
+                executable = self._engine.compile(graph, self._options)
             source = "compiled"
         else:
             built: dict[str, Executable] = {}
+            make = self._engine.build_aside if background else self._engine.compile
 
             def build(directory: Path) -> None:
                 graph = self._save_legalized(shapes, branches, directory)
                 artifacts = directory / ARTIFACTS_DIR
                 artifacts.mkdir()
-                built["executable"] = self._engine.compile(graph, self._options, artifacts)
+                built["executable"] = make(graph, self._options, artifacts)
 
             key = self._cache_key(shapes, branches)
             entry = self._cache.get_or_create(
@@ -223,6 +232,8 @@ class ExecutableTable:
             if "executable" in built:
                 executable, source = built["executable"], "compiled"
                 executable.relocated(graph, artifacts)
+            elif background:
+                executable, source = self._engine.build_aside(graph, self._options, artifacts), "cache"
             else:
                 executable = self._engine.load(graph, artifacts, self._options)
                 source = "cache"
@@ -261,7 +272,7 @@ class ExecutableTable:
         with key_lock:
             entry = self._entries.get(key)
             if entry is None:
-                entry = self._compile(dict(shapes), dict(branches))
+                entry = self._compile(dict(shapes), dict(branches), background)
                 entry.background = background
                 if background:
                     _logger.info("built in the background: %s (%s)", entry.shapes, entry.source)

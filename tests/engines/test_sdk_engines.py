@@ -15,11 +15,14 @@ import threading
 import time
 
 import numpy as np
+import onnx
 import pytest
 from sdk_testing import IPUS, calls, clear_log, configure
 from tiny_models import feed, reference, tiny_model
 
 from optimum_ipu_backend.engines import EngineClosedError, engine_names
+from optimum_ipu_backend.engines.base import CompileOptions
+from optimum_ipu_backend.engines.popart import PopARTEngine
 from optimum_ipu_backend.engines.probe import resolve_device
 from optimum_ipu_backend.engines.worker import (
     CompileTimeoutError,
@@ -30,6 +33,8 @@ from optimum_ipu_backend.engines.worker import (
     SdkError,
     WorkerDiedError,
 )
+from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
+from optimum_ipu_backend.runtime.executables import ExecutableTable
 from optimum_ipu_backend.runtime.ipu_config import IPUProviderOptions, ProviderOptionError
 from optimum_ipu_backend.session import IPUInferenceSession, create_session
 
@@ -117,6 +122,102 @@ def test_ipu_groups_caps_the_ipus_a_session_holds(double, model, tmp_path):
     stats = session.compiled_executables()
     assert len(stats) == 4 and len({entry["device"] for entry in stats}) == 2  # 4 IPUs free, 2 held
     session.close()
+
+
+def _fixed_batch(path, batch: int, seed: int = 0):
+    """The tiny graph with every size static, as the runtime hands an engine its legalized graphs."""
+    model = onnx.load(str(tiny_model(path, seed=seed, sequence=5)))
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_value = batch
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_background_compile_leaves_the_shared_ipu_and_the_device_worker_to_the_calls(double, tmp_path):
+    """On one IPU, a background compile (``build_aside``) runs in the compile worker, for an offline twin of
+    the device: the executable loaded there serves on, neither waiting for the compile nor reloaded after
+    it, and the new one goes onto the IPU, from the binary the compile left, at its first run."""
+    configure(double, ipus=1)
+    graphs = {batch: _fixed_batch(tmp_path / f"b{batch}" / "model.onnx", batch) for batch in (2, 4)}
+    options = CompileOptions(device="ipu")
+
+    def check(executable, batch: int) -> None:
+        inputs = feed(batch=batch, seed=batch)
+        device_feed = {spec.name: inputs[spec.name].astype(spec.dtype) for spec in executable.inputs}
+        got, expected = executable.run(device_feed), reference(graphs[batch], inputs)
+        np.testing.assert_allclose(got["y"], expected[0], atol=ATOL)
+        np.testing.assert_array_equal(got["ids_plus_one"], expected[1])
+
+    with PopARTEngine("ipu") as engine:
+        artifacts = {batch: graph.parent / "artifacts" for batch, graph in graphs.items()}
+        for directory in artifacts.values():
+            directory.mkdir()
+        loaded = engine.compile(graphs[2], options, artifacts[2])
+        check(loaded, 2)
+        configure(double, ipus=1, faults=[{"at": "prepareDevice", "error": "hang", "seconds": 3}])
+        built = {}
+        compiling = threading.Thread(
+            target=lambda: built.update(new=engine.build_aside(graphs[4], options, artifacts[4]))
+        )
+        compiling.start()
+        seconds = []
+        while compiling.is_alive():
+            started = time.perf_counter()
+            check(loaded, 2)
+            seconds.append(time.perf_counter() - started)
+        compiling.join()
+        configure(double, ipus=1)  # the device worker's own builds are not held
+        # the runs went on through the 3 s compile, each as fast as alone, and none reloaded the executable
+        assert len(seconds) >= 5 and max(seconds) < 1.0, seconds
+        assert loaded.switches == 0
+        new = built["new"]
+        check(new, 4)  # built on the IPU now: its first load, not a switch
+        assert new.switches == 0 and loaded.switches == 0
+        check(loaded, 2)
+        assert loaded.switches == 1  # the IPU holds the new one now: this reload is real
+    sessions = calls(double, "InferenceSession.__init__")
+    compile_pid = next(entry["pid"] for entry in sessions if entry["device"]["type"] == "OfflineIpu")
+    on_device = [entry for entry in sessions if entry["device"]["type"] == "Ipu"]
+    assert len(on_device) == 2 and all(entry["pid"] != compile_pid for entry in on_device)
+    (written,) = [entry for entry in calls(double, "cache_write") if entry["pid"] == compile_pid]
+    hits = [entry for entry in calls(double, "cache_hit") if entry["pid"] != compile_pid]
+    assert [entry["path"] for entry in hits] == [written["path"]]  # the device ran the twin's binary
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_table_builds_background_executables_aside_from_the_device(double, tmp_path, cached):
+    """``ExecutableTable.entry_for(background=True)`` (the serving plan's compiles) builds with
+    ``build_aside``, with or without an executable cache (the binary then lies in the table's scratch
+    directory): the executable serving on the one IPU is not reloaded by it."""
+    configure(double, ipus=1)
+    model = tiny_model(tmp_path / "model.onnx", sequence=5)
+    cache = ExecutableCache(tmp_path / "cache") if cached else None
+    with PopARTEngine("ipu") as engine:
+        table = ExecutableTable(
+            lambda: onnx.load(str(model)),
+            engine,
+            CompileOptions(device="ipu"),
+            graph_digest="1" * 64,
+            cache=cache,
+        )
+        with table:
+            entries = {}
+            for batch, background in ((2, False), (4, True)):
+                shapes = {"input_ids": (batch, 5), "x": (batch, 4)}
+                entries[batch] = table.entry_for(shapes, {}, background=background)
+            for batch in (2, 4, 2):
+                inputs = feed(batch=batch, seed=batch)
+                executable = entries[batch].executable
+                typed = {spec.name: inputs[spec.name].astype(spec.dtype) for spec in executable.inputs}
+                got = executable.run(typed)
+                np.testing.assert_allclose(got["y"], reference(model, inputs)[0], atol=ATOL)
+                if batch == 4:
+                    assert entries[2].executable.switches == 0  # the background build did not reload it
+            assert entries[2].executable.switches == 1 and entries[4].executable.switches == 0
+    sessions = calls(double, "InferenceSession.__init__")
+    assert [entry["device"]["type"] for entry in sessions] == ["Ipu", "OfflineIpu", "Ipu"]
+    (hit,) = calls(double, "cache_hit")
+    assert hit["pid"] != sessions[1]["pid"] and (not cached or str(tmp_path / "cache") in hit["path"])
 
 
 # -- the executable cache --------------------------------------------------------------------------------
