@@ -25,6 +25,7 @@ for packed rows): tested without models, used by ``runtime.serving_plan``.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -59,6 +60,10 @@ TOKEN_SECONDS = Estimate(
 HORIZON_CALLS = Estimate(
     1e7, "assumed: calls one cached executable serves (a day at about a hundred calls per second)"
 )
+
+#: Orders of the sampled calls a closed-loop replay of packed traffic is priced over (``plan_layouts``):
+#: which fill layout serves best depends on how the calls happened to group, and a sample is one order.
+REPLAY_ORDERS = 4
 
 #: Provider option -> the model's field it sets.
 OPTION_FIELDS = {
@@ -399,7 +404,8 @@ def plan_layouts(
     set-cover problem, and groups differ from one run to the next anyway. The traffic is replayed as the
     batcher would group it under each fill layout: by ``clients`` callers that wait for their answers
     (``closed_loop``) when the batcher counted them, else as calls arriving in these groups (``refill``),
-    each group taking the calls that fill its step best (``group_positions``). A closed-loop replay ends
+    each group taking the calls that fill its step best (``group_positions``), in ``REPLAY_ORDERS`` orders
+    of the calls (a sample's order is one draw of how they group). A closed-loop replay ends
     where its sample does: the groups formed once the calls ran out are priced by their real positions,
     and the replay's end by half a step, the room a pause in the traffic leaves empty on average, so that
     the choice does not hang on how this sample's last step happened to end.
@@ -444,36 +450,52 @@ def plan_layouts(
                 cheapest = min(cheapest, sum(costs) * scale + executable)
         return cheapest
 
+    # how the batcher groups calls depends on the order they arrive in, and the sample is one order: a
+    # closed-loop replay is priced over REPLAY_ORDERS orders of it (the recorded one first, the others
+    # seeded by the sample, so that the same record gives the same plan)
+    orders = [arrivals]
+    if clients is not None:
+        shuffle = random.Random(len(arrivals))
+        orders += [shuffle.sample(arrivals, len(arrivals)) for _ in range(REPLAY_ORDERS - 1)]
+
+    def replayed(
+        tokens: int, micro: int, order: Sequence[tuple[int, ...]]
+    ) -> tuple[float, list[list[tuple[int, ...]]]]:
+        """The cost of ``order``'s calls served with the fill layout ``(tokens, micro)``, and its groups."""
+        fits, step = layout_step((tokens, micro), per_step, rows_of)
+        replay = (
+            [(group, False) for group in refill(groups, fits, step, wider)]
+            if clients is None
+            else _closed_loop(order, clients, fits, step, wider)
+        )
+        computed, groups_left, rooms = 0.0, [], []
+        for group, draining in replay:
+            cost = layout_cost(packed(group, (tokens,)), (tokens, micro), row_counts, steps_of)
+            # the room the group's step can leave empty: the fill layout's, or the first layout's
+            rooms.append(step if cost is not None or wider is None else wider[1])
+            if cost is None:
+                groups_left.append(group)
+            elif draining:
+                # the replay ends where its sample does, steady traffic does not: these calls would
+                # share steps with the calls that follow
+                computed += sum(n for call in group for n in call)
+            else:
+                computed += cost
+        if clients is not None and rooms:
+            # and where the traffic pauses, its last step leaves half its room empty, expected: priced
+            # once per replay, whether or not this sample happened to end on a full step. That step is
+            # any group's: on the first layout as often as the groups the fill layout leaves to it
+            computed += sum(rooms) / len(rooms) / 2
+        return computed * scale + left_over(groups_left), [group for group, _ in replay]
+
     best: tuple[float, tuple[int, int], list[list[tuple[int, ...]]]] | None = None
     for tokens in (t for t in row_lengths if first is not None or t >= longest):
         for micro in row_counts:
-            fits, step = layout_step((tokens, micro), per_step, rows_of)
-            replay = (
-                [(group, False) for group in refill(groups, fits, step, wider)]
-                if clients is None
-                else _closed_loop(arrivals, clients, fits, step, wider)
-            )
-            formed = [group for group, _ in replay]
-            computed, groups_left = 0.0, []
-            for group, draining in replay:
-                cost = layout_cost(packed(group, (tokens,)), (tokens, micro), row_counts, steps_of)
-                if cost is None:
-                    groups_left.append(group)
-                elif draining:
-                    # the replay ends where its sample does, steady traffic does not: these calls would
-                    # share steps with the calls that follow
-                    computed += sum(n for call in group for n in call)
-                else:
-                    computed += cost
-            if clients is not None:
-                # and where the traffic pauses, its last step leaves half its room empty, expected: priced
-                # once per replay, whether or not this sample happened to end on a full step
-                computed += step / 2
-            total = (
-                computed * scale + left_over(groups_left) + model.executable_seconds((tokens, micro) in done)
-            )
+            replays = [replayed(tokens, micro, order) for order in orders]
+            total = sum(cost for cost, _ in replays) / len(replays)
+            total += model.executable_seconds((tokens, micro) in done)
             if best is None or total < best[0]:
-                best = (total, (tokens, micro), formed)
+                best = (total, (tokens, micro), replays[0][1])
     if best is None:
         return (), None
     _, fill, formed = best
