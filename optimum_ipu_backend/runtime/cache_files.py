@@ -34,7 +34,10 @@ DESCRIPTIONS_DIR = "graphs"  # graph descriptions, keyed by the graph's content
 PROOFS_DIR = "padding-proofs"  # padding proofs, under the digest of the graph they prove
 CONFORMANCE_DIR = "conformance"  # the conformance suite's built models, exports and node cases
 PLANS_DIR = "serving-plans"  # serving plans and their length histograms, under the graph's digest
-STORES = (DESCRIPTIONS_DIR, PROOFS_DIR, CONFORMANCE_DIR, PLANS_DIR)
+# which entry holds the graph legalized for a signature, under the graph's digest: the entries of other
+# engines, devices and SDK versions legalize the same graph, shapes and options to the same graph
+LEGALIZED_DIR = "legalized-graphs"
+STORES = (DESCRIPTIONS_DIR, PROOFS_DIR, CONFORMANCE_DIR, PLANS_DIR, LEGALIZED_DIR)
 # A record of a graph no entry uses is kept this long after it was written (see ``drop_unused_records``).
 UNUSED_RECORD_SECONDS = 24 * 3600
 
@@ -114,16 +117,18 @@ def store_usage(root: Path) -> dict[str, dict[str, int]]:
 def drop_unused_records(
     root: Path, used: Set[str], gone: Set[str] = frozenset(), min_age: float = UNUSED_RECORD_SECONDS
 ) -> None:
-    """Remove the graph descriptions and padding proofs of the graphs whose digest is not in ``used`` (the
-    graphs the cache's entries were built from): at once for the graphs in ``gone`` (their last entry was
-    just evicted), the others once unchanged for ``min_age`` seconds; and each store once empty.
+    """Remove the graph descriptions, padding proofs, serving plans and legalized-graph records of the
+    graphs whose digest is not in ``used`` (the graphs the cache's entries were built from): at once for
+    the graphs in ``gone`` (their last entry was just evicted), the others once unchanged for ``min_age``
+    seconds; and each store once empty.
 
     The wait spares a session that has described a graph and not yet stored its first executable (a
     seq2seq model's decoder while its encoder compiles): its description would be missing on the next
     warm start. Removing a record costs time, never results: it reads as missing and is computed again.
     Temporary files of a write in progress go with their record (that write is then skipped)."""
     now = time.time()
-    for store, digest_of in ((DESCRIPTIONS_DIR, graph_digest), (PROOFS_DIR, str), (PLANS_DIR, str)):
+    by_graph = ((DESCRIPTIONS_DIR, graph_digest), (PROOFS_DIR, str), (PLANS_DIR, str), (LEGALIZED_DIR, str))
+    for store, digest_of in by_graph:
         directory = root / store
         if not directory.is_dir():
             continue

@@ -18,6 +18,7 @@ declare itself thread-safe are serialized here.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import shutil
 import tempfile
@@ -35,7 +36,8 @@ import onnx
 from optimum_ipu_backend.compiler.carried_state import ROWS_INPUT, carried_state_plan
 from optimum_ipu_backend.engines.base import CompileOptions, Engine, EngineClosedError, Executable
 from optimum_ipu_backend.runtime.boundary import to_device_dtype
-from optimum_ipu_backend.runtime.executable_cache import CacheKey, ExecutableCache
+from optimum_ipu_backend.runtime.cache_files import LEGALIZED_DIR, code_identity, read_record, write_record
+from optimum_ipu_backend.runtime.executable_cache import CacheError, CacheKey, ExecutableCache
 from optimum_ipu_backend.runtime.progress import step_progress
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ _logger = logging.getLogger(__name__)
 LEGALIZED_GRAPH_FILE = "legalized.onnx"
 LEGALIZED_DATA_FILE = f"{LEGALIZED_GRAPH_FILE}.data"
 ARTIFACTS_DIR = "artifacts"
+LEGALIZED_RECORD_FORMAT = 1  # of the records under cache_files.LEGALIZED_DIR
 ShapeKey = tuple[tuple[str, object], ...]
 
 
@@ -106,9 +109,10 @@ class ExecutableTable:
         self, shapes: dict[str, tuple[int, ...]], branches: dict[str, bool], directory: Path
     ) -> Path:
         key = self._legalized_key(shapes, branches)
-        earlier = _legalized_files.get(key)
+        earlier = _legalized_files.get(key) or self._recorded_legalized(key)
         if earlier is not None and earlier.is_file():
-            # Legalization does not depend on the engine or device: reuse this process's earlier result.
+            # Legalization does not depend on the engine or device: reuse an earlier result (this
+            # process's, or one the cache holds in another engine's or device's entry).
             return _copy_graph(earlier, directory / LEGALIZED_GRAPH_FILE)
         # The compiler is imported on the first cache miss, keeping it off warm loads.
         from optimum_ipu_backend.compiler import build_passes, legalize
@@ -142,6 +146,27 @@ class ExecutableTable:
         )
         _legalized_files[key] = path
         return path
+
+    def _legalized_record(self, key: tuple) -> Path | None:
+        """Where the cache records which entry holds the graph legalized for ``key`` (None without a
+        cache); keyed with this package's code, so a changed compiler legalizes again."""
+        if self._cache is None:
+            return None
+        name = hashlib.sha256(repr((code_identity(), key)).encode()).hexdigest()[:32]
+        return self._cache.root / LEGALIZED_DIR / self._graph_digest / f"{name}.json"
+
+    def _recorded_legalized(self, key: tuple) -> Path | None:
+        """The legalized graph of a verified cache entry that another table (another process, engine or
+        device) built for ``key``, or None: a missing, corrupt or evicted entry legalizes again."""
+        record = self._legalized_record(key)
+        stored = None if record is None else read_record(record, LEGALIZED_RECORD_FORMAT, "legalized graph")
+        if not isinstance(stored, dict) or not isinstance(stored.get("entry"), str):
+            return None
+        try:
+            entry = self._cache.get(stored["entry"])
+        except CacheError:
+            return None
+        return None if entry is None else entry.file(LEGALIZED_GRAPH_FILE)
 
     def _sharding(self):
         """The compiler's sharding for the options, None on one IPU per replica."""
@@ -228,7 +253,11 @@ class ExecutableTable:
                 beside_shared=(LEGALIZED_GRAPH_FILE,),
             )
             graph, artifacts = entry.file(LEGALIZED_GRAPH_FILE), entry.path / ARTIFACTS_DIR
-            _legalized_files[self._legalized_key(shapes, branches)] = graph
+            legalized_key = self._legalized_key(shapes, branches)
+            _legalized_files[legalized_key] = graph
+            if entry.created_now:
+                record = self._legalized_record(legalized_key)
+                write_record(record, LEGALIZED_RECORD_FORMAT, {"entry": entry.key}, "legalized graph")
             if "executable" in built:
                 executable, source = built["executable"], "compiled"
                 executable.relocated(graph, artifacts)

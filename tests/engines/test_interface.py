@@ -55,3 +55,57 @@ def test_every_binary_changing_setting_is_in_the_cache_key(table):
     assert table._cache_key(shapes, {}).digest == base  # none of these changes a binary
     engine.sdk_version = "popart 9.9.9"  # the instance's SDK version
     assert table._cache_key(shapes, {}).digest != base
+
+
+def test_another_engine_reuses_the_legalized_graph_a_cache_entry_holds(tmp_path, monkeypatch):
+    """A table on another engine (or device, or SDK version) in another process legalizes nothing the cache
+    holds for the same graph, shapes and options: it compiles from the graph of the first engine's entry
+    and returns the same outputs. A changed compiler, or a record that does not verify, legalizes again."""
+    from optimum_ipu_backend.compiler import pipeline
+    from optimum_ipu_backend.runtime import executables
+    from optimum_ipu_backend.runtime.cache_files import LEGALIZED_DIR
+    from optimum_ipu_backend.runtime.executable_cache import ExecutableCache
+
+    model = tiny_model(tmp_path / "model.onnx", sequence=5)
+    cache = ExecutableCache(tmp_path / "cache")
+    legalized = []
+    real_legalize = pipeline.legalize
+    monkeypatch.setattr(pipeline, "legalize", lambda *a, **k: legalized.append(1) or real_legalize(*a, **k))
+    emulator = load_engine("emulator", "emulator")
+
+    class TwinEngine(type(emulator)):  # another engine name: its own cache entries
+        name = "emulator-twin"
+
+    shapes = {"input_ids": (2, 5), "x": (2, 4)}
+    inputs = {k: v.astype(np.int32) if v.dtype == np.int64 else v for k, v in feed(2).items()}
+
+    def serve(engine) -> np.ndarray:
+        monkeypatch.setattr(executables, "_legalized_files", {})  # a new process: nothing in memory
+        table = ExecutableTable(
+            lambda: onnx.load(str(model)), engine, CompileOptions(), graph_digest="1" * 64, cache=cache
+        )
+        with table:
+            return table.entry_for(shapes, {}).executable.run(inputs)["y"]
+
+    first = serve(emulator)
+    assert len(legalized) == 1
+    records = list((tmp_path / "cache" / LEGALIZED_DIR / ("1" * 64)).glob("*.json"))
+    assert len(records) == 1
+    twin = serve(TwinEngine("emulator"))
+    assert len(legalized) == 1, "the twin engine legalized the graph again"
+    np.testing.assert_array_equal(twin, first)
+    assert len({info.key for info in cache.list()}) == 2  # one entry per engine
+
+    class ThirdEngine(type(emulator)):
+        name = "emulator-third"
+
+    records[0].write_text("{not json")  # a record that does not verify is not served
+    np.testing.assert_array_equal(serve(ThirdEngine("emulator")), first)
+    assert len(legalized) == 2
+
+    class FourthEngine(type(emulator)):
+        name = "emulator-fourth"
+
+    monkeypatch.setattr(executables, "code_identity", lambda: "another compiler")
+    np.testing.assert_array_equal(serve(FourthEngine("emulator")), first)
+    assert len(legalized) == 3

@@ -14,6 +14,7 @@ from optimum_ipu_backend.cli.cache import add_cache_parser, run_cache
 from optimum_ipu_backend.runtime.cache_files import (
     CONFORMANCE_DIR,
     DESCRIPTIONS_DIR,
+    LEGALIZED_DIR,
     PROOFS_DIR,
     UNUSED_RECORD_SECONDS,
     graph_digest,
@@ -214,7 +215,8 @@ def test_clear_leaves_an_empty_root(tmp_path: Path, monkeypatch, capsys) -> None
     (default_work_dir() / "onnx-node-cases" / "index.json").write_text("{}")
     assert cli("cache", "info", "--json") == 0
     stores = json.loads(capsys.readouterr().out)["stores"]
-    assert all(stores[name]["files"] for name in (DESCRIPTIONS_DIR, PROOFS_DIR, CONFORMANCE_DIR)), stores
+    named = (DESCRIPTIONS_DIR, PROOFS_DIR, LEGALIZED_DIR, CONFORMANCE_DIR)
+    assert all(stores[name]["files"] for name in named), stores
     assert cli("cache", "list") == 0
     assert "store:      padding-proofs/" in capsys.readouterr().out
     assert cli("cache", "clear") == 0
@@ -251,8 +253,10 @@ def test_prune_removes_the_records_of_graphs_no_entry_uses(tmp_path: Path, capsy
     (description,) = (root / DESCRIPTIONS_DIR).iterdir()
     assert graph_digest(description.name.removesuffix(".json")) == kept.graph
     assert [path.name for path in (root / PROOFS_DIR).iterdir()] == [kept.graph]
+    assert [path.name for path in (root / LEGALIZED_DIR).iterdir()] == [kept.graph]
     assert cli("cache", "prune", "--dir", str(root), "--max-size", "1") == 0
     assert not (root / DESCRIPTIONS_DIR).exists() and not (root / PROOFS_DIR).exists()
+    assert not (root / LEGALIZED_DIR).exists()
 
 
 def test_prune_keeps_the_description_of_a_graph_not_yet_built_for_a_day(tmp_path: Path, capsys) -> None:
