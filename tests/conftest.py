@@ -33,7 +33,7 @@ if sys.platform.startswith("linux"):
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         for _name, (_option, _value) in _MALLOC_SETTINGS.items():
             _libc.mallopt(_option, int(os.environ[_name]))
-    except (OSError, AttributeError, ValueError):  # not glibc: its allocator keeps its own defaults
+    except (OSError, AttributeError, ValueError, ctypes.ArgumentError):  # not glibc, or a value C rejects
         pass
 
 TESTS_DIR = Path(__file__).resolve().parent

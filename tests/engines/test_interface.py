@@ -73,8 +73,9 @@ def test_another_engine_reuses_the_legalized_graph_a_cache_entry_holds(tmp_path,
     monkeypatch.setattr(pipeline, "legalize", lambda *a, **k: legalized.append(1) or real_legalize(*a, **k))
     emulator = load_engine("emulator", "emulator")
 
-    class TwinEngine(type(emulator)):  # another engine name: its own cache entries
-        name = "emulator-twin"
+    def engine_named(name: str):
+        """The emulator under another engine name: its own cache entries."""
+        return type(f"{name}-engine", (type(emulator),), {"name": name})("emulator")
 
     shapes = {"input_ids": (2, 5), "x": (2, 4)}
     inputs = {k: v.astype(np.int32) if v.dtype == np.int64 else v for k, v in feed(2).items()}
@@ -91,21 +92,15 @@ def test_another_engine_reuses_the_legalized_graph_a_cache_entry_holds(tmp_path,
     assert len(legalized) == 1
     records = list((tmp_path / "cache" / LEGALIZED_DIR / ("1" * 64)).glob("*.json"))
     assert len(records) == 1
-    twin = serve(TwinEngine("emulator"))
+    twin = serve(engine_named("emulator-twin"))
     assert len(legalized) == 1, "the twin engine legalized the graph again"
     np.testing.assert_array_equal(twin, first)
     assert len({info.key for info in cache.list()}) == 2  # one entry per engine
 
-    class ThirdEngine(type(emulator)):
-        name = "emulator-third"
-
     records[0].write_text("{not json")  # a record that does not verify is not served
-    np.testing.assert_array_equal(serve(ThirdEngine("emulator")), first)
+    np.testing.assert_array_equal(serve(engine_named("emulator-third")), first)
     assert len(legalized) == 2
 
-    class FourthEngine(type(emulator)):
-        name = "emulator-fourth"
-
     monkeypatch.setattr(executables, "code_identity", lambda: "another compiler")
-    np.testing.assert_array_equal(serve(FourthEngine("emulator")), first)
+    np.testing.assert_array_equal(serve(engine_named("emulator-fourth")), first)
     assert len(legalized) == 3
